@@ -1,0 +1,79 @@
+import json
+
+import pytest
+
+from tdmpc.config import MODEL_SIZES, Config, ConfigError, from_dict, load_json, parse_cli, validate
+
+
+def test_defaults_are_the_reference_values():
+    c = validate(Config())
+    assert (c.horizon, c.iterations, c.num_samples, c.num_elites, c.num_pi_trajs) == (3, 6, 512, 64, 24)
+    assert (c.min_std, c.max_std, c.temperature, c.rho, c.tau, c.lr, c.enc_lr_scale) == (0.05, 2, 0.5, 0.5, 0.01,
+                                                                                      3e-4, 0.3)
+    assert (c.consistency_coef, c.reward_coef, c.value_coef, c.termination_coef) == (20, 0.1, 0.1, 1)
+    assert (c.num_bins, c.vmin, c.vmax, c.model_size, c.batch_size) == (101, -10, 10, 5, 256)
+
+
+@pytest.mark.parametrize("size", sorted(MODEL_SIZES))
+def test_model_size_presets(size):
+    arch = Config(model_size=size).arch()
+    assert tuple(arch.values()) == MODEL_SIZES[size]
+
+
+def test_explicit_dims_override_the_preset():
+    assert Config(model_size=5, mlp_dim=1024).arch()["mlp_dim"] == 1024
+
+
+def test_precedence_defaults_json_cli(tmp_path):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps({"batch_size": 128, "horizon": 5, "task": "cup-catch"}))
+    _, cfg = parse_cli(_Run, ["--cfg", str(path), "--batch-size", "512"], load_json(str(path)))
+    assert cfg.batch_size == 512  # CLI beats JSON
+    assert cfg.horizon == 5 and cfg.task == "cup-catch"  # JSON beats defaults
+    assert cfg.num_samples == 512  # defaults fill the rest
+
+
+def test_cfg_name_finds_configs_dir():
+    cfg = load_json("a4000.json")
+    assert cfg.model_size == 5 and cfg.batch_size == 256 and cfg.buffer_size == 1_000_000
+    assert load_json("a4000").to_dict() == cfg.to_dict()
+
+
+def test_missing_config_file_lists_available():
+    with pytest.raises(ConfigError, match="not found.*a4000.json"):
+        load_json("nope.json")
+
+
+def test_unknown_json_key_names_it_and_suggests():
+    with pytest.raises(ConfigError, match=r"unknown config key 'batchsize'.*did you mean 'batch_size'"):
+        from_dict({"batchsize": 3})
+
+
+def test_wrong_json_type_is_an_error():
+    with pytest.raises(ConfigError, match="'horizon'.*expected int"):
+        from_dict({"horizon": "three"})
+
+
+@pytest.mark.parametrize("overrides,field", [
+    ({"num_elites": 500}, "num_elites"),  # > num_samples - num_pi_trajs
+    ({"batch_size": 0}, "batch_size"),
+    ({"mlp_dim": -4}, "mlp_dim"),
+    ({"horizon": 0}, "horizon"),
+    ({"model_size": 7}, "model_size"),
+    ({"rho": 1.5}, "rho"),
+    ({"min_std": 3.0}, "min_std"),
+    ({"device": "tpu"}, "device"),
+    ({"num_q": 1}, "num_q"),
+])
+def test_validation_names_the_field_in_one_line(overrides, field):
+    with pytest.raises(ConfigError) as e:
+        validate(Config(**overrides))
+    assert f"'{field}'" in str(e.value) and "\n" not in str(e.value)
+
+
+from dataclasses import dataclass  # noqa: E402
+
+
+@dataclass
+class _Run:
+    cfg: str | None = None
