@@ -1,0 +1,155 @@
+"""The TD-MPC2 world model: encoder, latent dynamics, reward, termination, Q-ensemble, policy prior.
+
+Module names (`_encoder`, `_dynamics`, `_reward`, `_termination`, `_pi`, `_Qs`,
+`_target_Qs`) follow the reference implementation so checkpoints map across by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from planners.base import PolicyOutput as Policy
+from tdmpc.layers import Ensemble, PixelEncoder, init_weights, mlp
+from tdmpc.twohot import TwoHot
+
+
+@dataclass(frozen=True)
+class ModelDims:
+    """Everything that fixes the shapes of the networks (and so of a checkpoint)."""
+
+    obs_shape: tuple[int, ...]
+    action_dim: int
+    latent_dim: int = 512
+    mlp_dim: int = 512
+    enc_dim: int = 256
+    num_enc_layers: int = 2
+    num_q: int = 5
+    episodic: bool = False
+    num_bins: int = 101
+    vmin: float = -10.0
+    vmax: float = 10.0
+    simnorm_dim: int = 8
+    num_channels: int = 32
+    dropout: float = 0.01
+    log_std_min: float = -10.0
+    log_std_max: float = 2.0
+
+    @property
+    def pixels(self) -> bool:
+        return len(self.obs_shape) == 3
+
+    @classmethod
+    def from_config(cls, cfg, obs_shape: tuple[int, ...], action_dim: int, episodic: bool) -> "ModelDims":
+        return cls(obs_shape=tuple(obs_shape), action_dim=action_dim, episodic=episodic, **cfg.arch(),
+                   num_bins=cfg.num_bins, vmin=cfg.vmin, vmax=cfg.vmax, simnorm_dim=cfg.simnorm_dim,
+                   num_channels=cfg.num_channels, dropout=cfg.dropout,
+                   log_std_min=cfg.log_std_min, log_std_max=cfg.log_std_max)
+
+    def to_dict(self) -> dict:
+        d = dict(self.__dict__)
+        d["obs_shape"] = list(self.obs_shape)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelDims":
+        return cls(**{**d, "obs_shape": tuple(d["obs_shape"])})
+
+
+class WorldModel(nn.Module):
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        self.dims = dims
+        L, A, M = dims.latent_dim, dims.action_dim, dims.mlp_dim
+        if dims.pixels:
+            if L != dims.num_channels * 16:
+                raise ValueError(f"pixel observations need latent_dim = 16 x num_channels "
+                                 f"({16 * dims.num_channels}), got {L}")
+            self._encoder = PixelEncoder(dims.obs_shape[0], dims.num_channels, dims.simnorm_dim)
+        else:
+            self._encoder = mlp(dims.obs_shape[0], max(dims.num_enc_layers - 1, 1) * [dims.enc_dim], L,
+                                last="simnorm", simnorm_dim=dims.simnorm_dim)
+        self._dynamics = mlp(L + A, [M, M], L, last="simnorm", simnorm_dim=dims.simnorm_dim)
+        self._reward = mlp(L + A, [M, M], dims.num_bins)
+        self._termination = mlp(L, [M, M], 1) if dims.episodic else None
+        self._pi = mlp(L, [M, M], 2 * A)
+        self._Qs = Ensemble(dims.num_q, L + A, [M, M], dims.num_bins, dropout=dims.dropout)
+        init_weights(self)
+        nn.init.zeros_(self._reward[-1].weight)
+        nn.init.zeros_(self._Qs[-1].weight)
+        self._target_Qs = copy.deepcopy(self._Qs).requires_grad_(False)
+        self.two_hot = TwoHot(dims.num_bins, dims.vmin, dims.vmax)
+        self.register_buffer("log_std_min", torch.tensor(float(dims.log_std_min)))
+        self.register_buffer("log_std_dif", torch.tensor(float(dims.log_std_max - dims.log_std_min)))
+
+    # --- the interface planners use ---------------------------------------------------
+    @property
+    def num_q(self) -> int:
+        return self.dims.num_q
+
+    @property
+    def episodic(self) -> bool:
+        return self.dims.episodic
+
+    def encode(self, obs: Tensor) -> Tensor:
+        return self._encoder(obs)
+
+    def next(self, z: Tensor, a: Tensor) -> Tensor:
+        return self._dynamics(torch.cat([z, a.to(z.dtype)], dim=-1))
+
+    def reward(self, z: Tensor, a: Tensor) -> Tensor:
+        """Reward logits over the two-hot bins."""
+        return self._reward(torch.cat([z, a.to(z.dtype)], dim=-1))
+
+    def termination(self, z: Tensor, logits: bool = False) -> Tensor:
+        """Probability (or logit) that the transition into z ended the episode."""
+        out = self._termination(z)
+        return out if logits else torch.sigmoid(out)
+
+    def pi(self, z: Tensor) -> Policy:
+        mean, log_std = self._pi(z).chunk(2, dim=-1)
+        log_std = self.log_std_min + 0.5 * self.log_std_dif * (torch.tanh(log_std) + 1)
+        eps = torch.randn_like(mean)
+        log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
+        action = torch.tanh(mean + eps * log_std.exp())
+        log_prob = log_prob - torch.log(torch.relu(1 - action.pow(2)) + 1e-6).sum(-1, keepdim=True)
+        return Policy(action, torch.tanh(mean), log_std, log_prob)
+
+    def Q(self, z: Tensor, a: Tensor, heads: Tensor | None = None, target: bool = False,
+          detach: bool = False) -> Tensor:
+        """Value logits of the chosen heads (all by default): (heads, ..., num_bins)."""
+        net = self._target_Qs if target else self._Qs
+        return net(torch.cat([z, a.to(z.dtype)], dim=-1), heads, detach)
+
+    def decode(self, logits: Tensor) -> Tensor:
+        """Two-hot logits -> scalar values (..., 1)."""
+        return self.two_hot.decode(logits)
+
+    # --- helpers -------------------------------------------------------------------
+    def sample_heads(self) -> Tensor:
+        """Two distinct random Q heads, chosen on the device (no host sync)."""
+        return torch.randperm(self.num_q, device=self.log_std_min.device)[:2]
+
+    def q_value(self, z: Tensor, a: Tensor, reduce: Literal["min", "avg"], target: bool = False,
+                detach: bool = False) -> Tensor:
+        """min or mean over 2 random heads, computing only those two."""
+        q = self.decode(self.Q(z, a, self.sample_heads(), target=target, detach=detach))
+        return q.min(0).values if reduce == "min" else q.mean(0)
+
+    @torch.no_grad()
+    def soft_update_targets(self, tau: float) -> None:
+        torch._foreach_lerp_(list(self._target_Qs.parameters()), list(self._Qs.parameters()), tau)
+
+    def train(self, mode: bool = True) -> "WorldModel":
+        super().train(mode)
+        self._target_Qs.train(False)
+        return self
+
+    @property
+    def num_learnable_params(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)

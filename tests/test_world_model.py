@@ -1,0 +1,75 @@
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tdmpc.config import Config
+from tdmpc.world_model import ModelDims, WorldModel
+
+
+def make(model_size=1, episodic=False, obs=24, act=6):
+    return WorldModel(ModelDims.from_config(Config(model_size=model_size), (obs,), act, episodic))
+
+
+@pytest.mark.parametrize("size,expected", [(5, 4_960_618), (1, 1_214_651)])
+def test_parameter_counts_equal_reference(size, expected):
+    assert make(size).num_learnable_params == expected
+
+
+def test_output_shapes():
+    m = make(1, episodic=True).eval()
+    obs, a = torch.randn(7, 24), torch.rand(7, 6) * 2 - 1
+    z = m.encode(obs)
+    assert z.shape == (7, 128)
+    assert torch.allclose(z.view(7, 16, 8).sum(-1), torch.ones(7, 16), atol=1e-5)  # SimNorm latent
+    assert m.next(z, a).shape == (7, 128)
+    assert m.reward(z, a).shape == (7, 101)
+    assert m.termination(z).shape == (7, 1) and ((m.termination(z) >= 0) & (m.termination(z) <= 1)).all()
+    assert m.Q(z, a).shape == (2, 7, 101)
+    p = m.pi(z)
+    assert p.action.shape == p.mean.shape == p.log_std.shape == (7, 6) and p.log_prob.shape == (7, 1)
+    assert p.action.abs().max() <= 1 and (p.log_std >= -10).all() and (p.log_std <= 2).all()
+    # time-major batches work too
+    assert m.Q(torch.randn(3, 7, 128), torch.randn(3, 7, 6)).shape == (2, 3, 7, 101)
+
+
+def test_reward_and_q_heads_start_at_zero():
+    m = make(1).eval()
+    z, a = m.encode(torch.randn(4, 24)), torch.zeros(4, 6)
+    assert torch.allclose(m.decode(m.reward(z, a)), torch.zeros(4, 1), atol=1e-6)
+    assert torch.allclose(m.decode(m.Q(z, a)), torch.zeros(2, 4, 1), atol=1e-6)
+    assert torch.equal(m._target_Qs[0].weight, m._Qs[0].weight)
+
+
+def test_ensemble_subset_matches_per_head_and_costs_only_those_heads():
+    m = make(5).eval()
+    for p in m._Qs.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    z, a = torch.randn(64, 512), torch.randn(64, 6)
+    full = m.Q(z, a)
+    heads = torch.tensor([3, 1])
+    with FlopCounterMode(display=False) as all_flops:
+        m.Q(z, a)
+    with FlopCounterMode(display=False) as two_flops:
+        sub = m.Q(z, a, heads)
+    assert torch.allclose(sub, full[heads], atol=1e-5)
+    assert two_flops.get_total_flops() * 5 == all_flops.get_total_flops() * 2
+
+
+def test_q_value_detach_blocks_weight_grads_but_not_input():
+    m = make(1).train()
+    for p in m._Qs.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    z = torch.randn(4, 128)
+    a = torch.randn(4, 6, requires_grad=True)
+    m.q_value(z, a, "avg", detach=True).sum().backward()
+    assert a.grad is not None and a.grad.abs().sum() > 0
+    assert all(p.grad is None for p in m._Qs.parameters())
+
+
+def test_soft_update_moves_targets_toward_online():
+    m = make(1)
+    with torch.no_grad():
+        m._Qs[0].weight.add_(1.0)
+    before = m._target_Qs[0].weight.clone()
+    m.soft_update_targets(0.01)
+    assert torch.allclose(m._target_Qs[0].weight, before + 0.01 * (m._Qs[0].weight - before))
