@@ -1,0 +1,116 @@
+"""MPPI in latent space, for N environments in one call.
+
+Buffers are allocated once, sized by N, so shapes are static (CUDA-graph friendly) and
+no memory is allocated per step beyond the network activations. The warm start (last
+plan's mean, shifted by one step) is kept per environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from planners.base import LatentModel
+
+
+@dataclass(frozen=True)
+class MPPIConfig:
+    horizon: int = 3
+    iterations: int = 6
+    num_samples: int = 512
+    num_elites: int = 64
+    num_pi_trajs: int = 24
+    min_std: float = 0.05
+    max_std: float = 2.0
+    temperature: float = 0.5
+
+    @classmethod
+    def from_config(cls, cfg, action_dim: int) -> "MPPIConfig":
+        """The reference adds 2 iterations for large action spaces (A >= 20)."""
+        return cls(horizon=cfg.horizon, iterations=cfg.iterations + 2 * int(action_dim >= 20),
+                   num_samples=cfg.num_samples, num_elites=cfg.num_elites, num_pi_trajs=cfg.num_pi_trajs,
+                   min_std=cfg.min_std, max_std=cfg.max_std, temperature=cfg.temperature)
+
+
+class MPPI:
+    def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
+                 discount: float, device: torch.device):
+        self.model, self.cfg, self.discount = model, cfg, discount
+        H, N, S, A = cfg.horizon, num_envs, cfg.num_samples, action_dim
+        self.num_envs, self.action_dim = N, A
+        kw = dict(device=device, dtype=torch.float32)
+        self.actions = torch.zeros(H, N, S, A, **kw)  # candidates; the first num_pi_trajs from the prior
+        self.noise = torch.zeros(H, N, S - cfg.num_pi_trajs, A, **kw)
+        self.mean = torch.zeros(H, N, A, **kw)
+        self.std = torch.full((H, N, A), cfg.max_std, **kw)
+        self.prev_mean = torch.zeros(H, N, A, **kw)  # warm start, per environment
+
+    @torch.inference_mode()
+    def plan(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False) -> Tensor:
+        """obs (N, ...), first_step (N,) bool -> actions (N, A) in [-1, 1] on the model's device."""
+        c, m = self.cfg, self.model
+        H, P, E = c.horizon, c.num_pi_trajs, c.num_elites
+        z = m.encode(obs)
+        self._prior_trajectories(z)
+
+        self._warm_start(first_step)
+
+        z = z.unsqueeze(1).expand(-1, c.num_samples, -1)
+        for _ in range(c.iterations):
+            torch.randn(self.noise.shape, out=self.noise)
+            sampled = self.mean.unsqueeze(2) + self.std.unsqueeze(2) * self.noise
+            self.actions[:, :, P:] = sampled.clamp_(-1, 1)
+            value = self._estimate_value(z, self.actions).nan_to_num_(0.0)  # (N, S)
+            elite_value, elite_idx = torch.topk(value, E, dim=1)
+            elite_actions = self.actions.gather(
+                2, elite_idx.view(1, -1, E, 1).expand(H, -1, E, self.action_dim))  # (H, N, E, A)
+            score = torch.softmax(c.temperature * (elite_value - elite_value.max(1, keepdim=True).values), 1)
+            w = score.view(1, -1, E, 1)
+            self.mean.copy_((w * elite_actions).sum(2))
+            var = (w * (elite_actions - self.mean.unsqueeze(2)).pow(2)).sum(2)
+            self.std.copy_(var.sqrt().clamp_(c.min_std, c.max_std))
+
+        # Sample one elite per env from the softmax weights (Gumbel-max: no host sync).
+        gumbel = -torch.log(-torch.log(torch.rand_like(score).clamp_(1e-20, 1.0)))
+        choice = (score.log() + gumbel).argmax(1)
+        action = elite_actions[0].gather(1, choice.view(-1, 1, 1).expand(-1, 1, self.action_dim)).squeeze(1)
+        if not eval_mode:
+            action = action + self.std[0] * torch.randn_like(action)
+        self.prev_mean.copy_(self.mean)
+        return action.clamp_(-1, 1)
+
+    def _warm_start(self, first_step: Tensor) -> None:
+        """Last plan's mean shifted one step; zeros for envs whose episode just began."""
+        keep = (~first_step).to(self.mean.dtype).unsqueeze(-1)
+        self.mean[:-1] = self.prev_mean[1:] * keep
+        self.mean[-1] = 0
+        self.std.fill_(self.cfg.max_std)
+
+    def _prior_trajectories(self, z: Tensor) -> None:
+        """Roll the policy prior forward; its actions fill the first candidate columns."""
+        P = self.cfg.num_pi_trajs
+        if P == 0:
+            return
+        z = z.unsqueeze(1).expand(-1, P, -1)
+        for t in range(self.cfg.horizon):
+            a = self.model.pi(z).action
+            self.actions[t, :, :P] = a
+            if t + 1 < self.cfg.horizon:
+                z = self.model.next(z, a)
+
+    def _estimate_value(self, z: Tensor, actions: Tensor) -> Tensor:
+        """Discounted model return over the horizon plus a bootstrapped Q-value: (N, S)."""
+        m = self.model
+        G = torch.zeros(z.shape[:-1] + (1,), device=z.device)
+        alive = torch.ones_like(G)
+        discount = 1.0
+        for t in range(self.cfg.horizon):
+            G = G + discount * alive * m.decode(m.reward(z, actions[t]))
+            z = m.next(z, actions[t])
+            discount *= self.discount
+            if m.episodic:
+                alive = alive * (m.termination(z) <= 0.5)
+        q = m.decode(m.Q(z, m.pi(z).action, m.sample_heads())).mean(0)
+        return (G + discount * alive * q).squeeze(-1)
