@@ -1,0 +1,180 @@
+"""The TD-MPC2 agent: acts by planning with the world model, learns from replayed sub-trajectories.
+
+Nothing in act() or update() reads a value back to the host: metrics stay on the device
+and non-finite updates are skipped by the fused optimiser itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from planners.mppi import MPPI, MPPIConfig
+from tdmpc import checkpoint
+from tdmpc.buffer import Batch
+from tdmpc.config import Config
+from tdmpc.device import resolve_dtype
+from tdmpc.world_model import ModelDims, WorldModel
+
+
+def discount_for(episode_length: int, cfg: Config) -> float:
+    """Longer episodes get a longer horizon: gamma = (f - 1) / f with f = L / 5, clipped."""
+    f = episode_length / cfg.discount_denom
+    return float(min(max((f - 1) / f, cfg.discount_min), cfg.discount_max))
+
+
+class Agent:
+    def __init__(self, cfg: Config, dims: ModelDims, episode_length: int, device: torch.device):
+        self.cfg, self.dims, self.device = cfg, dims, device
+        self.episode_length = episode_length
+        self.discount = discount_for(episode_length, cfg)
+        self.dtype = resolve_dtype(cfg.precision, device)
+        self.model = WorldModel(dims).to(device)
+        self.model.eval()
+        m = self.model
+        fused = dict(fused=True, capturable=device.type == "cuda")
+        heads = [*m._dynamics.parameters(), *m._reward.parameters(), *m._Qs.parameters()]
+        if m._termination is not None:
+            heads += list(m._termination.parameters())
+        self.optim = torch.optim.Adam([
+            {"params": list(m._encoder.parameters()), "lr": cfg.lr * cfg.enc_lr_scale},
+            {"params": heads},
+        ], lr=cfg.lr, **fused)
+        self.pi_optim = torch.optim.Adam(m._pi.parameters(), lr=cfg.lr, eps=1e-5, **fused)
+        self.scale = torch.ones((), device=device)  # running 5-95% range of Q, for the policy loss
+        self.nonfinite = torch.zeros((), device=device)  # skipped updates (non-finite gradients)
+        H = cfg.horizon
+        self._rho = cfg.rho ** torch.arange(H + 1, device=device, dtype=torch.float32)
+        self._quantiles = torch.tensor([0.05, 0.95], device=device)
+        self.planner_cfg = MPPIConfig.from_config(cfg, dims.action_dim)
+        self._planners: dict[tuple[int, str], MPPI] = {}
+
+    # --- acting -------------------------------------------------------------------
+    def planner(self, num_envs: int, role: str = "train") -> MPPI:
+        """One planner per (N, role), so evaluation never disturbs the training warm start."""
+        key = (num_envs, role)
+        if key not in self._planners:
+            self._planners[key] = MPPI(self.model, self.planner_cfg, num_envs, self.dims.action_dim,
+                                       self.discount, self.device)
+        return self._planners[key]
+
+    def _autocast(self):
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+
+    @torch.inference_mode()
+    def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor, eval_mode: bool = False,
+            role: str | None = None) -> np.ndarray:
+        """obs (N, ...) and first_step (N,) -> actions (N, A) as a numpy array: the one device->host copy."""
+        obs = torch.as_tensor(obs).to(self.device, non_blocking=True)
+        first = torch.as_tensor(first_step, dtype=torch.bool).to(self.device, non_blocking=True)
+        with self._autocast():
+            if self.cfg.mpc:
+                a = self.planner(obs.shape[0], role or ("eval" if eval_mode else "train")).plan(obs, first, eval_mode)
+            else:
+                policy = self.model.pi(self.model.encode(obs))
+                a = policy.mean if eval_mode else policy.action
+        return a.float().cpu().numpy()
+
+    # --- learning -----------------------------------------------------------------
+    def update(self, batch: Batch) -> dict[str, Tensor]:
+        """One gradient step of the world model, then of the policy; metrics stay on the device."""
+        cfg, m = self.cfg, self.model
+        H = cfg.horizon
+        rho = self._rho[:H]
+        with torch.no_grad(), self._autocast():
+            next_z = m.encode(batch.obs[1:])
+            next_q = m.q_value(next_z, m.pi(next_z).action, "min", target=True).squeeze(-1)
+            td_target = batch.reward + self.discount * (1 - batch.terminated.float()) * next_q
+
+        m.train()
+        with self._autocast():
+            z = m.encode(batch.obs[0])
+            zs = [z]
+            for t in range(H):
+                zs.append(m.next(zs[-1], batch.action[t]))
+            zs = torch.stack(zs)  # (H+1, B, L)
+            consistency = F.mse_loss(zs[1:].float(), next_z.float(), reduction="none").mean((1, 2))
+            reward_ce = m.two_hot.cross_entropy(m.reward(zs[:-1], batch.action), batch.reward).mean(1)
+            value_ce = m.two_hot.cross_entropy(m.Q(zs[:-1], batch.action), td_target.unsqueeze(0)).mean((0, 2))
+            losses = {
+                "consistency_loss": (rho * consistency).mean(),
+                "reward_loss": (rho * reward_ce).mean(),
+                "value_loss": (rho * value_ce).mean(),
+            }
+            total = (cfg.consistency_coef * losses["consistency_loss"] + cfg.reward_coef * losses["reward_loss"]
+                     + cfg.value_coef * losses["value_loss"])
+            if m.episodic:
+                term_logits = m.termination(zs[1:], logits=True).squeeze(-1).float()
+                term_bce = F.binary_cross_entropy_with_logits(
+                    term_logits, batch.terminated.float(), reduction="none").mean(1)
+                losses["termination_loss"] = (rho * term_bce).mean()
+                total = total + cfg.termination_coef * losses["termination_loss"]
+        total.backward()
+        grad_norm = self._step(self.optim)
+
+        pi_metrics = self._update_pi(zs.detach())
+        m.soft_update_targets(cfg.tau)
+        m.eval()
+        return {**{k: v.detach() for k, v in losses.items()}, "total_loss": total.detach(), "grad_norm": grad_norm, **pi_metrics,
+                "nonfinite_updates": self.nonfinite.clone()}
+
+    def _update_pi(self, zs: Tensor) -> dict[str, Tensor]:
+        """Maximise Q of the prior's actions plus an entropy bonus, on detached latents."""
+        cfg, m = self.cfg, self.model
+        with self._autocast():
+            policy = m.pi(zs)
+            q = m.q_value(zs, policy.action, "avg", detach=True).float()
+        self._update_scale(q[0])
+        entropy = -policy.log_prob.float()
+        scaled_entropy = entropy * self.dims.action_dim
+        loss = -(self._rho * (cfg.entropy_coef * scaled_entropy + q / self.scale).mean((1, 2))).mean()
+        loss.backward()
+        grad_norm = self._step(self.pi_optim)
+        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_entropy": entropy.mean().detach(),
+                "pi_scale": self.scale.clone()}
+
+    @torch.no_grad()
+    def _update_scale(self, q: Tensor) -> None:
+        lo, hi = torch.quantile(q.flatten(), self._quantiles)
+        value = (hi - lo).clamp(min=1.0)
+        self.scale.lerp_(torch.where(torch.isfinite(value), value, self.scale), self.cfg.tau)
+
+    def _step(self, optim: torch.optim.Optimizer) -> Tensor:
+        """Clip, then step unless the gradient is non-finite: fused Adam skips on `found_inf`."""
+        params = [p for g in optim.param_groups for p in g["params"] if p.grad is not None]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip_norm, foreach=True)
+        found_inf = (~torch.isfinite(grad_norm)).float()
+        optim.found_inf = found_inf
+        optim.step()
+        optim.zero_grad(set_to_none=True)
+        self.nonfinite += found_inf
+        return grad_norm.detach()
+
+    # --- persistence --------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optim": self.optim.state_dict(),
+                "pi_optim": self.pi_optim.state_dict(), "scale": self.scale, "nonfinite": self.nonfinite}
+
+    def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
+        checkpoint.load_state_strict(self.model, state["model"], source)
+        if "optim" in state:
+            self.optim.load_state_dict(state["optim"])
+            self.pi_optim.load_state_dict(state["pi_optim"])
+        if "scale" in state:
+            self.scale.copy_(state["scale"])
+            self.nonfinite.copy_(state["nonfinite"])
+
+    def save(self, path: str | Path, extra: dict | None = None) -> None:
+        """Our own checkpoint format; extra holds training state (counters, RNGs...)."""
+        checkpoint.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
+                         "config": self.cfg.to_dict(), "dims": self.dims.to_dict(),
+                         "episode_length": self.episode_length, **self.state_dict(), **(extra or {})}, Path(path))
+
+    def load(self, path: str | Path) -> dict:
+        obj = checkpoint.load_file(path)
+        self.load_state_dict(obj, str(path))
+        return obj

@@ -1,0 +1,165 @@
+"""Preallocated replay ring buffer for N parallel environments.
+
+Each env writes its own stream of rows. A row holds an observation and the action,
+reward and `terminated` flag that led to it; the first row of an episode holds only the
+reset observation. Truncation needs no flag: the next row simply starts a new episode.
+
+A start row s is *valid* when rows s..s+H are one episode, written in order. Validity
+is settled at write time (writing row p with episode step >= H validates p - H), so
+sampling is uniform over valid starts with one multinomial and no Python loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+import torch
+from torch import Tensor
+
+from tdmpc.checkpoint import atomic_write
+
+
+@dataclass
+class Batch:
+    """B sub-trajectories, time first: obs (H+1, B, ...), the rest (H, B[, A])."""
+
+    obs: Tensor
+    action: Tensor
+    reward: Tensor
+    terminated: Tensor
+
+
+class ReplayBuffer:
+    def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], action_dim: int,
+                 horizon: int, obs_dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 storage: torch.device | str | None = None):
+        self.N, self.H = num_envs, horizon
+        self.C = capacity // num_envs  # rows per env
+        if self.C <= horizon + 1:
+            raise ValueError(f"buffer of {capacity} rows for {num_envs} envs cannot hold horizon {horizon}")
+        self.device = torch.device(device)
+        self.storage = torch.device(storage) if storage is not None else self.device
+        pin = self.storage.type == "cpu" and self.device.type == "cuda"
+        kw = dict(device=self.storage, pin_memory=pin)
+        N, C = self.N, self.C
+        self.obs = torch.zeros((N, C, *obs_shape), dtype=obs_dtype, **kw)
+        self.action = torch.zeros((N, C, action_dim), **kw)
+        self.reward = torch.zeros((N, C), **kw)
+        self.terminated = torch.zeros((N, C), dtype=torch.bool, **kw)
+        self.valid = torch.zeros((N, C), dtype=torch.bool, device=self.storage)
+        # Host bookkeeping: write pointers, episode steps, and a mirror of `valid` for counting.
+        self.ptr = np.zeros(N, dtype=np.int64)
+        self.ep_step = np.full(N, -1, dtype=np.int64)  # -1: no episode started yet
+        self.filled = 0  # columns ever written (max over envs)
+        self.transitions = 0  # transitions stored since creation
+        self._valid_host = np.zeros((N, C), dtype=bool)
+        self._envs = torch.arange(N, device=self.storage)
+        self._offsets = torch.arange(horizon + 1, device=self.storage)
+
+    @property
+    def num_valid_starts(self) -> int:
+        return int(self._valid_host.sum())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.obs, self.action, self.reward, self.terminated,
+                                                           self.valid))
+
+    def _rows(self, envs: np.ndarray) -> tuple[Tensor, Tensor, np.ndarray]:
+        """Claim the next row of each env in `envs`; returns device (env, row) indices."""
+        rows = self.ptr[envs].copy()
+        self.ptr[envs] = (rows + 1) % self.C
+        self.filled = max(self.filled, int(rows.max()) + 1)
+        env_t = torch.as_tensor(envs, device=self.storage)
+        return env_t, torch.as_tensor(rows, device=self.storage), rows
+
+    def _set_valid(self, envs: np.ndarray, rows: np.ndarray, value: bool) -> None:
+        if len(envs):
+            self._valid_host[envs, rows] = value
+            self.valid[torch.as_tensor(envs, device=self.storage), torch.as_tensor(rows, device=self.storage)] = value
+
+    def start(self, obs: Tensor, envs: np.ndarray | None = None) -> None:
+        """Begin an episode in each env of `envs` (all by default) with its reset observation."""
+        envs = np.arange(self.N) if envs is None else np.asarray(envs, dtype=np.int64)
+        if len(envs) == 0:
+            return
+        e, r, rows = self._rows(envs)
+        self.obs[e, r] = obs.to(self.storage, self.obs.dtype)
+        self.action[e, r] = 0
+        self.reward[e, r] = 0
+        self.terminated[e, r] = False
+        self._set_valid(envs, rows, False)
+        self.ep_step[envs] = 0
+
+    def add(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor) -> None:
+        """One step of all N envs: obs is what each action led to (the final obs if the episode ended)."""
+        envs = np.arange(self.N)
+        if (self.ep_step < 0).any():
+            raise RuntimeError("ReplayBuffer.add() before start(): begin each env's episode first")
+        e, r, rows = self._rows(envs)
+        self.obs[e, r] = obs.to(self.storage, self.obs.dtype)
+        self.action[e, r] = action.to(self.storage, torch.float32)
+        self.reward[e, r] = reward.to(self.storage, torch.float32)
+        self.terminated[e, r] = terminated.to(self.storage, torch.bool)
+        self._set_valid(envs, rows, False)
+        self.ep_step += 1
+        ready = self.ep_step >= self.H
+        self._set_valid(envs[ready], (rows[ready] - self.H) % self.C, True)
+        self.transitions += self.N
+
+    def sample(self, batch_size: int) -> Batch:
+        """B sub-trajectories of H+1 observations, uniform over valid starts, time-major."""
+        if not self._valid_host.any():
+            raise RuntimeError(f"no complete sub-trajectory of horizon {self.H} in the buffer yet")
+        F = self.filled
+        flat = torch.multinomial(self.valid[:, :F].reshape(-1).float(), batch_size, replacement=True)
+        env = (flat // F).unsqueeze(1)
+        rows = (flat % F).unsqueeze(1) + self._offsets  # (B, H+1)
+        rows = torch.where(rows >= self.C, rows - self.C, rows)
+        act_rows = rows[:, 1:]
+        batch = Batch(obs=self.obs[env, rows].transpose(0, 1), action=self.action[env, act_rows].transpose(0, 1),
+                      reward=self.reward[env, act_rows].transpose(0, 1),
+                      terminated=self.terminated[env, act_rows].transpose(0, 1))
+        if self.storage != self.device:
+            batch = Batch(*(t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda"
+                            else t.to(self.device) for t in (batch.obs, batch.action, batch.reward, batch.terminated)))
+        return Batch(batch.obs.contiguous(), batch.action.contiguous(), batch.reward.contiguous(),
+                     batch.terminated.contiguous())
+
+    def end_episodes(self) -> None:
+        """Drop in-flight episodes (at resume): the next row of every env must be a start()."""
+        self.ep_step[:] = -1
+
+    # --- persistence (HDF5) --------------------------------------------------------
+    def save(self, path: Path) -> None:
+        F = self.filled
+
+        def write(tmp: Path) -> None:
+            with h5py.File(tmp, "w") as f:
+                for name in ("obs", "action", "reward", "terminated", "valid"):
+                    f.create_dataset(name, data=getattr(self, name)[:, :F].cpu().numpy())
+                f.create_dataset("ptr", data=self.ptr)
+                f.create_dataset("ep_step", data=self.ep_step)
+                f.attrs.update(capacity_per_env=self.C, num_envs=self.N, horizon=self.H, filled=F,
+                               transitions=self.transitions)
+
+        atomic_write(Path(path), write)
+
+    def load(self, path: Path) -> None:
+        with h5py.File(path, "r") as f:
+            a = f.attrs
+            if (a["capacity_per_env"], a["num_envs"], a["horizon"]) != (self.C, self.N, self.H):
+                raise ValueError(f"buffer file '{path}' was written for capacity/env {a['capacity_per_env']}, "
+                                 f"{a['num_envs']} envs, horizon {a['horizon']}; this run has "
+                                 f"{self.C}, {self.N}, {self.H}")
+            F = int(a["filled"])
+            for name in ("obs", "action", "reward", "terminated", "valid"):
+                getattr(self, name)[:, :F] = torch.from_numpy(f[name][...]).to(self.storage)
+            self.ptr[:] = f["ptr"][...]
+            self.ep_step[:] = f["ep_step"][...]
+            self.filled, self.transitions = F, int(a["transitions"])
+        self._valid_host[:] = False
+        self._valid_host[:, :F] = self.valid[:, :F].cpu().numpy()

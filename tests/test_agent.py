@@ -1,0 +1,120 @@
+import numpy as np
+import torch
+
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch
+from tdmpc.config import Config
+from tdmpc.world_model import ModelDims
+
+CPU = torch.device("cpu")
+
+
+def make_agent(seed=0, episodic=False, **overrides):
+    torch.manual_seed(seed)
+    cfg = Config(model_size=1, precision="fp32", num_samples=64, num_elites=8, num_pi_trajs=4,
+                 iterations=2, batch_size=32, **overrides)
+    return Agent(cfg, ModelDims.from_config(cfg, (10,), 3, episodic), episode_length=100, device=CPU)
+
+
+def make_batch(seed=0, H=3, B=32, terminal=False):
+    g = torch.Generator().manual_seed(seed)
+    obs = torch.randn(H + 1, B, 10, generator=g)
+    action = torch.rand(H, B, 3, generator=g) * 2 - 1
+    reward = obs[1:, :, 0] + action[..., 0]  # a learnable function of the data
+    terminated = torch.zeros(H, B, dtype=torch.bool)
+    if terminal:
+        terminated[-1, : B // 2] = True
+    return Batch(obs, action, reward, terminated)
+
+
+def world_model_loss(metrics):
+    return float(20 * metrics["consistency_loss"] + 0.1 * metrics["reward_loss"] + 0.1 * metrics["value_loss"])
+
+
+def test_repeated_updates_on_a_fixed_batch_reduce_the_world_model_loss():
+    agent = make_agent()
+    batch = make_batch()
+    first = world_model_loss(agent.update(batch))
+    for _ in range(40):
+        last = agent.update(batch)
+    assert world_model_loss(last) < 0.7 * first
+    assert all(torch.isfinite(v).all() for v in last.values())
+
+
+def test_termination_head_learns_on_episodic_batches():
+    agent = make_agent(episodic=True)
+    batch = make_batch(terminal=True)
+    first = agent.update(batch)["termination_loss"].item()
+    for _ in range(30):
+        last = agent.update(batch)["termination_loss"].item()
+    assert last < 0.5 * first
+
+
+def test_update_metrics_are_device_tensors():
+    metrics = make_agent().update(make_batch())
+    assert {"consistency_loss", "reward_loss", "value_loss", "pi_loss", "grad_norm", "pi_scale"} <= set(metrics)
+    assert all(isinstance(v, torch.Tensor) and not v.requires_grad for v in metrics.values())
+
+
+def test_act_shapes_and_range_for_a_batch_of_envs():
+    agent = make_agent()
+    obs = np.random.randn(4, 10).astype(np.float32)
+    a = agent.act(obs, np.ones(4, dtype=bool))
+    assert a.shape == (4, 3) and a.dtype == np.float32 and np.abs(a).max() <= 1
+    agent.cfg.mpc = False
+    assert agent.act(obs, np.zeros(4, dtype=bool), eval_mode=True).shape == (4, 3)
+
+
+def test_same_seed_same_actions_and_losses():
+    runs = []
+    for _ in range(2):
+        agent = make_agent(seed=7)
+        torch.manual_seed(123)
+        obs = np.ones((2, 10), dtype=np.float32)
+        actions = [agent.act(obs, np.array([True, True]))]
+        losses = [agent.update(make_batch(1))["total_loss"].item() for _ in range(3)]
+        actions.append(agent.act(obs, np.array([False, False])))
+        runs.append((actions, losses))
+    (a1, l1), (a2, l2) = runs
+    assert all(np.array_equal(x, y) for x, y in zip(a1, a2))
+    assert l1 == l2
+
+
+def test_save_then_load_gives_identical_outputs(tmp_path):
+    agent = make_agent()
+    for _ in range(3):
+        agent.update(make_batch())
+    agent.save(tmp_path / "agent.pt")
+    other = make_agent(seed=99)
+    other.load(tmp_path / "agent.pt")
+    obs = np.random.randn(3, 10).astype(np.float32)
+    for a in (agent, other):
+        torch.manual_seed(5)
+        a.result = a.act(obs, np.ones(3, dtype=bool), eval_mode=True)
+    assert np.array_equal(agent.result, other.result)
+    z = torch.randn(3, 128)
+    act = torch.rand(3, 3)
+    assert torch.equal(agent.model.Q(z, act), other.model.Q(z, act))
+    assert torch.equal(agent.model.Q(z, act, target=True), other.model.Q(z, act, target=True))
+    assert torch.equal(agent.scale, other.scale)
+    # optimiser state continues identically
+    torch.manual_seed(3)
+    m1 = agent.update(make_batch(2))
+    torch.manual_seed(3)
+    m2 = other.update(make_batch(2))
+    assert m1["total_loss"].item() == m2["total_loss"].item()
+
+
+def test_non_finite_update_is_skipped_and_counted():
+    agent = make_agent()
+    agent.update(make_batch())
+    before = [p.detach().clone() for p in agent.model.parameters()]
+    bad = make_batch()
+    bad.reward[0, 0] = float("nan")
+    metrics = agent.update(bad)
+    assert metrics["nonfinite_updates"].item() >= 1
+    after = list(agent.model._encoder.parameters()) + list(agent.model._dynamics.parameters())
+    enc_dyn_before = before[: len(after)]
+    assert all(torch.equal(a, b) for a, b in zip(after, enc_dyn_before))
+    metrics = agent.update(make_batch())  # and training carries on
+    assert torch.isfinite(metrics["total_loss"])

@@ -1,0 +1,103 @@
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tdmpc.buffer import ReplayBuffer
+
+# obs = [episode id (>0; 0 = never written), step in episode, terminal-by-termination flag]
+
+
+def fill(N, H, cap_per_env, ends):
+    """Run N envs for len(ends) steps; ends[t][e] in {0: continue, 1: terminate, 2: truncate}."""
+    buf = ReplayBuffer(cap_per_env * N, N, (3,), 1, H)
+    next_id = iter(range(1, 10**6))
+    ep = np.array([next(next_id) for _ in range(N)])
+    step = np.zeros(N, dtype=np.int64)
+    buf.start(torch.tensor([[ep[e], 0, 0] for e in range(N)], dtype=torch.float32))
+    for row in ends:
+        step += 1
+        term = np.array([r == 1 for r in row])
+        obs = torch.tensor([[ep[e], step[e], float(term[e])] for e in range(N)], dtype=torch.float32)
+        buf.add(obs, torch.tensor(step, dtype=torch.float32).view(N, 1), torch.tensor(step, dtype=torch.float32),
+                torch.tensor(term))
+        done = np.array([r != 0 for r in row])
+        for e in np.flatnonzero(done):
+            ep[e], step[e] = next(next_id), 0
+        buf.start(torch.tensor([[ep[e], 0, 0] for e in np.flatnonzero(done)], dtype=torch.float32).view(-1, 3),
+                  np.flatnonzero(done))
+    return buf
+
+
+def oracle_valid(buf):
+    """Brute force from the contents: rows s..s+H hold one episode at consecutive steps."""
+    obs = buf.obs.numpy()
+    N, C, H = buf.N, buf.C, buf.H
+    valid = np.zeros((N, C), dtype=bool)
+    for e in range(N):
+        for s in range(C):
+            rows = [(s + i) % C for i in range(H + 1)]
+            ids, steps = obs[e, rows, 0], obs[e, rows, 1]
+            valid[e, s] = ids[0] > 0 and (ids == ids[0]).all() and (np.diff(steps) == 1).all()
+    return valid
+
+
+ends_strategy = st.integers(1, 3).flatmap(lambda N: st.lists(
+    st.lists(st.sampled_from([0, 0, 0, 0, 1, 2]), min_size=N, max_size=N), min_size=1, max_size=70))
+
+
+@settings(max_examples=60, deadline=None)
+@given(ends=ends_strategy, H=st.integers(1, 4), extra=st.integers(2, 20))
+def test_valid_starts_match_brute_force_including_wraparound(ends, H, extra):
+    N = len(ends[0])
+    buf = fill(N, H, H + extra, ends)
+    expected = oracle_valid(buf)
+    assert np.array_equal(buf._valid_host, expected)
+    assert np.array_equal(buf.valid.numpy(), expected)
+    if expected.any():
+        b = buf.sample(64)
+        ids, steps, term = b.obs[..., 0], b.obs[..., 1], b.obs[..., 2]
+        assert (ids > 0).all()  # never an unwritten slot
+        assert (ids == ids[0]).all()  # never across an episode boundary
+        assert (steps[1:] - steps[:-1] == 1).all()
+        assert torch.equal(b.action[..., 0], steps[1:]) and torch.equal(b.reward, steps[1:])
+        assert torch.equal(b.terminated, term[1:].bool())  # terminated flags kept with their step
+        assert b.obs.shape == (H + 1, 64, 3) and b.action.shape == (H, 64, 1)
+
+
+def test_sampling_is_uniform_over_valid_starts():
+    buf = fill(2, 2, 40, [[0, 0]] * 15 + [[1, 2]] + [[0, 0]] * 10)
+    valid_keys = {(buf.obs[e, s, 0].item(), buf.obs[e, s, 1].item()) for e, s in np.argwhere(buf._valid_host)}
+    counts: dict = {}
+    torch.manual_seed(0)
+    for _ in range(100):
+        first = buf.sample(256).obs[0]
+        for key in zip(first[:, 0].tolist(), first[:, 1].tolist()):
+            counts[key] = counts.get(key, 0) + 1
+    assert set(counts) == valid_keys  # every valid start is reached, and nothing else
+    freq = np.array(list(counts.values()), dtype=float)
+    assert freq.min() > 0.7 * freq.mean() and freq.max() < 1.3 * freq.mean()
+
+
+def test_overwrites_oldest_when_full():
+    buf = fill(1, 1, 5, [[0]] * 12)  # one endless episode, 13 rows into a 5-row ring
+    steps = sorted(buf.obs[0, :, 1].tolist())
+    assert steps == [8.0, 9.0, 10.0, 11.0, 12.0]
+
+
+def test_empty_buffer_sampling_is_a_clear_error():
+    buf = ReplayBuffer(100, 1, (3,), 1, 3)
+    with pytest.raises(RuntimeError, match="no complete sub-trajectory"):
+        buf.sample(4)
+
+
+def test_hdf5_round_trip(tmp_path):
+    buf = fill(2, 3, 12, [[0, 0]] * 9 + [[1, 0]] + [[0, 2]] * 8)
+    buf.save(tmp_path / "buffer.h5")
+    other = ReplayBuffer(24, 2, (3,), 1, 3)
+    other.load(tmp_path / "buffer.h5")
+    for name in ("obs", "action", "reward", "terminated", "valid"):
+        assert torch.equal(getattr(buf, name), getattr(other, name)), name
+    assert np.array_equal(buf.ptr, other.ptr) and np.array_equal(buf.ep_step, other.ep_step)
+    assert other.num_valid_starts == buf.num_valid_starts
