@@ -1,0 +1,18 @@
+"""Environments: DeepMind Control and gymnasium tasks behind one name-based API.
+
+    env, spec = make_env("walker-walk", seed=1)             # DMC: domain-task
+    envs, spec = make_vector_env("HalfCheetah-v5", 8, seed=1)  # any gymnasium id
+"""
+
+import os
+import sys
+
+# MuJoCo picks its OpenGL backend at import time. EGL renders headless (clusters, CI);
+# an explicit MUJOCO_GL (osmesa, glfw) still wins.
+if sys.platform == "linux":
+    os.environ.setdefault("MUJOCO_GL", "egl")
+
+from tdmpc.envs.make import EnvSpec, env_rng_state, make_env, make_vector_env, set_env_rng_state  # noqa: E402
+from tdmpc.envs.tasks import TaskError, UnknownTaskError  # noqa: E402
+
+__all__ = ["EnvSpec", "TaskError", "UnknownTaskError", "env_rng_state", "make_env", "make_vector_env", "set_env_rng_state"]

@@ -1,0 +1,83 @@
+"""DeepMind Control suite tasks as gymnasium environments (needs the ``[dmc]`` extra)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from dm_control import suite
+from gymnasium import spaces
+
+# Reference TD-MPC2 names -> dm_control domain names.
+DOMAIN_ALIASES = {"cup": "ball_in_cup", "pointmass": "point_mass"}
+_SHORT_NAMES = {domain: alias for alias, domain in DOMAIN_ALIASES.items()}
+
+
+def parse_task(name: str) -> tuple[str, str] | None:
+    """``"cup-catch"`` -> ``("ball_in_cup", "catch")``; None if dm_control has no such task.
+
+    Everything after the first ``-`` is the task, so ``finger-turn-easy`` and
+    ``finger-turn_easy`` both mean dm_control's ``finger`` / ``turn_easy``.
+    """
+    domain, _, task = name.partition("-")
+    domain_task = (DOMAIN_ALIASES.get(domain, domain), task.replace("-", "_"))
+    return domain_task if domain_task in suite.ALL_TASKS else None
+
+
+def task_names() -> list[str]:
+    """Every suite task in reference naming (``cup-catch``, ``finger-turn-easy``), for suggestions."""
+    return [f"{_SHORT_NAMES.get(d, d)}-{t.replace('_', '-')}" for d, t in suite.ALL_TASKS]
+
+
+class DMControlEnv(gym.Env[np.ndarray, np.ndarray]):
+    """One suite task, step for step: no action repeat, the task's own action bounds.
+
+    Observations are the observation dict flattened into one float32 vector, in dict
+    order. dm_control ends an episode with discount 0 at a true terminal state and
+    discount 1 at its time limit; those become ``terminated`` and ``truncated``.
+    """
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, domain: str, task: str, *, seed: int | None = None, render_size: tuple[int, int] = (240, 320)):
+        self._env = suite.load(domain, task, task_kwargs={"random": seed}, visualize_reward=False)
+        self.render_mode = "rgb_array"
+        self.render_size = render_size
+        self.camera_id = 2 if domain == "quadruped" else 0  # camera 0 of quadruped is too far away
+        self.metadata = {**self.metadata, "render_fps": round(1.0 / self._env.control_timestep())}
+        action = self._env.action_spec()
+        self.action_space = spaces.Box(action.minimum.astype(np.float32), action.maximum.astype(np.float32))
+        obs_dim = sum(int(np.prod(s.shape)) for s in self._env.observation_spec().values())
+        self.observation_space = spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+
+    @property
+    def task_random(self) -> np.random.RandomState:
+        """The task's own RNG, which draws every initial state (part of the env's RNG state)."""
+        return self._env.task.random
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        if seed is not None:
+            self.task_random.seed(seed)
+        return self._flatten(self._env.reset().observation), {}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        step = self._env.step(action)
+        terminated = step.last() and step.discount == 0.0
+        truncated = step.last() and not terminated
+        return self._flatten(step.observation), float(step.reward), bool(terminated), bool(truncated), {}
+
+    def render(self) -> np.ndarray:
+        return self.render_frame(*self.render_size)
+
+    def render_frame(self, height: int, width: int) -> np.ndarray:
+        """An RGB uint8 (height, width, 3) image of the current state."""
+        return self._env.physics.render(height, width, camera_id=self.camera_id)
+
+    def close(self) -> None:
+        self._env.close()
+
+    @staticmethod
+    def _flatten(observation: dict[str, np.ndarray]) -> np.ndarray:
+        return np.concatenate([np.asarray(v, dtype=np.float32).ravel() for v in observation.values()])

@@ -1,0 +1,135 @@
+"""Wrappers shared by DMC and gymnasium tasks, innermost first in the order make_env applies them.
+
+Each records its constructor arguments (RecordConstructorArgs), so ``env.spec`` of a wrapped
+gymnasium task can rebuild it with ``gymnasium.make(env.spec)``, as gymnasium's checker does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class UnitActions(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
+    """Actions in [-1, 1]^A (float32) for every task, mapped linearly onto the env's own bounds.
+
+    The policy and the planner sample in that cube whatever the task; the env still sees
+    its own range and dtype (Pendulum-v1: 1.0 -> 2.0).
+    """
+
+    def __init__(self, env: gym.Env):
+        gym.utils.RecordConstructorArgs.__init__(self)
+        super().__init__(env)
+        space = env.action_space
+        self._low = space.low.astype(np.float64)
+        self._half_range = (space.high.astype(np.float64) - self._low) / 2.0
+        self._dtype = space.dtype
+        self.action_space = spaces.Box(-1.0, 1.0, space.shape, np.float32)
+
+    def action(self, action: np.ndarray) -> np.ndarray:
+        return (self._low + (np.asarray(action, np.float64) + 1.0) * self._half_range).astype(self._dtype)
+
+
+class ActionRepeat(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Apply each action ``repeat`` times, summing the rewards (reference protocol: 2 on DMC).
+
+    Fewer decisions per environment step means fewer planner calls. The repeat stops early
+    when the episode ends; ``success`` (Meta-World style) is true if any repeated step had it.
+    """
+
+    def __init__(self, env: gym.Env, repeat: int):
+        gym.utils.RecordConstructorArgs.__init__(self, repeat=repeat)
+        super().__init__(env)
+        self.repeat = repeat
+
+    def step(self, action: np.ndarray) -> tuple[Any, float, bool, bool, dict]:
+        total, success = 0.0, False
+        for _ in range(self.repeat):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += float(reward)
+            success = success or bool(info.get("success", False))
+            if terminated or truncated:
+                break
+        if "success" in info:
+            info = {**info, "success": success}
+        return obs, total, terminated, truncated, info
+
+
+class PixelObservation(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Observations are the last ``frame_stack`` RGB frames, channels-first uint8.
+
+    Shape (3 * frame_stack, size, size), what the pixel encoder expects. After a reset the
+    first frame fills the whole stack. The env must have ``render_frame(height, width)``.
+    """
+
+    def __init__(self, env: gym.Env, size: int = 64, frame_stack: int = 3):
+        gym.utils.RecordConstructorArgs.__init__(self, size=size, frame_stack=frame_stack)
+        super().__init__(env)
+        self.size = size
+        self._render_frame = env.get_wrapper_attr("render_frame")
+        self._frames: deque[np.ndarray] = deque(maxlen=frame_stack)
+        self.observation_space = spaces.Box(0, 255, (3 * frame_stack, size, size), np.uint8)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        _, info = self.env.reset(seed=seed, options=options)
+        self._frames.extend([self._frame()] * self._frames.maxlen)
+        return np.concatenate(self._frames), info
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        _, reward, terminated, truncated, info = self.env.step(action)
+        self._frames.append(self._frame())
+        return np.concatenate(self._frames), reward, terminated, truncated, info
+
+    def _frame(self) -> np.ndarray:
+        return self._render_frame(self.size, self.size).transpose(2, 0, 1)
+
+
+class SeedAndRNGState(gym.Wrapper, gym.utils.RecordConstructorArgs):
+    """Outermost wrapper: seeds the first reset, and exposes the RNG state as plain data.
+
+    ``rng_state`` holds everything the next reset() draws from: the seed still waiting for
+    the first reset, the env's gymnasium ``np_random`` and, for DMC, the task's
+    ``random``. It is dicts, lists, ints, floats and strs only, so it survives
+    ``torch.load(weights_only=True)``; assigning it back makes a resumed run draw the
+    same initial states.
+    """
+
+    def __init__(self, env: gym.Env, seed: int | None):
+        gym.utils.RecordConstructorArgs.__init__(self, seed=seed)
+        super().__init__(env)
+        self._pending_seed = seed  # applied at the first reset, the gymnasium way of seeding
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[Any, dict]:
+        seed = self._pending_seed if seed is None else seed
+        self._pending_seed = None
+        return self.env.reset(seed=seed, options=options)
+
+    @property
+    def rng_state(self) -> dict[str, Any]:
+        state = {"pending_seed": self._pending_seed, "np_random": _plain(self.np_random.bit_generator.state)}
+        task_random = getattr(self.unwrapped, "task_random", None)  # DMC only
+        if task_random is not None:
+            state["task_random"] = _plain(task_random.get_state(legacy=False))
+        return state
+
+    @rng_state.setter
+    def rng_state(self, state: dict[str, Any]) -> None:
+        self._pending_seed = state["pending_seed"]
+        self.np_random.bit_generator.state = state["np_random"]
+        if "task_random" in state:
+            self.unwrapped.task_random.set_state(state["task_random"])
+
+
+def _plain(value: Any) -> Any:
+    """A numpy RNG state with its arrays and numpy scalars turned into lists and Python numbers."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
