@@ -1,0 +1,125 @@
+"""What a run writes while it trains: train.csv, eval.csv, TensorBoard, wandb, a progress bar.
+
+Rows arrive once per log interval as plain Python numbers (the trainer fetches device
+metrics once per interval), so nothing here touches the hot path.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+from tdmpc.config import Config
+
+
+class CSVLog:
+    """Append-only CSV; a row with new keys widens the header (rewriting the file, a rare event)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.columns: list[str] | None = None
+        if path.exists() and path.stat().st_size > 0:
+            with open(path, newline="") as f:
+                self.columns = next(csv.reader(f), None)
+
+    def write(self, row: dict) -> None:
+        if self.columns is None:
+            self._rewrite(list(row), [])
+        elif set(row) - set(self.columns):
+            self._rewrite(self.columns + [k for k in row if k not in self.columns], self._rows())
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, fieldnames=self.columns).writerow({k: _fmt(row.get(k)) for k in self.columns})
+
+    def _rows(self) -> list[dict]:
+        with open(self.path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def _rewrite(self, columns: list[str], rows: list[dict]) -> None:
+        self.columns = columns
+        with open(self.path, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=columns, restval="")
+            w.writeheader()
+            w.writerows(rows)
+
+    def truncate_after(self, step: int, key: str = "env_step") -> None:
+        """Drop rows logged after `step` (written after the checkpoint a resume starts from)."""
+        if self.columns is not None:
+            self._rewrite(self.columns, [r for r in self._rows() if r.get(key) and int(float(r[key])) <= step])
+
+
+def _fmt(v):
+    if isinstance(v, float):
+        return "" if math.isnan(v) else f"{v:.6g}"
+    return "" if v is None else v
+
+
+class RunLogger:
+    def __init__(self, run_dir: Path, cfg: Config, total_steps: int, start_step: int = 0):
+        self.run_dir = run_dir
+        self.train_csv = CSVLog(run_dir / "train.csv")
+        self.eval_csv = CSVLog(run_dir / "eval.csv")
+        self.tb = None
+        if cfg.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step or None)
+            except ImportError:
+                pass  # tensorboard is optional
+        self.wandb = None
+        if cfg.wandb:
+            try:
+                import wandb
+            except ImportError:
+                raise SystemExit("error: --wandb needs the wandb package (pip install wandb)") from None
+            self.wandb = wandb.init(project=cfg.wandb_project, name=f"{cfg.task}-{cfg.seed}-{cfg.exp_name}",
+                                    config=cfg.to_dict(), dir=str(run_dir), resume="allow",
+                                    id=run_dir.name.replace("/", "-"))
+        tty = sys.stderr.isatty()
+        self.bar = tqdm(total=total_steps, file=sys.stderr, initial=start_step, unit="step", dynamic_ncols=True,
+                        disable=not cfg.progress, mininterval=0.5 if tty else 60, smoothing=0.05,
+                        desc=cfg.task)
+        self.last_eval: float | None = None
+
+    def train(self, row: dict) -> None:
+        self.train_csv.write(row)
+        self._scalars("train", row)
+
+    def eval(self, row: dict) -> None:
+        self.eval_csv.write(row)
+        self._scalars("eval", row)
+        self.last_eval = row["episode_return"]
+        self.message(f"eval  step {row['env_step']:>9,}  return {row['episode_return']:8.1f} "
+                       f"± {row['episode_return_std']:.1f}  ({row['episodes']} episodes)")
+
+    def _scalars(self, prefix: str, row: dict) -> None:
+        step = row["env_step"]
+        values = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "env_step"
+                  and not (isinstance(v, float) and math.isnan(v))}
+        if self.tb is not None:
+            for k, v in values.items():
+                self.tb.add_scalar(f"{prefix}/{k}", v, step)
+        if self.wandb is not None:
+            self.wandb.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
+
+    def progress(self, env_step: int, env_sps: float, ups: float) -> None:
+        self.bar.n = env_step
+        post = {"env/s": f"{env_sps:.0f}", "upd/s": f"{ups:.1f}"}
+        if self.last_eval is not None:
+            post["eval"] = f"{self.last_eval:.1f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(0)
+
+    def message(self, text: str) -> None:
+        """Human-readable lines go to stderr, with the progress bar, so stdout stays clean."""
+        tqdm.write(text, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()

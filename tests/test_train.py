@@ -1,0 +1,194 @@
+"""End to end: train, stop by signal, resume exactly, evaluate; and bad input at the CLI."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tdmpc.config import Config, validate
+from tdmpc.device import resolve_device
+from tdmpc.train import Trainer
+
+TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2,
+            num_samples=32, num_elites=4, num_pi_trajs=2, iterations=2, horizon=3, batch_size=16,
+            buffer_size=5000, seed_steps=200, eval_freq=400, eval_episodes=2, log_every=100, save_every=400,
+            steps=600, precision="fp32", progress=False, tensorboard=False, device="cpu")
+
+
+def tiny_json(tmp_path, **over):
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({**TINY, **over}))
+    return path
+
+
+def run_train(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "tdmpc.train", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    r = run_train("--cfg", tiny_json(tmp_path), "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(run / "train.csv")
+    assert [int(r["env_step"]) for r in rows] == list(range(100, 601, 100))
+    assert "consistency_loss" in rows[-1] and rows[-1]["consistency_loss"] != ""
+    evals = read_csv(run / "eval.csv")
+    assert [int(r["env_step"]) for r in evals] == [400, 600]
+    assert (run / "checkpoints" / "latest.pt").is_file()
+    assert len(list((run / "checkpoints").glob("buffer_*.h5"))) == 1
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["episodic"] is False and cfg["action_repeat"] == 1 and cfg["seed_steps"] == 200
+
+    # evaluate works on that checkpoint and writes a JSON report
+    report = tmp_path / "report.json"
+    r = subprocess.run([sys.executable, "-m", "tdmpc.evaluate", "--checkpoint", run / "checkpoints" / "latest.pt",
+                        "--episodes", "2", "--report", report], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(report.read_text())
+    assert rep["episodes"] == 2 and rep["task"] == "Pendulum-v1" and rep["imported_reference"] is False
+    assert len(rep["returns"]) == 2 and rep["episode_length"] == 200
+    assert "return" in r.stdout
+
+
+def test_sigterm_then_resume_continues_from_the_same_step(tmp_path):
+    run = tmp_path / "run"
+    cfg = tiny_json(tmp_path, steps=3000, eval_freq=10_000, save_every=10_000)
+    proc = subprocess.Popen([sys.executable, "-m", "tdmpc.train", "--cfg", str(cfg), "--run-dir", str(run)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:  # wait until learning has started
+        if (run / "train.csv").exists() and len(read_csv(run / "train.csv")) >= 4:
+            break
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "stopped by signal SIGTERM" in err
+    ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    stopped_at = ck["train"]["env_step"]
+    assert 400 <= stopped_at < 3000
+
+    r = run_train("--resume", run, "--steps", stopped_at + 300)
+    assert r.returncode == 0, r.stderr
+    steps = [int(x["env_step"]) for x in read_csv(run / "train.csv")]
+    assert steps == sorted(set(steps)), "a step was logged twice"
+    assert steps == list(range(100, stopped_at + 301, 100)), "a step was lost"
+    assert "steps changed" in r.stderr or "steps changed from" in r.stderr
+
+
+def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
+    cfg = validate(Config(**{**TINY, "steps": 700, "eval_freq": 10_000, "save_every": 10_000}))
+    run = tmp_path / "run"
+    first = Trainer(cfg, run, resolve_device("cpu"))
+    _stop_after(first, 450)
+    assert first.run() == 3
+    second = Trainer(validate(Config(**json.loads((run / "config.json").read_text()))), run,
+                     resolve_device("cpu"), resume=True)
+    assert second.c.env_step == first.c.env_step and second.c.updates == first.c.updates
+    F = first.buffer.filled
+    assert second.buffer.transitions == first.buffer.transitions
+    assert second.buffer.filled == F + 1  # + the reset observation the resumed run begins with
+    for name in ("obs", "action", "reward", "terminated", "valid"):
+        assert torch.equal(getattr(first.buffer, name)[:, :F], getattr(second.buffer, name)[:, :F]), name
+    # the in-flight episode is discarded: the next row of every env starts a new episode
+    assert np.array_equal(second.buffer.ptr, (first.buffer.ptr + 1) % first.buffer.C)
+    assert torch.equal(first.agent.scale, second.agent.scale)
+    s1, s2 = first.agent.optim.state_dict(), second.agent.optim.state_dict()
+    for k in s1["state"]:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(s1["state"][k][name], s2["state"][k][name])
+    for p1, p2 in zip(first.agent.model.parameters(), second.agent.model.parameters()):
+        assert torch.equal(p1, p2)
+    assert second.run() == 0
+    assert second.c.env_step == 700
+
+
+def _stop_after(trainer, at_step):
+    """Raise the stop flag as the SIGTERM handler would, once the run passes `at_step`."""
+    original = trainer._step
+
+    def step():
+        original()
+        if trainer.c.env_step >= at_step:
+            trainer.stop_signal = signal.SIGTERM
+
+    trainer._step = step
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--task", "walkr-walk"], "unknown task 'walkr-walk'"),
+    (["--batch-size", "0"], "'batch_size'"),
+    (["--cfg", "missing.json"], "not found"),
+    (["--resume", "/nonexistent/run"], "no run to continue"),
+    (["--init-from", "/nonexistent/x.pt", "--task", "Pendulum-v1", "--steps", "10"], "does not exist"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
+    r = run_train(*args, "--run-dir", tmp_path / "r", timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
+
+
+def test_unknown_json_key_suggests(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"batchsize": 3}))
+    r = run_train("--cfg", bad)
+    assert r.returncode == 2 and "did you mean 'batch_size'" in r.stderr
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ck")
+    run = tmp / "run"
+    r = run_train("--cfg", tiny_json(tmp, steps=300, eval_episodes=0), "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    return run / "checkpoints" / "latest.pt"
+
+
+def run_eval(*args):
+    return subprocess.run([sys.executable, "-m", "tdmpc.evaluate", *map(str, args)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_evaluate_bad_checkpoints(tmp_path, trained_checkpoint):
+    truncated = tmp_path / "truncated.pt"
+    data = trained_checkpoint.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(os.urandom(1000))
+    cases = [
+        (tmp_path / "missing.pt", "does not exist"),
+        (truncated, "truncated or corrupt"),
+        (garbage, "cannot load"),
+    ]
+    for path, needle in cases:
+        r = run_eval("--checkpoint", path, "--episodes", "1")
+        assert r.returncode == 2, (path, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_checkpoint_from_a_different_model_size_is_rejected(tmp_path, trained_checkpoint):
+    r = run_train("--init-from", trained_checkpoint, "--task", "Pendulum-v1", "--model-size", "1",
+                  "--run-dir", tmp_path / "r", "--steps", "10", "--device", "cpu")
+    assert r.returncode == 2
+    assert "architecture differs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_evaluate_on_a_task_with_other_dims_is_rejected(trained_checkpoint):
+    r = run_eval("--checkpoint", trained_checkpoint, "--task", "MountainCarContinuous-v0", "--episodes", "1")
+    assert r.returncode == 2 and "action dim" in r.stderr
