@@ -114,13 +114,13 @@ class Agent:
                 losses["termination_loss"] = (rho * term_bce).mean()
                 total = total + cfg.termination_coef * losses["termination_loss"]
         total.backward()
-        grad_norm = self._step(self.optim)
+        grad_norm, skipped = self._step(self.optim)
 
         pi_metrics = self._update_pi(zs.detach())
         m.soft_update_targets(cfg.tau)
         m.eval()
-        return {**{k: v.detach() for k, v in losses.items()}, "total_loss": total.detach(), "grad_norm": grad_norm, **pi_metrics,
-                "nonfinite_updates": self.nonfinite.clone()}
+        return {**{k: v.detach() for k, v in losses.items()}, "total_loss": total.detach(), "grad_norm": grad_norm,
+                "skipped": skipped, **pi_metrics}
 
     def _update_pi(self, zs: Tensor) -> dict[str, Tensor]:
         """Maximise Q of the prior's actions plus an entropy bonus, on detached latents."""
@@ -133,8 +133,8 @@ class Agent:
         scaled_entropy = entropy * self.dims.action_dim
         loss = -(self._rho * (cfg.entropy_coef * scaled_entropy + q / self.scale).mean((1, 2))).mean()
         loss.backward()
-        grad_norm = self._step(self.pi_optim)
-        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_entropy": entropy.mean().detach(),
+        grad_norm, skipped = self._step(self.pi_optim)
+        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped, "pi_entropy": entropy.mean().detach(),
                 "pi_scale": self.scale.clone()}
 
     @torch.no_grad()
@@ -143,8 +143,10 @@ class Agent:
         value = (hi - lo).clamp(min=1.0)
         self.scale.lerp_(torch.where(torch.isfinite(value), value, self.scale), self.cfg.tau)
 
-    def _step(self, optim: torch.optim.Optimizer) -> Tensor:
-        """Clip, then step unless the gradient is non-finite: fused Adam skips on `found_inf`."""
+    def _step(self, optim: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
+        """Clip, then step unless the gradient is non-finite: fused Adam skips on `found_inf`.
+
+        Returns the gradient norm and 1.0 if the step was skipped (both on the device)."""
         params = [p for g in optim.param_groups for p in g["params"] if p.grad is not None]
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip_norm, foreach=True)
         found_inf = (~torch.isfinite(grad_norm)).float()
@@ -152,7 +154,7 @@ class Agent:
         optim.step()
         optim.zero_grad(set_to_none=True)
         self.nonfinite += found_inf
-        return grad_norm.detach()
+        return grad_norm.detach(), found_inf
 
     # --- persistence --------------------------------------------------------------
     def state_dict(self) -> dict:
