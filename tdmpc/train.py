@@ -377,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     resume, cfg_name = peek_flag(argv, "--resume"), peek_flag(argv, "--cfg")
     if resume and cfg_name:
-        raise BadInput("--resume continues a run with its own config.json; drop --cfg (other flags still override)")
+        print(f"resume: --cfg {cfg_name} ignored; the run's own config.json applies (other flags still override)",
+              file=sys.stderr)
     if resume:
         config_file = Path(resume) / "config.json"
         if not (Path(resume) / "checkpoints" / "latest.pt").is_file() or not config_file.is_file():
