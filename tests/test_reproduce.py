@@ -1,0 +1,252 @@
+"""tdmpc.reproduce: the packaged published curves, gathering fake runs, the skip/resume logic, bad input.
+
+No training: run directories are written by hand, and the sequential runner drives a fake trainer.
+"""
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from tdmpc import reproduce
+from tdmpc.cli import BadInput
+from tdmpc.reproduce import Action, decide, load_published, main, parse_seeds, seeds_text, train_command
+
+EVAL_COLUMNS = ["env_step", "episodes", "episode_return", "episode_return_std", "episode_length", "eval_seconds",
+                "elapsed"]
+
+
+def fake_run(run_dir: Path, task: str, seed: int, evals: list[tuple[int, float]], checkpoint: bool = True,
+             seconds_per_step: float = 0.02, exp_name: str = "default") -> Path:
+    """A run directory as tdmpc.train leaves it: config.json, eval.csv, checkpoints/latest.pt."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(json.dumps({"task": task, "seed": seed, "exp_name": exp_name,
+                                                     "steps": 100_000}))
+    with open(run_dir / "eval.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(EVAL_COLUMNS)
+        for step, ret in evals:
+            w.writerow([step, 10, ret, 5.0, 500, 3.0, step * seconds_per_step])
+    if checkpoint:
+        (run_dir / "checkpoints").mkdir(exist_ok=True)
+        (run_dir / "checkpoints" / "latest.pt").write_bytes(b"fake")
+    return run_dir
+
+
+def read_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --- published data -------------------------------------------------------------------
+
+ISSUE_MEANS_AT_100K = {"cartpole-swingup": 839, "cup-catch": 981, "finger-spin": 948, "reacher-easy": 937,
+                       "walker-walk": 962, "pendulum-swingup": 724, "cheetah-run": 519}
+
+
+def test_packaged_csv_has_the_published_tdmpc2_means_at_100k():
+    published = load_published()
+    for task, expected in ISSUE_MEANS_AT_100K.items():
+        curve = published[("tdmpc2", task)]
+        value, interpolated = curve.at(100_000)
+        assert curve.seeds == 3 and not interpolated
+        assert abs(round(value) - expected) <= 1, (task, value)
+    assert len({task for _, task in published}) == 12
+    assert {alg for alg, _ in published} == {"tdmpc2", "sac", "dreamerv3"}
+
+
+def test_published_values_between_points_are_interpolated():
+    curve = load_published()[("tdmpc2", "cup-catch")]
+    v0, v100 = curve.at(0)[0], curve.at(100_000)[0]
+    value, interpolated = curve.at(60_000)
+    assert interpolated and value == pytest.approx(v0 + 0.6 * (v100 - v0))
+    assert curve.at(2_000_000) == (None, False)
+
+
+# --- gathering ------------------------------------------------------------------------
+
+def test_gather_writes_table_csv_plot_with_ratios_and_verdicts(tmp_path, capsys):
+    pub = load_published()
+    cup, cart = pub[("tdmpc2", "cup-catch")].at(100_000)[0], pub[("tdmpc2", "cartpole-swingup")].at(100_000)[0]
+    fake_run(tmp_path / "runs/cup-catch/seed1", "cup-catch", 1, [(50_000, 500.0), (100_000, 950.0)])
+    fake_run(tmp_path / "runs/cup-catch/seed2", "cup-catch", 2, [(50_000, 600.0), (100_000, 930.0)],
+             seconds_per_step=0.04)
+    fake_run(tmp_path / "runs/cartpole-swingup/seed1", "cartpole-swingup", 1, [(50_000, 300.0), (100_000, 700.0)])
+    out = tmp_path / "out"
+    assert main(["--gather", str(tmp_path / "runs"), "--out", str(out)]) == 0
+
+    rows = {(r["task"], int(r["env_step"])): r for r in read_rows(out / "results.csv")}
+    r = rows[("cup-catch", 100_000)]
+    assert r["seeds"] == "2" and float(r["ours_mean"]) == pytest.approx(940.0)
+    assert float(r["tdmpc2_mean"]) == pytest.approx(cup, abs=0.01)
+    assert float(r["ratio"]) == pytest.approx(940.0 / cup, abs=1e-4) and r["check"] == "PASS"
+    assert r["published_interpolated"] == "0" and r["sac_mean"] != ""
+    assert float(r["seconds_per_100k"]) == pytest.approx(3000.0)  # mean of 2000 and 4000
+    r = rows[("cartpole-swingup", 100_000)]
+    assert float(r["ratio"]) == pytest.approx(700.0 / cart, abs=1e-4) and r["check"] == "FAIL"
+    assert rows[("cup-catch", 50_000)]["check"] == "" and rows[("cup-catch", 50_000)]["published_interpolated"] == "1"
+
+    md = (out / "results.md").read_text()
+    assert f"| cup-catch | default | 100,000 | 2 | 940.0 | {cup:.1f} | {940 / cup:.2f} | PASS |" in md
+    assert "| cartpole-swingup | default | 100,000 | 1 | 700.0 |" in md and "| FAIL |" in md
+    assert "interpolated" in md  # the 50k rows
+    assert (out / "results.png").stat().st_size > 10_000
+    printed = capsys.readouterr().out
+    assert "PASS  cup-catch" in printed and "FAIL  cartpole-swingup" in printed
+
+
+def test_gather_short_runs_compare_at_their_last_step_against_interpolation(tmp_path):
+    expected, _ = load_published()[("tdmpc2", "walker-walk")].at(60_000)
+    fake_run(tmp_path / "w1", "walker-walk", 1, [(30_000, 100.0), (60_000, 0.95 * expected)])
+    rows = reproduce.gather([tmp_path / "w1"], tmp_path / "out")
+    (check,) = [r for r in rows if r.check]
+    assert check.env_step == 60_000 and check.interpolated and check.check == "PASS"
+    assert check.ratio == pytest.approx(0.95)
+    assert "60,000 | 1 |" in (tmp_path / "out/results.md").read_text()
+
+
+def test_gather_unknown_task_and_runs_without_evals_are_fine(tmp_path, capsys):
+    fake_run(tmp_path / "runs/p", "Pendulum-v1", 1, [(400, -500.0)])
+    fake_run(tmp_path / "runs/empty", "cup-catch", 1, [])
+    assert main(["--gather", str(tmp_path / "runs"), "--out", str(tmp_path / "out")]) == 0
+    (row,) = read_rows(tmp_path / "out/results.csv")
+    assert row["task"] == "Pendulum-v1" and row["check"] == "n/a" and row["tdmpc2_mean"] == ""
+    assert "n/a" in capsys.readouterr().out
+
+
+def test_gather_with_nothing_to_read_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["--gather", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no run directories") and "\n" not in err
+
+
+# --- the sequential runner ------------------------------------------------------------
+
+def test_decide_start_skip_resume_restart(tmp_path):
+    d = tmp_path / "cup-catch/seed1"
+    assert decide(d, "cup-catch", 1, 100_000) is Action.START
+    d.mkdir(parents=True)
+    assert decide(d, "cup-catch", 1, 100_000) is Action.START  # empty
+    fake_run(d, "cup-catch", 1, [(50_000, 500.0)])
+    assert decide(d, "cup-catch", 1, 100_000) is Action.RESUME
+    fake_run(d, "cup-catch", 1, [(50_000, 500.0), (100_000, 900.0)])
+    assert decide(d, "cup-catch", 1, 100_000) is Action.SKIP
+    assert decide(d, "cup-catch", 1, 200_000) is Action.RESUME  # extend a finished shorter run
+    (d / "checkpoints/latest.pt").unlink()  # checkpoints deleted to free disk: still finished
+    assert decide(d, "cup-catch", 1, 100_000) is Action.SKIP
+    fake_run(d, "cup-catch", 1, [(50_000, 500.0)], checkpoint=False)  # died before its first checkpoint
+    assert decide(d, "cup-catch", 1, 100_000) is Action.RESTART
+    with pytest.raises(BadInput, match="seed 1, not cup-catch seed 2"):
+        decide(d, "cup-catch", 2, 100_000)
+
+
+def test_train_commands(tmp_path):
+    d = tmp_path / "run"
+    start = train_command(Action.START, d, "cup-catch", 2, 100_000, "a4000.json", ["--device", "cpu"])
+    assert start[-12:] == ["--cfg", "a4000.json", "--task", "cup-catch", "--seed", "2", "--steps", "100000",
+                           "--run-dir", str(d), "--device", "cpu"]
+    resume = train_command(Action.RESUME, d, "cup-catch", 2, 100_000, "a4000.json", ["--device", "cpu"])
+    assert resume[-6:] == ["--resume", str(d), "--steps", "100000", "--device", "cpu"]
+    assert "--cfg" not in resume  # the run's own config.json applies
+
+
+FAKE_TRAIN = r'''
+import csv, json, os, sys
+from pathlib import Path
+argv = sys.argv[1:]
+flag = lambda name: argv[argv.index(name) + 1] if name in argv else None
+with open(os.environ["FAKE_LOG"], "a") as f:
+    f.write(json.dumps(argv) + "\n")
+run = Path(flag("--resume") or flag("--run-dir"))
+if not flag("--resume"):
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"task": flag("--task"), "seed": int(flag("--seed"))}))
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "latest.pt").write_bytes(b"x")
+    with open(run / "eval.csv", "w") as f:
+        f.write("env_step,episodes,episode_return,episode_return_std,episode_length,eval_seconds,elapsed\n")
+if not flag("--resume") and flag("--seed") == os.environ.get("FAKE_STOP_SEED"):
+    sys.exit(3)  # stopped by a signal before the end
+with open(run / "eval.csv", "a") as f:
+    f.write(f"{flag('--steps')},2,-300,1,200,1,10\n")
+'''
+
+
+def test_runner_stops_on_exit_3_and_a_rerun_resumes_and_skips(tmp_path, monkeypatch, capsys):
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    log = tmp_path / "calls.jsonl"
+    monkeypatch.setattr(reproduce, "TRAIN", [sys.executable, str(script)])
+    monkeypatch.setenv("FAKE_LOG", str(log))
+    monkeypatch.setenv("FAKE_STOP_SEED", "1")
+    root = tmp_path / "runs"
+    cmd = ["--tasks", "Pendulum-v1", "--seeds", "1-2", "--steps", "400", "--runs-root", str(root), "--",
+           "--device", "cpu"]
+
+    assert main(cmd) == 3
+    assert not (root / "Pendulum-v1/seed2").exists()  # the stop ended the whole command
+    assert "rerun the same command" in capsys.readouterr().err
+
+    monkeypatch.delenv("FAKE_STOP_SEED")
+    assert main(cmd) == 0
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls[1][:4] == ["--resume", str(root / "Pendulum-v1/seed1"), "--steps", "400"]
+    assert "--run-dir" in calls[2] and calls[2][calls[2].index("--seed") + 1] == "2"
+    assert calls[2][-2:] == ["--device", "cpu"]
+    rows = read_rows(root / "results.csv")  # gathered automatically
+    assert [(r["task"], r["env_step"], r["seeds"]) for r in rows] == [("Pendulum-v1", "400", "2")]
+
+    capsys.readouterr()
+    assert main(cmd) == 0  # everything finished: nothing runs again
+    assert len(log.read_text().splitlines()) == 3
+    assert capsys.readouterr().out.count(": skip ") == 2
+
+
+def test_dry_run_prints_the_plan(tmp_path, capsys):
+    fake_run(tmp_path / "Pendulum-v1/seed1", "Pendulum-v1", 1, [(400, -200.0)])
+    assert main(["--tasks", "Pendulum-v1", "--seeds", "1,2", "--steps", "400", "--runs-root", str(tmp_path),
+                 "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1: skip" in out and "seed 2: start" in out and "tdmpc.train" in out
+    assert not (tmp_path / "Pendulum-v1/seed2").exists()
+
+
+def test_slurm_mode_calls_sweep_and_says_how_to_gather(tmp_path, monkeypatch, capfd):
+    sweep = tmp_path / "sweep.sh"
+    sweep.write_text('echo "sweep $* runs=$TDMPC_RUNS"\n')
+    monkeypatch.setattr(reproduce, "sweep_script", lambda: sweep)
+    root = tmp_path / "runs"
+    assert main(["--slurm", "--tasks", "cartpole-swingup,cup-catch", "--seeds", "1-3", "--cfg", "a4000.json",
+                 "--runs-root", str(root), "--", "--num-envs", "2"]) == 0
+    out = capfd.readouterr().out
+    assert (f"sweep --tasks cartpole-swingup,cup-catch --seeds 1-3 -- --cfg a4000.json --steps 100000 "
+            f"--num-envs 2 runs={root}") in out
+    assert f"--gather {root / 'slurm'}" in out
+
+
+# --- input ------------------------------------------------------------------------------
+
+def test_seed_lists_and_ranges():
+    assert parse_seeds("1-3") == parse_seeds("1,2,3") == [1, 2, 3]
+    assert parse_seeds("1-3, 7,2") == [1, 2, 3, 7]
+    assert seeds_text([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10"
+
+
+@pytest.mark.parametrize("argv", [
+    ["--tasks", "cup-catch", "--seeds", "a-b"],
+    ["--tasks", "cup-catch", "--seeds", "3-1"],
+    ["--tasks", "cup-catch", "--seeds", ""],
+    ["--tasks", ""],
+    ["--tasks", " , "],
+    [],
+    ["--tasks", "cup-catch", "--", "--seed", "4"],
+    ["--tasks", "cup-catch", "--steps", "0"],
+    ["--tasks", "cup-catch,walker-wlak"],
+    ["--gather", "--slurm"],
+])
+def test_bad_input_is_one_line_exit_2(argv, tmp_path, capsys):
+    assert main([*argv, "--runs-root", str(tmp_path)] if "--" not in argv else argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err
