@@ -107,8 +107,8 @@ class MPPI:
         alive = torch.ones_like(G)
         discount = 1.0
         for t in range(self.cfg.horizon):
-            G = G + discount * alive * m.decode(m.reward(z, actions[t]))
-            z = m.next(z, actions[t])
+            z, reward = m.next_and_reward(z, actions[t])
+            G = G + discount * alive * m.decode(reward)
             discount *= self.discount
             if m.episodic:
                 alive = alive * (m.termination(z) <= 0.5)

@@ -18,7 +18,7 @@ from tdmpc import checkpoint
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.device import resolve_dtype
-from tdmpc.world_model import ModelDims, WorldModel
+from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
 
 def discount_for(episode_length: int, cfg: Config) -> float:
@@ -35,6 +35,9 @@ class Agent:
         self.dtype = resolve_dtype(cfg.precision, device)
         self.model = WorldModel(dims).to(device)
         self.model.eval()
+        # Planning reads a frozen copy in the planning dtype, refreshed lazily after updates.
+        self.plan_model = planning_copy(self.model, self.dtype)
+        self._plan_model_stale = False
         m = self.model
         fused = dict(fused=True, capturable=device.type == "cuda")
         heads = [*m._dynamics.parameters(), *m._reward.parameters(), *m._Qs.parameters()]
@@ -58,7 +61,7 @@ class Agent:
         """One planner per (N, role), so evaluation never disturbs the training warm start."""
         key = (num_envs, role)
         if key not in self._planners:
-            self._planners[key] = MPPI(self.model, self.planner_cfg, num_envs, self.dims.action_dim,
+            self._planners[key] = MPPI(self.plan_model, self.planner_cfg, num_envs, self.dims.action_dim,
                                        self.discount, self.device)
         return self._planners[key]
 
@@ -71,12 +74,14 @@ class Agent:
         """obs (N, ...) and first_step (N,) -> actions (N, A) as a numpy array: the one device->host copy."""
         obs = torch.as_tensor(obs).to(self.device, non_blocking=True)
         first = torch.as_tensor(first_step, dtype=torch.bool).to(self.device, non_blocking=True)
-        with self._autocast():
-            if self.cfg.mpc:
-                a = self.planner(obs.shape[0], role or ("eval" if eval_mode else "train")).plan(obs, first, eval_mode)
-            else:
-                policy = self.model.pi(self.model.encode(obs))
-                a = policy.mean if eval_mode else policy.action
+        if self._plan_model_stale:
+            sync_copy(self.plan_model, self.model)
+            self._plan_model_stale = False
+        if self.cfg.mpc:
+            a = self.planner(obs.shape[0], role or ("eval" if eval_mode else "train")).plan(obs, first, eval_mode)
+        else:
+            policy = self.plan_model.pi(self.plan_model.encode(obs))
+            a = policy.mean if eval_mode else policy.action
         return a.float().cpu().numpy()
 
     # --- learning -----------------------------------------------------------------
@@ -119,6 +124,7 @@ class Agent:
         pi_metrics = self._update_pi(zs.detach())
         m.soft_update_targets(cfg.tau)
         m.eval()
+        self._plan_model_stale = True
         return {**{k: v.detach() for k, v in losses.items()}, "total_loss": total.detach(), "grad_norm": grad_norm,
                 "skipped": skipped, **pi_metrics}
 
@@ -163,6 +169,7 @@ class Agent:
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
         checkpoint.load_state_strict(self.model, state["model"], source)
+        self._plan_model_stale = True
         if "optim" in state:
             self.optim.load_state_dict(state["optim"])
             self.pi_optim.load_state_dict(state["pi_optim"])

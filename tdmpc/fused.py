@@ -1,18 +1,115 @@
-"""LayerNorm followed by Mish, the activation of every hidden layer.
+"""LayerNorm followed by Mish (every hidden layer) or SimNorm (latent outputs), fused on the CPU.
 
-Kept in one function so a faster fused kernel can replace the plain formula in one place.
+ATen's CPU mish costs ~10x an exp, and a softmax over groups of 8 is slow too; one
+C++ pass (csrc/fused_cpu.cpp, built once per machine with the system compiler) does
+LayerNorm + affine + activation per row. Elsewhere (CUDA, no compiler, or
+TDMPC_FUSED=0) the plain formula runs; both compute the same function.
+
+Per-group affine parameters cover the layouts the model uses with one call:
+  x (..., G, D) with gamma (G, D)   -- one layer (G = 1), or dynamics+reward fused (G = 2)
+  x (G, ..., D) with gamma (G, D)   -- a Q-ensemble, heads first (heads_first=True)
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
+import platform
+import sys
+import threading
+from pathlib import Path
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+_SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
+_lock = threading.Lock()
+_state: dict[str, bool] = {}
 
-def ln_mish(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
-    """mish(layer_norm(x) * weight + bias); weight/bias are (D,) or broadcast per ensemble head."""
-    if weight.dim() == 1:
-        y = F.layer_norm(x, x.shape[-1:], weight.to(x.dtype), bias.to(x.dtype), eps)
-    else:
-        y = F.layer_norm(x, x.shape[-1:], eps=eps) * weight + bias
-    return F.mish(y)
+
+def _machine_tag() -> str:
+    """The build uses -march=native, so a cached build is only valid on the same CPU type."""
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        pass
+    key = f"{platform.machine()}|{flags}|{torch.__version__}|{_SOURCE.read_bytes().hex()}"
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def extension_available() -> bool:
+    """Build (first time on this machine, ~30 s) and load the CPU kernels; False if that is impossible."""
+    if "ok" in _state:
+        return _state["ok"]
+    with _lock:
+        if "ok" not in _state:
+            _state["ok"] = _build()
+    return _state["ok"]
+
+
+def _build() -> bool:
+    if os.environ.get("TDMPC_FUSED", "1") == "0" or sys.platform != "linux":
+        return False
+    try:
+        from torch.utils.cpp_extension import load
+
+        name = f"tdmpc_fused_{_machine_tag()}"
+        build_dir = Path(os.environ.get("TDMPC_BUILD_DIR", Path.home() / ".cache" / "tdmpc" / name))
+        build_dir.mkdir(parents=True, exist_ok=True)
+        if not any(build_dir.glob("*.so")):
+            print("tdmpc: building the fused CPU kernels (once per machine, ~30 s)...", file=sys.stderr)
+        load(name=name, sources=[str(_SOURCE)], build_directory=str(build_dir), is_python_module=False,
+             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
+             extra_ldflags=["-fopenmp"], verbose=False)
+        return True
+    except Exception as e:  # no compiler, no ninja, an exotic platform: the plain formula still works
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        print(f"tdmpc: fused CPU kernels unavailable ({first}); using the plain formula", file=sys.stderr)
+        return False
+
+
+def _plain(x: Tensor, gamma: Tensor, beta: Tensor, act: str, heads_first: bool, group: int = 8) -> Tensor:
+    G, D = gamma.shape
+    shape = (G,) + (1,) * (x.dim() - 2) + (D,) if heads_first else (G, D)
+    y = F.layer_norm(x, (D,)) * gamma.view(shape).to(x.dtype) + beta.view(shape).to(x.dtype)
+    if act == "mish":
+        return F.mish(y)
+    return torch.softmax(y.unflatten(-1, (-1, group)), dim=-1).flatten(-2)
+
+
+def _period(x: Tensor, G: int, heads_first: bool) -> int:
+    return x.numel() // (G * x.shape[-1]) if heads_first else 1
+
+
+class _LnMish(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, gamma: Tensor, beta: Tensor, period: int) -> Tensor:
+        ctx.save_for_backward(x, gamma, beta)
+        ctx.period = period
+        return torch.ops.tdmpc_fused.ln_act(x, gamma, beta, period, 0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, gamma, beta = ctx.saved_tensors
+        gx, gg, gb = torch.ops.tdmpc_fused.ln_mish_backward(grad.contiguous(), x, gamma, beta, ctx.period)
+        return gx, gg, gb, None
+
+
+def ln_act(x: Tensor, gamma: Tensor, beta: Tensor, act: str = "mish", heads_first: bool = False,
+           group: int = 8) -> Tensor:
+    """act(layer_norm(x) * gamma + beta), gamma/beta (G, D) per group (module doc); SimNorm over `group`."""
+    if gamma.dim() == 1:
+        gamma, beta = gamma.unsqueeze(0), beta.unsqueeze(0)
+    fast = (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous()
+            and gamma.dtype == torch.float32 and extension_available())
+    grad = torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad)
+    if not fast or (grad and act != "mish") or group > 64:
+        return _plain(x, gamma, beta, act, heads_first, group)
+    gamma, beta = gamma.contiguous(), beta.contiguous()
+    period = _period(x, gamma.shape[0], heads_first)
+    if grad:
+        return _LnMish.apply(x, gamma, beta, period)
+    return torch.ops.tdmpc_fused.ln_act(x, gamma, beta, period, 0 if act == "mish" else group)

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tdmpc.fused import ln_mish
+from tdmpc.fused import ln_act
 
 
 def simnorm(x: Tensor, group: int) -> Tensor:
@@ -29,12 +29,10 @@ class NormedLinear(nn.Linear):
         self.act, self.dropout, self.simnorm_dim = act, dropout, simnorm_dim
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F.linear(x, self.weight, self.bias)
+        x = F.linear(x.to(self.weight.dtype), self.weight, self.bias)
         if self.dropout and self.training:
             x = F.dropout(x, self.dropout, training=True)
-        if self.act == "mish":
-            return ln_mish(x, self.ln.weight, self.ln.bias)
-        return simnorm(F.layer_norm(x, x.shape[-1:], self.ln.weight, self.ln.bias), self.simnorm_dim)
+        return ln_act(x, self.ln.weight, self.ln.bias, self.act, group=self.simnorm_dim)
 
 
 def mlp(in_dim: int, hidden: list[int], out_dim: int, last: str = "linear",
@@ -80,14 +78,15 @@ class EnsembleLinear(nn.Module):
         if detach:
             params = [p.detach() for p in params]
         w, b = params[0], params[1]
+        x = x.to(w.dtype)
         if x.dim() == 2:
             x = x.expand(w.shape[0], *x.shape)
-        y = torch.baddbmm(b.unsqueeze(1).to(x.dtype), x, w.transpose(1, 2).to(x.dtype))
+        y = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
         if self.ln is None:
             return y
         if self.dropout and self.training:
             y = F.dropout(y, self.dropout, training=True)
-        return ln_mish(y, params[2].unsqueeze(1), params[3].unsqueeze(1))
+        return ln_act(y, params[2], params[3], "mish", heads_first=True)
 
 
 class Ensemble(nn.Sequential):

@@ -12,10 +12,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from planners.base import PolicyOutput as Policy
-from tdmpc.layers import Ensemble, PixelEncoder, init_weights, mlp
+from tdmpc.fused import ln_act
+from tdmpc.layers import Ensemble, EnsembleLinear, PixelEncoder, init_weights, mlp
 from tdmpc.twohot import TwoHot
 
 
@@ -86,6 +88,7 @@ class WorldModel(nn.Module):
         self.two_hot = TwoHot(dims.num_bins, dims.vmin, dims.vmax)
         self.register_buffer("log_std_min", torch.tensor(float(dims.log_std_min)))
         self.register_buffer("log_std_dif", torch.tensor(float(dims.log_std_max - dims.log_std_min)))
+        self._fused_first_layers: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # set in planning copies
 
     # --- the interface planners use ---------------------------------------------------
     @property
@@ -106,13 +109,26 @@ class WorldModel(nn.Module):
         """Reward logits over the two-hot bins."""
         return self._reward(torch.cat([z, a.to(z.dtype)], dim=-1))
 
+    def next_and_reward(self, z: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
+        """next(z, a) and reward(z, a) with one matmul for both first layers (they share [z, a])."""
+        za = torch.cat([z, a.to(z.dtype)], dim=-1)
+        w, b, gamma, beta = self._fused_first_layers or self._concat_first_layers()
+        h = F.linear(za.to(w.dtype), w, b).unflatten(-1, (2, -1))  # (..., 2, M)
+        h = ln_act(h, gamma, beta, "mish")
+        return self._dynamics[1:](h[..., 0, :]), self._reward[1:](h[..., 1, :])
+
+    def _concat_first_layers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        d, r = self._dynamics[0], self._reward[0]
+        return (torch.cat([d.weight, r.weight]), torch.cat([d.bias, r.bias]),
+                torch.stack([d.ln.weight, r.ln.weight]), torch.stack([d.ln.bias, r.ln.bias]))
+
     def termination(self, z: Tensor, logits: bool = False) -> Tensor:
         """Probability (or logit) that the transition into z ended the episode."""
         out = self._termination(z)
         return out if logits else torch.sigmoid(out)
 
     def pi(self, z: Tensor) -> Policy:
-        mean, log_std = self._pi(z).chunk(2, dim=-1)
+        mean, log_std = self._pi(z).float().chunk(2, dim=-1)
         log_std = self.log_std_min + 0.5 * self.log_std_dif * (torch.tanh(log_std) + 1)
         eps = torch.randn_like(mean)
         log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
@@ -153,3 +169,33 @@ class WorldModel(nn.Module):
     @property
     def num_learnable_params(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
+    """A frozen copy for planning: matmul weights in `dtype`, LayerNorm parameters in fp32.
+
+    The first layers of dynamics and reward become views into one fused tensor, so
+    next_and_reward() needs no concatenation, and sync_copy() keeps it current in place.
+    """
+    copy_ = copy.deepcopy(model).requires_grad_(False).eval()
+    for m in copy_.modules():
+        if isinstance(m, (nn.Linear, EnsembleLinear, nn.Conv2d)):  # not LayerNorm affine parameters
+            m.weight = nn.Parameter(m.weight.to(dtype), requires_grad=False)
+            m.bias = nn.Parameter(m.bias.to(dtype), requires_grad=False)
+
+    def fuse(mod_d: nn.Module, mod_r: nn.Module, name: str) -> Tensor:
+        both = torch.stack([getattr(mod_d, name), getattr(mod_r, name)])
+        setattr(mod_d, name, nn.Parameter(both[0], requires_grad=False))
+        setattr(mod_r, name, nn.Parameter(both[1], requires_grad=False))
+        return both
+
+    d, r = copy_._dynamics[0], copy_._reward[0]
+    copy_._fused_first_layers = (fuse(d, r, "weight").flatten(0, 1), fuse(d, r, "bias").flatten(0, 1),
+                                 fuse(d.ln, r.ln, "weight"), fuse(d.ln, r.ln, "bias"))
+    return copy_
+
+
+@torch.no_grad()
+def sync_copy(copy_: WorldModel, model: WorldModel) -> None:
+    """Refresh a planning copy from the trained model (one fused copy kernel per dtype group)."""
+    torch._foreach_copy_(list(copy_.parameters()), list(model.parameters()))

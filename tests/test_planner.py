@@ -19,6 +19,9 @@ class QuadraticModel:
     def reward(self, z, a):
         return -((a - z) ** 2).sum(-1, keepdim=True)  # "logits" that decode() passes through
 
+    def next_and_reward(self, z, a):
+        return self.next(z, a), self.reward(z, a)
+
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,))
 

@@ -20,7 +20,7 @@ from tdmpc.train import Trainer
 TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2,
             num_samples=32, num_elites=4, num_pi_trajs=2, iterations=2, horizon=3, batch_size=16,
             buffer_size=5000, seed_steps=200, eval_freq=400, eval_episodes=2, log_every=100, save_every=400,
-            steps=600, precision="fp32", progress=False, tensorboard=False, device="cpu")
+            steps=600, precision="fp32", progress=False, tensorboard=False, device="cpu", threads=1)
 
 
 def tiny_json(tmp_path, **over):
@@ -69,8 +69,8 @@ def test_sigterm_then_resume_continues_from_the_same_step(tmp_path):
     cfg = tiny_json(tmp_path, steps=3000, eval_freq=10_000, save_every=10_000)
     proc = subprocess.Popen([sys.executable, "-m", "tdmpc.train", "--cfg", str(cfg), "--run-dir", str(run)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline:  # wait until learning has started
+    deadline = time.time() + 300
+    while time.time() < deadline:  # wait until learning has started (the pretraining burst is over)
         if (run / "train.csv").exists() and len(read_csv(run / "train.csv")) >= 4:
             break
         time.sleep(0.2)
