@@ -46,6 +46,9 @@ class MPPI:
         self.mean = torch.zeros(H, N, A, **kw)
         self.std = torch.full((H, N, A), cfg.max_std, **kw)
         self.prev_mean = torch.zeros(H, N, A, **kw)  # warm start, per environment
+        self.G = torch.zeros(N, S, 1, **kw)  # model return of each candidate
+        self.alive = torch.ones(N, S, 1, **kw)  # 0 once the model predicts a termination
+        self.z_final: Tensor | None = None  # latent after the horizon, in the model's dtype
 
     @torch.inference_mode()
     def plan(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False) -> Tensor:
@@ -54,15 +57,15 @@ class MPPI:
         H, P, E = c.horizon, c.num_pi_trajs, c.num_elites
         z = m.encode(obs)
         self._prior_trajectories(z)
-
         self._warm_start(first_step)
 
-        z = z.unsqueeze(1).expand(-1, c.num_samples, -1)
+        z = z.unsqueeze(1).expand(-1, c.num_samples - P, -1)
         for _ in range(c.iterations):
             torch.randn(self.noise.shape, out=self.noise)
             sampled = self.mean.unsqueeze(2) + self.std.unsqueeze(2) * self.noise
             self.actions[:, :, P:] = sampled.clamp_(-1, 1)
-            value = self._estimate_value(z, self.actions).nan_to_num_(0.0)  # (N, S)
+            self._rollout(z, self.actions[:, :, P:], P)
+            value = self._value().nan_to_num_(0.0)  # (N, S)
             elite_value, elite_idx = torch.topk(value, E, dim=1)
             elite_actions = self.actions.gather(
                 2, elite_idx.view(1, -1, E, 1).expand(H, -1, E, self.action_dim))  # (H, N, E, A)
@@ -89,28 +92,42 @@ class MPPI:
         self.std.fill_(self.cfg.max_std)
 
     def _prior_trajectories(self, z: Tensor) -> None:
-        """Roll the policy prior forward; its actions fill the first candidate columns."""
+        """Roll the policy prior forward; its actions fill the first candidate columns.
+
+        Their model return and final latent do not change across iterations, so they are
+        computed here once; only their bootstrapped value is redrawn every iteration."""
         P = self.cfg.num_pi_trajs
         if P == 0:
             return
         z = z.unsqueeze(1).expand(-1, P, -1)
+        zt = z
         for t in range(self.cfg.horizon):
-            a = self.model.pi(z).action
-            self.actions[t, :, :P] = a
+            self.actions[t, :, :P] = self.model.pi(zt).action
             if t + 1 < self.cfg.horizon:
-                z = self.model.next(z, a)
+                zt = self.model.next(zt, self.actions[t, :, :P])
+        self._rollout(z, self.actions[:, :, :P], 0)
 
-    def _estimate_value(self, z: Tensor, actions: Tensor) -> Tensor:
-        """Discounted model return over the horizon plus a bootstrapped Q-value: (N, S)."""
+    def _rollout(self, z: Tensor, actions: Tensor, col: int) -> None:
+        """Model return, survival and final latent of candidates, into columns col: of the buffers."""
         m = self.model
+        n = actions.shape[2]
         G = torch.zeros(z.shape[:-1] + (1,), device=z.device)
         alive = torch.ones_like(G)
         discount = 1.0
         for t in range(self.cfg.horizon):
             z, reward = m.next_and_reward(z, actions[t])
-            G = G + discount * alive * m.decode(reward)
+            G += discount * alive * m.decode(reward)
             discount *= self.discount
             if m.episodic:
                 alive = alive * (m.termination(z) <= 0.5)
+        self.G[:, col:col + n] = G
+        self.alive[:, col:col + n] = alive
+        if self.z_final is None:
+            self.z_final = torch.empty(self.G.shape[:2] + z.shape[-1:], dtype=z.dtype, device=z.device)
+        self.z_final[:, col:col + n] = z
+
+    def _value(self) -> Tensor:
+        """Return over the horizon plus the discounted Q-value (2 random heads, averaged): (N, S)."""
+        m, z = self.model, self.z_final
         q = m.decode(m.Q(z, m.pi(z).action, m.sample_heads())).mean(0)
-        return (G + discount * alive * q).squeeze(-1)
+        return (self.G + self.discount ** self.cfg.horizon * self.alive * q).squeeze(-1)

@@ -35,8 +35,16 @@ class NormedLinear(nn.Linear):
         return ln_act(x, self.ln.weight, self.ln.bias, self.act, group=self.simnorm_dim)
 
 
+class MLP(nn.Sequential):
+    """Layers applied to (rows, features): every Linear is one addmm (3-D inputs would add a bias pass)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        return super().forward(x.reshape(-1, x.shape[-1])).view(*lead, -1)
+
+
 def mlp(in_dim: int, hidden: list[int], out_dim: int, last: str = "linear",
-        dropout: float = 0.0, simnorm_dim: int = 8) -> nn.Sequential:
+        dropout: float = 0.0, simnorm_dim: int = 8) -> MLP:
     """Hidden NormedLinear layers (dropout only on the first), then a plain or SimNorm output."""
     dims = [in_dim, *hidden]
     layers: list[nn.Module] = [NormedLinear(dims[i], dims[i + 1], dropout=dropout if i == 0 else 0.0)
@@ -45,7 +53,7 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, last: str = "linear",
         layers.append(NormedLinear(dims[-1], out_dim, act="simnorm", simnorm_dim=simnorm_dim))
     else:
         layers.append(nn.Linear(dims[-1], out_dim))
-    return nn.Sequential(*layers)
+    return MLP(*layers)
 
 
 class _StackedLayerNormAffine(nn.Module):

@@ -1,0 +1,269 @@
+"""python -m tdmpc.bench: measure plan() and update() against this machine's own matmul peak.
+
+Everything is measured in one run on one device: the matmul peak (fp32 and bf16) at the
+shapes the model uses, planning latency and throughput for 1, 8 and 32 envs at model
+sizes 1 and 5 with the reference planning settings, update time at batch 256, the
+end-to-end agent steps/s of the training loop on a real task, and host RSS growth over
+a longer run. FLOPs of each call are counted with torch.utils.flop_counter, so every
+time comes with the fraction of the peak it achieves. It prints a table and writes JSON.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import platform
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+import tyro
+from torch.utils.flop_counter import FlopCounterMode
+
+from tdmpc import fused
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch
+from tdmpc.config import Config, validate
+from tdmpc.device import resolve_device, resolve_dtype
+from tdmpc.world_model import ModelDims
+
+OBS_DIM, ACTION_DIM = 24, 6  # walker-walk, the anchors' dims
+
+
+@dataclass
+class BenchArgs:
+    quick: bool = False
+    """Fewer repetitions and shorter runs (about a minute on 2 CPU cores)."""
+    device: str = "auto"
+    out: Path = Path("bench.json")
+    sizes: tuple[int, ...] = (1, 5)
+    envs: tuple[int, ...] = (1, 8, 32)
+    task: str = "cartpole-swingup"
+    """Task of the end-to-end measurement (Pendulum-v1 if dm_control is missing)."""
+    e2e_steps: Optional[int] = None
+    """Agent steps timed end to end (default 300, quick 60)."""
+    rss_steps: Optional[int] = None
+    """Agent steps of the RSS run after warm-up (default 20000, quick 2000), with a small model."""
+    compare_plain: bool = True
+    """Also time the plain fp32 eager variant (no fused kernels) for same-run ratios."""
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timeit(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 2) -> float:
+    """Median seconds per call."""
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def count_flops(fn: Callable[[], object]) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int) -> dict:
+    """GFLOP/s of (M x K) @ (K x N) at the shapes planning and updates use; peak = the best."""
+    shapes = [(512, 518, 1024), (512, 512, 512), (16384, 512, 512), (768, 518, 512), (2048, 2048, 2048)]
+    out = {}
+    for M, K, N in shapes:
+        a = torch.randn(M, K, device=device, dtype=dtype)
+        b = torch.randn(K, N, device=device, dtype=dtype)
+        t = timeit(lambda: a @ b, device, reps)
+        out[f"{M}x{K}x{N}"] = 2 * M * K * N / t / 1e9
+    out["peak"] = max(out.values())
+    return out
+
+
+def make_agent(size: int, device: torch.device, precision: str, **over) -> Agent:
+    cfg = validate(Config(model_size=size, device=str(device), precision=precision, **over))
+    return Agent(cfg, ModelDims.from_config(cfg, (OBS_DIM,), ACTION_DIM, False), 500, device)
+
+
+def random_batch(agent: Agent, B: int = 256) -> Batch:
+    H, d = agent.cfg.horizon, agent.device
+    return Batch(torch.randn(H + 1, B, OBS_DIM, device=d), torch.rand(H, B, ACTION_DIM, device=d) * 2 - 1,
+                 torch.randn(H, B, device=d), torch.zeros(H, B, dtype=torch.bool, device=d))
+
+
+def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: int, peaks: dict,
+                precision: str = "auto") -> dict:
+    agent = make_agent(size, device, precision)
+    dtype = agent.dtype
+    peak = peaks["bf16" if dtype == torch.bfloat16 else "fp32"]["peak"]
+    res: dict = {"model_size": size, "dtype": str(dtype).replace("torch.", ""), "plan": {}}
+    for n in envs:
+        obs = np.random.randn(n, OBS_DIM).astype(np.float32)
+        first = np.zeros(n, dtype=bool)
+        fn = lambda: agent.act(obs, first)  # noqa: E731
+        t = timeit(fn, device, max(2, reps // max(1, n // 8)))
+        flops = count_flops(fn)
+        res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": flops / 1e9,
+                          "fraction_of_peak": flops / t / 1e9 / peak}
+    batch = random_batch(agent)
+    t = timeit(lambda: agent.update(batch), device, reps)
+    flops = count_flops(lambda: agent.update(batch))
+    res["update"] = {"ms": t * 1e3, "gflop": flops / 1e9, "fraction_of_peak": flops / t / 1e9 / peak}
+    return res
+
+
+def bench_plain(size: int, device: torch.device, reps: int) -> dict:
+    """The same calls in plain fp32 eager mode without the fused kernels: the same-run baseline."""
+    saved = dict(fused._state)
+    fused._state["ok"] = False
+    try:
+        agent = make_agent(size, device, "fp32")
+        obs, first = np.random.randn(1, OBS_DIM).astype(np.float32), np.zeros(1, dtype=bool)
+        batch = random_batch(agent)
+        return {"plan_ms": timeit(lambda: agent.act(obs, first), device, reps) * 1e3,
+                "update_ms": timeit(lambda: agent.update(batch), device, reps) * 1e3}
+    finally:
+        fused._state.clear()
+        fused._state.update(saved)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def bench_training(task: str, device: torch.device, agent_steps: int, warmup_steps: int, small: bool) -> dict:
+    """Agent steps/s of the real training loop (1 env, 1 update per step) and RSS over the run."""
+    from tdmpc.envs import make_vector_env
+    from tdmpc.train import Trainer
+
+    _, spec = make_vector_env(task, 1, seed=0)
+    R = spec.action_repeat
+    over = dict(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3, batch_size=64) \
+        if small else {}
+    cfg = validate(Config(task=task, device=str(device), seed_steps=warmup_steps * R,
+                          steps=(warmup_steps + agent_steps) * R, eval_freq=10**9, eval_episodes=0,
+                          save_every=10**9, log_every=10**9, progress=False, tensorboard=False,
+                          buffer_size=max(10_000, (warmup_steps + agent_steps) * 2), **over))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = Trainer(cfg, Path(tmp) / "run", device)
+        while trainer.c.env_step < cfg.seed_steps + 20 * R:  # seeding, pretraining burst, and a few steps
+            trainer._step()
+        gc.collect()
+        rss0, t0, s0 = rss_mb(), time.perf_counter(), trainer.c.env_step
+        samples = []
+        while trainer.c.env_step < cfg.steps:
+            trainer._step()
+            if trainer.c.vector_steps % 500 == 0:
+                samples.append(rss_mb())
+        sync(device)
+        dt = time.perf_counter() - t0
+        steps = (trainer.c.env_step - s0) // R
+        trainer.envs.close()
+        trainer.logger.close()
+    return {"task": task, "small_model": small, "agent_steps": steps, "agent_steps_per_s": steps / dt,
+            "rss_start_mb": rss0, "rss_end_mb": rss_mb(), "rss_growth_mb": rss_mb() - rss0,
+            "rss_samples_mb": samples[:: max(1, len(samples) // 20)]}
+
+
+def machine_info(device: torch.device) -> dict:
+    flags = set()
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    isa = sorted(f for f in flags if f.startswith(("avx512", "amx")) or f in ("avx2", "fma"))
+    info = {"cpu": model, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(), "isa": isa,
+            "torch": torch.__version__, "python": platform.python_version(), "device": str(device),
+            "fused_cpu_kernels": fused.extension_available()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def print_table(r: dict) -> None:
+    print(f"\n{r['machine']['cpu']} ({r['machine']['cores']} cores) | {r['machine'].get('gpu', 'no GPU')} | "
+          f"torch {r['machine']['torch']} | device {r['machine']['device']}")
+    print(f"matmul peak: fp32 {r['peak']['fp32']['peak']:.0f} GFLOP/s, bf16 {r['peak']['bf16']['peak']:.0f} GFLOP/s")
+    print(f"{'call':<28}{'ms':>10}{'actions/s':>12}{'GFLOP':>9}{'% peak':>9}")
+    for m in r["models"]:
+        tag = f"size {m['model_size']} ({m['dtype']})"
+        for n, p in m["plan"].items():
+            print(f"{'plan N=' + str(n) + ', ' + tag:<28}{p['ms']:>10.1f}{p['actions_per_s']:>12.1f}"
+                  f"{p['gflop']:>9.2f}{100 * p['fraction_of_peak']:>8.0f}%")
+        u = m["update"]
+        print(f"{'update B=256, ' + tag:<28}{u['ms']:>10.1f}{'':>12}{u['gflop']:>9.2f}{100 * u['fraction_of_peak']:>8.0f}%")
+    for size, p in r.get("plain_fp32", {}).items():
+        fast = next(m for m in r["models"] if m["model_size"] == int(size))
+        print(f"plain fp32 eager, size {size}: plan {p['plan_ms']:.1f} ms ({p['plan_ms'] / fast['plan'][1]['ms']:.1f}x"
+              f" slower), update {p['update_ms']:.1f} ms ({p['update_ms'] / fast['update']['ms']:.1f}x slower)")
+    for n in r["models"][0]["plan"]:
+        if n != 1:
+            ratios = ", ".join(f"size {m['model_size']}: {m['plan'][n]['actions_per_s'] / m['plan'][1]['actions_per_s']:.2f}x"
+                               for m in r["models"])
+            print(f"batched planning N={n} vs N=1 (actions/s): {ratios}")
+    e = r.get("end_to_end")
+    if e:
+        print(f"end to end ({e['task']}, 1 env, 1 update/step, reference settings): {e['agent_steps_per_s']:.1f} "
+              f"agent steps/s over {e['agent_steps']} steps")
+    s = r.get("rss")
+    if s:
+        print(f"host RSS over {s['agent_steps']} agent steps after warm-up (small model): {s['rss_start_mb']:.0f} -> "
+              f"{s['rss_end_mb']:.0f} MB ({s['rss_growth_mb']:+.1f} MB)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = tyro.cli(BenchArgs, args=argv, description=__doc__.splitlines()[0])
+    device = resolve_device(args.device)
+    reps = 5 if args.quick else 20
+    fused.extension_available()
+    peaks = {"fp32": matmul_peak(device, torch.float32, reps), "bf16": matmul_peak(device, torch.bfloat16, reps)}
+    result: dict = {"machine": machine_info(device), "quick": args.quick, "peak": peaks,
+                    "planning_dtype": str(resolve_dtype("auto", device)).replace("torch.", ""), "models": []}
+    for size in args.sizes:
+        print(f"benchmarking model size {size}...", file=sys.stderr)
+        result["models"].append(bench_model(size, device, args.envs, reps, peaks))
+    if args.compare_plain:
+        result["plain_fp32"] = {str(s): bench_plain(s, device, max(3, reps // 4)) for s in args.sizes}
+    task = args.task
+    try:
+        from tdmpc.envs import make_vector_env
+        make_vector_env(task, 1, seed=0)[0].close()
+    except Exception:
+        task = "Pendulum-v1"
+    print("benchmarking the training loop...", file=sys.stderr)
+    e2e = args.e2e_steps or (60 if args.quick else 300)
+    warmup = 200 if args.quick else 1000
+    result["end_to_end"] = bench_training(task, device, e2e, warmup_steps=warmup, small=False)
+    rss = args.rss_steps or (2000 if args.quick else 20_000)
+    result["rss"] = bench_training(task, device, rss, warmup_steps=warmup, small=True)
+    print_table(result)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

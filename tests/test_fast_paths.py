@@ -1,0 +1,124 @@
+"""Each fast path computes what the plain formula computes."""
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from planners.mppi import MPPI, MPPIConfig
+from tdmpc import fused
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch
+from tdmpc.config import Config
+from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
+
+needs_ext = pytest.mark.skipif(not fused.extension_available(), reason="fused CPU kernels could not be built here")
+
+LAYOUTS = [((64, 96), 1, False), ((64, 2, 96), 2, False), ((3, 64, 96), 3, True)]
+
+
+@needs_ext
+@pytest.mark.parametrize("shape,G,heads_first", LAYOUTS)
+@pytest.mark.parametrize("act", ["mish", "simnorm"])
+def test_fused_forward_matches_plain(shape, G, heads_first, act):
+    x = torch.randn(*shape) * 3
+    gamma, beta = torch.randn(G, 96), torch.randn(G, 96)
+    ref = fused._plain(x, gamma, beta, act, heads_first)
+    assert (fused.ln_act(x, gamma, beta, act, heads_first) - ref).abs().max() < 1e-5
+    out16 = fused.ln_act(x.bfloat16(), gamma, beta, act, heads_first)
+    assert out16.dtype == torch.bfloat16
+    ref16 = fused._plain(x.bfloat16().float(), gamma, beta, act, heads_first)
+    assert ((out16.float() - ref16).abs() <= 1e-2 * (1 + ref16.abs())).all()  # bf16 output rounding
+
+
+@needs_ext
+def test_fused_simnorm_survives_large_gains():
+    x, gamma, beta = torch.randn(32, 64), torch.full((1, 64), 40.0), torch.zeros(1, 64)
+    out = fused.ln_act(x, gamma, beta, "simnorm")
+    assert torch.isfinite(out).all()
+    assert (out - fused._plain(x, gamma, beta, "simnorm", False)).abs().max() < 1e-5
+
+
+@needs_ext
+@pytest.mark.parametrize("shape,G,heads_first", LAYOUTS)
+def test_fused_backward_matches_autograd_of_plain(shape, G, heads_first):
+    x = torch.randn(*shape, requires_grad=True)
+    gamma = torch.randn(G, 96, requires_grad=True)
+    beta = torch.randn(G, 96, requires_grad=True)
+    go = torch.randn(shape)
+    fast = torch.autograd.grad(fused.ln_act(x, gamma, beta, "mish", heads_first), (x, gamma, beta), go)
+    plain = torch.autograd.grad(fused._plain(x, gamma, beta, "mish", heads_first), (x, gamma, beta), go)
+    for a, b in zip(fast, plain):
+        assert (a - b).abs().max() < 1e-4 * (1 + b.abs().max())
+
+
+def test_fused_next_and_reward_match_separate_heads():
+    m = WorldModel(ModelDims.from_config(Config(model_size=1), (24,), 6, False)).eval()
+    for p in m.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    z, a = m.encode(torch.randn(9, 24)), torch.rand(9, 6)
+    copy32 = planning_copy(m, torch.float32)
+    with torch.no_grad():
+        for model in (m, copy32):
+            nxt, rew = model.next_and_reward(z, a)
+            assert (nxt - m.next(z, a)).abs().max() < 1e-6 and (rew - m.reward(z, a)).abs().max() < 1e-6
+        for p in m.parameters():  # the copy follows the model after a sync
+            p.add_(0.01)
+        sync_copy(copy32, m)
+        assert (copy32.next_and_reward(z, a)[1] - m.reward(z, a)).abs().max() < 1e-6
+
+
+def trained_like_model():
+    """A model with non-trivial heads: random weights, so planning has something to optimise."""
+    torch.manual_seed(0)
+    cfg = Config(model_size=1)
+    m = WorldModel(ModelDims.from_config(cfg, (24,), 6, False)).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return cfg, m
+
+
+def test_bf16_planning_picks_actions_close_to_fp32():
+    cfg, m = trained_like_model()
+    obs = torch.randn(16, 24)
+    first = torch.ones(16, dtype=torch.bool)
+    actions = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        planner = MPPI(planning_copy(m, dtype), MPPIConfig(iterations=8), 16, 6, discount=0.99,
+                       device=torch.device("cpu"))
+        torch.manual_seed(1)
+        planner.plan(obs, first, eval_mode=True)
+        actions[dtype] = planner.prev_mean[0].clone()  # the planned mean: no elite sampling noise
+    diff = (actions[torch.float32] - actions[torch.bfloat16]).abs()
+    assert diff.mean() < 0.1 and diff.max() < 0.5, diff
+
+
+class CountSyncs(TorchDispatchMode):
+    """Counts ops that read a tensor value back to the host."""
+
+    SYNC_OPS = ("aten::item", "aten::_local_scalar_dense", "aten::is_nonzero")
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(str(func.name()).startswith(n) for n in self.SYNC_OPS):
+            self.calls.append(str(func.name()))
+        return func(*args, **(kwargs or {}))
+
+
+def test_no_host_sync_in_act_and_update():
+    cfg = Config(model_size=1, num_samples=64, num_elites=8, num_pi_trajs=4, iterations=2, batch_size=32)
+    agent = Agent(cfg, ModelDims.from_config(cfg, (24,), 6, True), 500, torch.device("cpu"))
+    H, B = cfg.horizon, cfg.batch_size
+    batch = Batch(torch.randn(H + 1, B, 24), torch.rand(H, B, 6), torch.randn(H, B), torch.zeros(H, B, dtype=bool))
+    obs, first = np.random.randn(2, 24).astype(np.float32), np.ones(2, dtype=bool)
+    agent.act(obs, first)  # allocate planners etc. outside the count
+    agent.update(batch)
+    with CountSyncs() as counter:
+        agent.act(obs, first)
+        agent.update(batch)
+        agent.act(obs, ~first)
+    assert counter.calls == [], counter.calls
