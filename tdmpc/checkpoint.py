@@ -6,9 +6,9 @@ Every load uses `torch.load(weights_only=True)`: a checkpoint can never run code
 from __future__ import annotations
 
 import os
-import pickle
 import re
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -52,36 +52,86 @@ def save(obj: dict, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
-def load_file(path: str | Path) -> dict:
-    """torch.load with weights_only=True, turning every failure into a one-line CheckpointError."""
+def load_file(path: str | Path, mmap: bool = False) -> dict:
+    """torch.load with weights_only=True, turning every failure into a one-line CheckpointError.
+
+    `mmap=True` maps the tensors instead of reading them (cheap when only shapes are needed);
+    it applies to zip-format files, which is what torch.save has written since torch 1.6.
+    """
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     if path.is_dir():
         raise CheckpointError(f"checkpoint '{path}' is a directory; pass a .pt file")
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if not head:
+        raise CheckpointError(f"cannot load '{path}': the file is empty")
+    is_zip = head.startswith(b"PK\x03\x04")
+    if not is_zip and head[0] != 0x80:  # neither torch's zip format nor a (legacy-format) pickle
+        what = "a text file" if _looks_like_text(path) else "unknown binary data"
+        raise CheckpointError(f"cannot load '{path}': not a torch checkpoint ({what}, not the zip archive "
+                              f"torch.save writes)")
+    if is_zip and not zipfile.is_zipfile(path):
+        raise CheckpointError(f"cannot load '{path}': the file is truncated or corrupt (incomplete zip archive)")
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except (RuntimeError, EOFError, zipfile.BadZipFile, pickle.UnpicklingError, OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            why = "it holds Python objects that a safe (weights-only) load refuses"
-        elif isinstance(e, (EOFError, zipfile.BadZipFile)) or "central directory" in first or "failed finding" in first:
-            why = "the file is truncated or corrupt"
-        else:
-            why = f"not a readable torch checkpoint ({first[:120]})"
-        raise CheckpointError(f"cannot load '{path}': {why}") from None
+        with warnings.catch_warnings():  # e.g. "Detected pickle protocol 4": noise, not an error
+            warnings.simplefilter("ignore")
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=mmap and is_zip)
+    except Exception as e:  # noqa: BLE001 - whatever the unpickler trips on, the user gets one line
+        raise CheckpointError(f"cannot load '{path}': {_load_failure(e)}") from None
     if not isinstance(obj, dict):
         raise CheckpointError(f"cannot load '{path}': expected a dict, found {type(obj).__name__}")
     return obj
 
 
+def _looks_like_text(path: Path) -> bool:
+    with open(path, "rb") as f:
+        chunk = f.read(4096)
+    try:
+        chunk.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return b"\x00" not in chunk
+
+
+def _load_failure(e: Exception) -> str:
+    """Why torch.load failed, in a few words."""
+    text = str(e)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    first = lines[0] if lines else type(e).__name__
+    if m := re.search(r"GLOBAL (\S+)", text):
+        return (f"it holds a Python object ({m.group(1)}) that a safe weights-only load refuses to build; "
+                f"only tensors and plain containers are accepted")
+    if "Weights only load failed" in text:
+        return "not a torch checkpoint (its pickle data is not what torch.save writes)"
+    if isinstance(e, (EOFError, zipfile.BadZipFile)) or "EOF" in first or "central directory" in first:
+        return "the file is truncated or corrupt"
+    return f"not a readable torch checkpoint ({type(e).__name__}: {first[:120]})"
+
+
+_REFERENCE_MODULES = ("_encoder.", "_dynamics.", "_reward.", "_termination.", "_pi.", "_Qs.", "_target_Qs",
+                      "_detach_Qs", "_task_emb.", "_action_masks")
+
+
 def is_reference(obj: dict) -> bool:
+    """A reference TD-MPC2 file: {"model": state_dict} (what its save() writes) or a bare state dict."""
+    if obj.get("format") == FORMAT:
+        return False
     sd = obj.get("model", obj)
-    return obj.get("format") != FORMAT and isinstance(sd, dict) and any(
-        isinstance(k, str) and k.startswith("_encoder.") for k in sd)
+    return isinstance(sd, dict) and any(isinstance(k, str) and k.startswith(_REFERENCE_MODULES) for k in sd)
 
 
 # --- reference layout -------------------------------------------------------------------
+#
+# The reference model (tdmpc2/common/world_model.py) keeps the state-dict names below; every
+# hidden layer is a NormedLinear (`weight`, `bias`, `ln.weight`, `ln.bias`), the last layer
+# of reward/termination/pi/Q a plain Linear, the last of encoder/dynamics a NormedLinear
+# with SimNorm. The Q ensemble is a tensordict of stacked parameters (leading dim num_q):
+#   _Qs.params.{layer}.{name}, _target_Qs_params.{layer}.{name}, _detach_Qs_params... (alias)
+# plus tensordict metadata entries such as `_Qs.params.__batch_size` / `__device`.
+# Releases before the torch.compile rework numbered the ensemble flat instead:
+#   _Qs.params.{4 * layer + k}, _target_Qs.params.{4 * layer + k}, k: weight, bias, ln.weight, ln.bias.
 
 _LN_NAMES = ("weight", "bias", "ln.weight", "ln.bias")
 
@@ -105,42 +155,137 @@ def _layers(sd: dict, prefix: str) -> list[int]:
     return sorted(idx)
 
 
-def reference_to_ours(sd: dict, source: str = "checkpoint") -> tuple[ModelDims, dict]:
-    """Map a reference state dict onto our key names and infer every size from tensor shapes."""
-    sd = {k: v for k, v in sd.items() if isinstance(v, torch.Tensor) and "__" not in k}
-    if any(k.startswith("_task_emb") for k in sd):
-        raise CheckpointError(f"{source}: multi-task reference checkpoints are not supported yet "
-                              "(found a task embedding)")
-    sd = _unflatten_old_q_layout(sd)
-    try:
-        if _layers(sd, "_encoder.state."):
-            enc = _layers(sd, "_encoder.state.")
-            w0 = sd[f"_encoder.state.{enc[0]}.weight"]
-            obs_shape: tuple[int, ...] = (w0.shape[1],)
-            enc_dim, num_enc_layers, num_channels = w0.shape[0], len(enc), 32
-            latent = sd[f"_encoder.state.{enc[-1]}.weight"].shape[0]
-            enc_prefix = "_encoder.state."
-        elif _layers(sd, "_encoder.rgb."):
-            convs = _layers(sd, "_encoder.rgb.")
-            w0 = sd[f"_encoder.rgb.{convs[0]}.weight"]
-            num_channels = w0.shape[0]
-            obs_shape, enc_dim, num_enc_layers = (w0.shape[1], 64, 64), 256, 2
-            latent = num_channels * 16
-            enc_prefix = "_encoder.rgb."
-        else:
-            raise KeyError("_encoder.state.0.weight")
-        dyn0 = sd["_dynamics.0.weight"]
-        q0 = sd["_Qs.params.0.weight"]
-        dims = ModelDims(
-            obs_shape=obs_shape, action_dim=dyn0.shape[1] - latent, latent_dim=latent, mlp_dim=dyn0.shape[0],
-            enc_dim=enc_dim, num_enc_layers=num_enc_layers, num_q=q0.shape[0],
-            episodic="_termination.0.weight" in sd, num_bins=sd["_reward.2.weight"].shape[0],
-            num_channels=num_channels,
-            log_std_min=float(sd["log_std_min"]) if "log_std_min" in sd else -10.0,
-            log_std_max=float(sd["log_std_min"] + sd["log_std_dif"]) if "log_std_dif" in sd else 2.0)
-    except (KeyError, IndexError) as e:
-        raise CheckpointError(f"{source}: not a TD-MPC2 world model (missing {e})") from None
+def _key_list(keys: list[str], n: int = 4) -> str:
+    return f"{keys[:n]}{' ...' if len(keys) > n else ''} ({len(keys)} in all)"
 
+
+def _clean_reference(sd: dict, source: str) -> dict:
+    """Tensors only: drop tensordict metadata, reject what we cannot import, with one line each."""
+    if any(isinstance(k, str) and k.startswith(("_task_emb.", "_action_masks")) for k in sd):
+        emb = sd.get("_task_emb.weight")
+        tasks = f" ({emb.shape[0]} tasks)" if isinstance(emb, torch.Tensor) and emb.dim() == 2 else ""
+        raise CheckpointError(f"{source}: multi-task reference checkpoints{tasks} are not supported "
+                              f"(found a task embedding / action masks); use a single-task checkpoint")
+    if nested := sorted(k for k in sd if isinstance(k, str) and re.match(r"_dynamics\.\d+\.\d+\.weight$", k)):
+        raise CheckpointError(f"{source}: this checkpoint uses the reference's pre-release layout "
+                              f"(nested layers such as '{nested[0]}'), which is not supported")
+    out = {}
+    for key, value in sd.items():
+        if not isinstance(key, str) or key.rsplit(".", 1)[-1].startswith("__"):
+            continue  # tensordict metadata: `_Qs.params.__batch_size`, `__device`, ...
+        if not isinstance(value, torch.Tensor):
+            raise CheckpointError(f"{source}: '{key}' holds a {type(value).__name__}, not a tensor")
+        out[key] = value
+    return out
+
+
+def _shape(sd: dict, key: str, ndim: int, source: str) -> tuple[int, ...]:
+    if key not in sd:
+        raise CheckpointError(f"{source}: state dict does not match a TD-MPC2 world model: missing '{key}' "
+                              f"(needed to infer the model sizes)")
+    shape = tuple(sd[key].shape)
+    if len(shape) != ndim:
+        raise CheckpointError(f"{source}: '{key}' has shape {shape}; a TD-MPC2 world model has a "
+                              f"{ndim}-D tensor there")
+    return shape
+
+
+def _scalar(sd: dict, key: str, default: float) -> float:
+    return float(sd[key]) if key in sd and sd[key].numel() == 1 else default
+
+
+def _infer_dims(sd: dict, source: str) -> tuple[ModelDims, str]:
+    """Every size from tensor shapes; returns the dims and the encoder's key prefix."""
+    if _layers(sd, "_encoder.state."):
+        enc_prefix = "_encoder.state."
+        enc = _layers(sd, enc_prefix)
+        enc_dim, obs_dim = _shape(sd, f"{enc_prefix}{enc[0]}.weight", 2, source)
+        obs_shape: tuple[int, ...] = (obs_dim,)
+        latent = _shape(sd, f"{enc_prefix}{enc[-1]}.weight", 2, source)[0]
+        num_enc_layers, num_channels = len(enc), 32
+    elif _layers(sd, "_encoder.rgb."):
+        enc_prefix = "_encoder.rgb."
+        num_channels, in_channels = _shape(sd, f"{enc_prefix}{_layers(sd, enc_prefix)[0]}.weight", 4, source)[:2]
+        obs_shape, latent = (in_channels, 64, 64), num_channels * 16  # 64x64 frames -> 4x4 x channels
+        enc_dim, num_enc_layers = 256, 2  # unused by the pixel encoder
+    else:
+        raise CheckpointError(f"{source}: state dict does not match a TD-MPC2 world model: no encoder "
+                              f"('_encoder.state.*' or '_encoder.rgb.*')")
+    mlp_dim, dyn_in = _shape(sd, "_dynamics.0.weight", 2, source)
+    num_q = _shape(sd, "_Qs.params.0.weight", 3, source)[0]
+    num_bins = _shape(sd, "_reward.2.weight", 2, source)[0]
+    log_std_min = _scalar(sd, "log_std_min", -10.0)  # absent from early releases: the reference's bounds
+    log_std_max = log_std_min + _scalar(sd, "log_std_dif", 12.0)
+    dims = ModelDims(obs_shape=obs_shape, action_dim=dyn_in - latent, latent_dim=latent, mlp_dim=mlp_dim,
+                     enc_dim=enc_dim, num_enc_layers=num_enc_layers, num_q=num_q,
+                     episodic=any(k.startswith("_termination.") for k in sd), num_bins=num_bins,
+                     num_channels=num_channels, log_std_min=log_std_min, log_std_max=log_std_max)
+    if dims.action_dim < 1:
+        raise CheckpointError(f"{source}: '_dynamics.0.weight' has {dyn_in} inputs, not more than the latent "
+                              f"size {latent}: not a TD-MPC2 world model")
+    return dims, enc_prefix
+
+
+def _reference_shapes(d: ModelDims, enc_prefix: str) -> dict[str, tuple[int, ...]]:
+    """Every key of a single-task reference state dict with these dims, and its shape."""
+    L, A, M = d.latent_dim, d.action_dim, d.mlp_dim
+    shapes: dict[str, tuple[int, ...]] = {"log_std_min": (), "log_std_dif": ()}
+
+    def mlp(prefix: str, sizes: list[int], normed_last: bool, lead: tuple[int, ...] = ()) -> None:
+        for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            shapes[f"{prefix}{i}.weight"], shapes[f"{prefix}{i}.bias"] = (*lead, n_out, n_in), (*lead, n_out)
+            if normed_last or i < len(sizes) - 2:
+                shapes[f"{prefix}{i}.ln.weight"] = shapes[f"{prefix}{i}.ln.bias"] = (*lead, n_out)
+
+    if d.pixels:
+        C, kernels = d.num_channels, (7, 5, 3, 3)
+        for i, (idx, k) in enumerate(zip((2, 4, 6, 8), kernels)):  # after ShiftAug and PixelPreprocess
+            shapes[f"{enc_prefix}{idx}.weight"] = (C, d.obs_shape[0] if i == 0 else C, k, k)
+            shapes[f"{enc_prefix}{idx}.bias"] = (C,)
+    else:
+        mlp(enc_prefix, [d.obs_shape[0], *max(d.num_enc_layers - 1, 1) * [d.enc_dim], L], True)
+    mlp("_dynamics.", [L + A, M, M, L], True)
+    mlp("_reward.", [L + A, M, M, d.num_bins], False)
+    if d.episodic:
+        mlp("_termination.", [L, M, M, 1], False)
+    mlp("_pi.", [L, M, M, 2 * A], False)
+    mlp("_Qs.params.", [L + A, M, M, d.num_bins], False, (d.num_q,))
+    mlp("_target_Qs_params.", [L + A, M, M, d.num_bins], False, (d.num_q,))
+    return shapes
+
+
+def _check_reference_keys(sd: dict, dims: ModelDims, enc_prefix: str, source: str) -> None:
+    """Missing/unexpected keys and wrong shapes, named as the reference names them, in one line."""
+    expected = _reference_shapes(dims, enc_prefix)
+    optional = {"log_std_min", "log_std_dif"}  # early releases lack them: the defaults apply
+    if not any(k.startswith("_target_Qs_params.") for k in sd):  # so do the targets: online copies then
+        optional |= {k for k in expected if k.startswith("_target_Qs_params.")}
+    missing = [k for k in expected if k not in sd and k not in optional]
+    unexpected = [k for k in sd if k not in expected and not k.startswith("_detach_Qs_params.")]
+    inferred = (f"inferred obs {dims.obs_shape[0] if not dims.pixels else dims.obs_shape}, action "
+                f"{dims.action_dim}, latent {dims.latent_dim}, mlp {dims.mlp_dim}, num_q {dims.num_q}")
+    if missing or unexpected:
+        parts = ([f"missing keys {_key_list(missing)}"] if missing else []) + \
+                ([f"unexpected keys {_key_list(unexpected)}"] if unexpected else [])
+        raise CheckpointError(f"{source}: state dict does not match a TD-MPC2 world model ({inferred}): "
+                              + "; ".join(parts))
+    wrong = [f"'{k}' {tuple(v.shape)} (expected {expected[k]})" for k, v in sd.items()
+             if k in expected and tuple(v.shape) != expected[k]]
+    if wrong:
+        raise CheckpointError(f"{source}: tensor shapes disagree with each other ({inferred}): "
+                              + ", ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
+
+
+def reference_to_ours(sd: dict, source: str = "checkpoint") -> tuple[ModelDims, dict]:
+    """Map a reference state dict onto our key names and infer every size from tensor shapes.
+
+    Reads the current layout and the older flat Q-ensemble numbering; skips tensordict
+    metadata; rejects multi-task models; checks every key and shape against the layout the
+    inferred sizes imply, so a damaged file fails here with the reference's own key names.
+    """
+    sd = _unflatten_old_q_layout(_clean_reference(sd, source))
+    dims, enc_prefix = _infer_dims(sd, source)
+    _check_reference_keys(sd, dims, enc_prefix, source)
     ours = {}
     for key, value in sd.items():
         if key.startswith("_detach_Qs_params."):
@@ -148,8 +293,8 @@ def reference_to_ours(sd: dict, source: str = "checkpoint") -> tuple[ModelDims, 
         new = key.replace(enc_prefix, "_encoder.", 1) if key.startswith(enc_prefix) else key
         new = new.replace("_Qs.params.", "_Qs.", 1).replace("_target_Qs_params.", "_target_Qs.", 1)
         ours[new] = value
-    if not any(k.startswith("_target_Qs.") for k in ours):  # very old files: targets = online
-        ours.update({k.replace("_Qs.", "_target_Qs.", 1): v for k, v in ours.items() if k.startswith("_Qs.")})
+    if not any(k.startswith("_target_Qs.") for k in ours):  # early releases: targets = online
+        ours.update({k.replace("_Qs.", "_target_Qs.", 1): v.clone() for k, v in ours.items() if k.startswith("_Qs.")})
     return dims, ours
 
 
