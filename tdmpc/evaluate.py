@@ -11,7 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -108,9 +108,11 @@ class LoadedCheckpoint:
     imported: bool  # a reference TD-MPC2 checkpoint
 
 
-def read_checkpoint(path: Path, overrides: dict) -> LoadedCheckpoint:
-    """Our checkpoint or a reference one, as config + dims + state; overrides apply to the config."""
-    obj = checkpoint.load_file(path)
+def read_checkpoint(path: Path, overrides: dict, mmap: bool = False) -> LoadedCheckpoint:
+    """Our checkpoint or a reference one, as config + dims + state; overrides apply to the config.
+
+    `mmap=True` maps the tensors rather than reading them: cheap when only the dims are needed."""
+    obj = checkpoint.load_file(path, mmap=mmap)
     if checkpoint.is_reference(obj):
         dims, state = checkpoint.reference_to_ours(obj.get("model", obj), str(path))
         base = Config(model_size=None, enc_dim=dims.enc_dim, mlp_dim=dims.mlp_dim, latent_dim=dims.latent_dim,
@@ -120,7 +122,9 @@ def read_checkpoint(path: Path, overrides: dict) -> LoadedCheckpoint:
                       obs="rgb" if dims.pixels else "state")
         return LoadedCheckpoint(validate(from_dict(overrides, base=base)), dims, {"model": state}, None, True)
     if obj.get("format") != checkpoint.FORMAT or "dims" not in obj:
-        raise checkpoint.CheckpointError(f"{path}: not a tdmpc or TD-MPC2 checkpoint")
+        keys = [str(k) for k in list(obj)[:4]]
+        raise checkpoint.CheckpointError(f"{path}: neither a tdmpc checkpoint nor a TD-MPC2 state dict "
+                                         f"(it holds keys {keys}{' ...' if len(obj) > 4 else ''})")
     cfg = validate(from_dict(overrides, base=from_dict(obj["config"], source=str(path))))
     return LoadedCheckpoint(cfg, ModelDims.from_dict(obj["dims"]), obj, int(obj["episode_length"]), False)
 
@@ -148,6 +152,12 @@ class EvalArgs:
     device: str = "auto"
     mpc: bool = True
     """Plan with MPPI; --no-mpc acts with the policy prior alone."""
+    iterations: Optional[int] = None
+    """Planning overrides (this and the next three); default: the checkpoint's config, or the reference
+    settings (6 iterations, 512 samples, 64 elites, 24 policy trajectories) for a reference checkpoint."""
+    num_samples: Optional[int] = None
+    num_elites: Optional[int] = None
+    num_pi_trajs: Optional[int] = None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,7 +171,9 @@ def evaluate(args: EvalArgs) -> int:
     if args.episodes < 1:
         raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
     device = resolve_device(args.device)
-    overrides = {"device": args.device, "mpc": args.mpc, **({"task": args.task} if args.task else {})}
+    planning = {k: getattr(args, k) for k in ("iterations", "num_samples", "num_elites", "num_pi_trajs")}
+    overrides = {"device": args.device, "mpc": args.mpc, **({"task": args.task} if args.task else {}),
+                 **{k: v for k, v in planning.items() if v is not None}}
     ck = read_checkpoint(args.checkpoint, overrides)
     if ck.imported and not args.task:
         raise BadInput("a reference TD-MPC2 checkpoint does not name its task: pass --task (e.g. walker-walk)")
@@ -175,7 +187,7 @@ def evaluate(args: EvalArgs) -> int:
     t0 = time.time()
     res = run_episodes(agent, cfg.task, args.episodes, args.seed, cfg.obs, cfg.action_repeat, args.video)
     summary = {"checkpoint": str(args.checkpoint), "imported_reference": ck.imported, "task": cfg.task,
-               "seed": args.seed, "mpc": cfg.mpc, **res.summary(), "returns": res.returns,
+               "seed": args.seed, "mpc": cfg.mpc, "dims": ck.dims.to_dict(), **res.summary(), "returns": res.returns,
                "lengths": res.lengths, "seconds": round(time.time() - t0, 1),
                **({"video": str(args.video)} if args.video else {})}
     report = args.report or args.checkpoint.with_name(f"eval_{cfg.task}_seed{args.seed}.json")

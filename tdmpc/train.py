@@ -23,7 +23,7 @@ from tdmpc import checkpoint
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.cli import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
-from tdmpc.config import Config, from_dict, load_json, parse_cli, peek_flag, save_json
+from tdmpc.config import MODEL_SIZES, Config, from_dict, load_json, parse_cli, peek_flag, save_json, validate
 from tdmpc.device import resolve_device
 from tdmpc.envs import EnvSpec, env_rng_state, make_vector_env, set_env_rng_state
 from tdmpc.evaluate import check_dims_match, read_checkpoint, run_episodes
@@ -306,12 +306,13 @@ class Trainer:
         self.buffer.end_episodes()  # the episode in flight at the stop is discarded, see README
 
     def _init_weights(self, path: str) -> None:
+        """Model weights (online and target) from our checkpoint or a reference one; optimisers start fresh."""
         ck = read_checkpoint(Path(path), {})
         check_dims_match(ck.dims, self.spec, path)
-        if ck.dims != self.dims:
+        if _architecture(ck.dims) != _architecture(self.dims):
             raise checkpoint.CheckpointError(
-                f"{path}: architecture differs from this config ({_dims_diff(ck.dims, self.dims)}); "
-                f"set the model sizes to match or use --model-size")
+                f"{path}: architecture differs from this config ({_dims_diff(ck.dims, self.dims)}); drop those "
+                f"flags and --init-from takes the checkpoint's architecture")
         checkpoint.load_state_strict(self.agent.model, ck.state["model"], path)
         origin = "an imported reference TD-MPC2 checkpoint" if ck.imported else "a tdmpc checkpoint"
         print(f"initialised weights from {origin}: {path}", file=sys.stderr)
@@ -343,10 +344,54 @@ def warn_if_slow_on_cpu(trainer: Trainer, limit_hours: float = 3.0) -> None:
             f"GPU; for CPU training use --cfg cpu.json")
 
 
+def _architecture(dims: ModelDims) -> dict:
+    """The fields of ModelDims that fix the networks (dropout is a training setting; the pixel
+    encoder has no enc_dim/num_enc_layers, the state encoder no num_channels)."""
+    unused = {"dropout"} | ({"enc_dim", "num_enc_layers"} if dims.pixels else {"num_channels"})
+    return {k: v for k, v in dims.to_dict().items() if k not in unused}
+
+
 def _dims_diff(a: ModelDims, b: ModelDims) -> str:
-    diffs = [f"{f.name} {getattr(a, f.name)} vs {getattr(b, f.name)}" for f in dataclasses.fields(a)
-             if getattr(a, f.name) != getattr(b, f.name)]
+    arch_a, arch_b = _architecture(a), _architecture(b)
+    diffs = [f"{k}: checkpoint {arch_a[k]}, config {arch_b.get(k)}" for k in arch_a if arch_a[k] != arch_b.get(k)]
     return ", ".join(diffs[:4])
+
+
+# Config fields that --init-from takes from the checkpoint unless given on the command line.
+ARCH_FIELDS = ("enc_dim", "mlp_dim", "latent_dim", "num_enc_layers", "num_q", "episodic", "num_bins",
+               "num_channels", "log_std_min", "log_std_max", "obs")
+SIZE_FIELDS = ARCH_FIELDS[:5]  # what --model-size sets
+
+
+def _on_command_line(argv: list[str], name: str) -> bool:
+    flags = {"--" + name.replace("_", "-"), "--no-" + name.replace("_", "-")}
+    return any(arg.split("=", 1)[0].replace("_", "-") in flags for arg in argv if arg.startswith("--"))
+
+
+def architecture_from_checkpoint(cfg: Config, path: str, argv: list[str]) -> tuple[Config, str]:
+    """--init-from: the architecture the user did not set as flags comes from the checkpoint, so a
+    released model fine-tunes without spelling out its sizes. Sizes set as flags stay, and if they
+    contradict the checkpoint, loading it fails with 'architecture differs'.
+
+    Returns the config and a note saying what was taken (printed once the weights have loaded)."""
+    dims = read_checkpoint(Path(path), {}, mmap=True).dims  # shapes only: tensors stay on disk
+    theirs = {name: getattr(dims, name) for name in ARCH_FIELDS if name != "obs"}
+    theirs["obs"] = "rgb" if dims.pixels else "state"
+    given = {name for name in ("model_size", *ARCH_FIELDS) if _on_command_line(argv, name)}
+    if "model_size" in given:  # the preset asked for stands
+        given |= set(SIZE_FIELDS)
+    take = {name: value for name, value in theirs.items() if name not in given}
+    sizes = {**cfg.arch(), **{k: v for k, v in take.items() if k in SIZE_FIELDS}}
+    preset = next((n for n, p in MODEL_SIZES.items() if p == tuple(sizes[k] for k in SIZE_FIELDS)), None)
+    model_size = cfg.model_size if "model_size" in given else preset
+    new = dataclasses.replace(cfg, **{**take, **sizes, "model_size": model_size})
+
+    shown = {k: v for k, v in take.items() if k in (*SIZE_FIELDS, "episodic") or v != getattr(cfg, k)}
+    if not shown:
+        return validate(new), ""
+    size = f" (model size {preset})" if preset and "model_size" not in given else ""
+    return validate(new), (f"init-from: architecture from the checkpoint{size}: "
+                           + ", ".join(f"{k} {v}" for k, v in shown.items()))
 
 
 def _next_multiple(step: int, every: int) -> int:
@@ -394,6 +439,12 @@ def _main(argv: list[str]) -> int:
                    if getattr(base, f.name) != getattr(cfg, f.name)}
         for name, (old, new) in changed.items():
             print(f"resume: {name} changed from {old!r} to {new!r} by the command line", file=sys.stderr)
+        if args.init_from:
+            print(f"resume: --init-from {args.init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
+            args.init_from = None
+    init_note = ""
+    if args.init_from:
+        cfg, init_note = architecture_from_checkpoint(cfg, args.init_from, argv)
     device = resolve_device(cfg.device)
     run_dir = Path(resume) if resume else Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     if not resume and (run_dir / "checkpoints" / "latest.pt").exists():
@@ -406,8 +457,12 @@ def _main(argv: list[str]) -> int:
         cfg = resolve(cfg, spec)
         print(json.dumps({"device": str(device), "run_dir": str(run_dir), "env": dataclasses.asdict(spec),
                           "config": cfg.to_dict()}, indent=2))
+        if init_note:
+            print(init_note, file=sys.stderr)
         return EXIT_OK
     trainer = Trainer(cfg, run_dir, device, resume=bool(resume), init_from=args.init_from)
+    if init_note:
+        print(init_note, file=sys.stderr)
     if device.type == "cpu":
         warn_if_slow_on_cpu(trainer)
     if trainer.c.finished and trainer.c.env_step >= trainer.cfg.steps:
