@@ -29,7 +29,7 @@ class NormedLinear(nn.Linear):
         self.act, self.dropout, self.simnorm_dim = act, dropout, simnorm_dim
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F.linear(x.to(self.weight.dtype), self.weight, self.bias)
+        x = F.linear(x, self.weight, self.bias)
         if self.dropout and self.training:
             x = F.dropout(x, self.dropout, training=True)
         return ln_act(x, self.ln.weight, self.ln.bias, self.act, group=self.simnorm_dim)
@@ -86,7 +86,6 @@ class EnsembleLinear(nn.Module):
         if detach:
             params = [p.detach() for p in params]
         w, b = params[0], params[1]
-        x = x.to(w.dtype)
         if x.dim() == 2:
             x = x.expand(w.shape[0], *x.shape)
         y = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
@@ -151,7 +150,7 @@ class PixelEncoder(nn.Sequential):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-3]
-        z = super().forward(x.reshape(-1, *x.shape[-3:]).float())
+        z = super().forward(x.reshape(-1, *x.shape[-3:]).to(self[2].weight.dtype))
         return simnorm(z, self.simnorm_dim).view(*lead, -1)
 
 

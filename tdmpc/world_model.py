@@ -100,6 +100,8 @@ class WorldModel(nn.Module):
         return self.dims.episodic
 
     def encode(self, obs: Tensor) -> Tensor:
+        if obs.is_floating_point():  # a reduced-precision planning copy takes its inputs in its dtype
+            obs = obs.to(self._dynamics[-1].weight.dtype)
         return self._encoder(obs)
 
     def next(self, z: Tensor, a: Tensor) -> Tensor:
