@@ -21,6 +21,7 @@
 # Clients find the cluster through /etc/slurm/slurm.conf, a link to the generated config;
 # start refuses to replace a slurm.conf that this script did not write.
 set -euo pipefail
+export PATH=$PATH:/usr/sbin:/sbin  # the daemons and runuser; a non-login shell may lack these
 
 BASE=${TDMPC_SLURM_BASE:-${TMPDIR:-/tmp}/tdmpc-slurm}
 CONF=$BASE/etc/slurm.conf
