@@ -2,8 +2,8 @@
 
 Run with `python -m pytest -m slurm`. The session fixture starts the local cluster (root and
 apt needed; otherwise every test skips with the reason) with two fake GPUs, so the script's own
-`--gres=gpu:1` is accepted as it is; the tests override only CPUs and memory for the 2-core
-test machine, and train tiny CPU configs.
+`--gres=gpu:1` is accepted as it is; the tests override CPUs and memory for a 2-core test
+machine (and the time limit where that is the point), and train tiny CPU configs.
 """
 
 import csv
