@@ -2,12 +2,15 @@
 
 Steps are environment steps, action repeat included (the convention of published curves).
 SIGTERM, SIGINT or SIGUSR1 finish the current step, write a checkpoint and exit with code 3.
+Before starting, the peak device memory is estimated (tdmpc.memory) and checked against the
+card; running out of device memory anyway writes a checkpoint and exits with code 1.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import json
 import signal
 import sys
@@ -19,13 +22,13 @@ from typing import Optional
 import numpy as np
 import torch
 
-from tdmpc import checkpoint
+from tdmpc import checkpoint, memory
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.cli import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
 from tdmpc.config import MODEL_SIZES, Config, from_dict, load_json, parse_cli, peek_flag, save_json, validate
-from tdmpc.device import resolve_device
-from tdmpc.envs import EnvSpec, env_rng_state, make_vector_env, set_env_rng_state
+from tdmpc.device import DeviceError, resolve_device
+from tdmpc.envs import EnvSpec, env_rng_state, make_env, make_vector_env, set_env_rng_state
 from tdmpc.evaluate import check_dims_match, read_checkpoint, run_episodes
 from tdmpc.logger import RunLogger
 from tdmpc.world_model import ModelDims
@@ -46,7 +49,16 @@ class TrainArgs:
     init_from: Optional[str] = None
     """Start from these weights: a tdmpc checkpoint or a reference TD-MPC2 one."""
     dry_run: bool = False
-    """Print the resolved setup and exit without training."""
+    """Print the peak memory estimate (a breakdown) and a verdict for this device or --gpu-mem, and exit
+    without training."""
+    gpu_mem: Optional[str] = None
+    """Plan memory for a card of this size instead of the detected one: 16GB, 16000MB, 8GiB (GB = 10^9
+    bytes, GiB = 2^30). Budget = that less a 10% safety margin."""
+    fit_memory: bool = False
+    """When the estimate exceeds the budget, lower settings until it fits, logging each change, in this
+    order: 1. buffer_device device -> host; 2. CUDA graphs off; 3. halve num_envs (not on resume);
+    4. halve batch_size (not below 64); 5. halve num_samples (not below 256); 6. the next smaller
+    model_size (not on resume). Without it, the run stops and says what to lower."""
 
 
 @dataclass
@@ -76,8 +88,13 @@ def resolve(cfg: Config, spec: EnvSpec) -> Config:
 
 class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, device: torch.device, resume: bool = False,
-                 init_from: str | None = None):
+                 init_from: str | None = None, buffer_storage: torch.device | None = None,
+                 memory_target: memory.Target | None = None):
+        """buffer_storage: where the replay buffer lives (None: from cfg.buffer_device, 'auto' asking the
+        memory estimate); memory_target: the card the run was planned for (None: the detected one)."""
         self.device, self.run_dir = device, run_dir
+        self.memory_target = memory_target
+        self._doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         self.envs, spec = _make_envs(cfg)
@@ -87,7 +104,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         self.agent = Agent(cfg, self.dims, spec.episode_length, device)
-        storage = device if cfg.buffer_device in ("auto", "device") else torch.device("cpu")
+        storage = buffer_storage or self._buffer_storage()
         self.buffer = ReplayBuffer(cfg.buffer_size, cfg.num_envs, spec.obs_shape, spec.action_dim, cfg.horizon,
                                    obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32,
                                    device=device, storage=storage)
@@ -118,43 +135,102 @@ class Trainer:
     def ckpt_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def _buffer_storage(self) -> torch.device:
+        """'auto': on the device if the whole memory estimate fits the card, else pinned host memory."""
+        cfg, device = self.cfg, self.device
+        if cfg.buffer_device == "host" or (cfg.buffer_device == "auto" and device.type == "cuda"
+                                           and not self._memory_plan().buffer_on_device):
+            return torch.device("cpu")
+        return device
+
+    def _memory_plan(self, cfg: Config | None = None, budget: int | None = None) -> memory.Plan:
+        """This run's estimate on its target (or on a budget of `budget` bytes), with the way to fit it."""
+        cfg = cfg or self.cfg
+        target = self.memory_target or memory.detect_target(cfg, self.device)
+        if budget is not None:
+            target = dataclasses.replace(target, capacity=int(budget / (1 - memory.SAFETY_MARGIN)))
+        return memory.plan(cfg, self.spec.obs_shape, self.spec.action_dim, bool(cfg.episodic), target,
+                           resuming=True)
+
     # --- the loop -----------------------------------------------------------------
     def run(self) -> int:
-        cfg, c = self.cfg, self.c
         handlers = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
-        t_start = time.time() - c.elapsed
-        self._mark = (time.time(), c.env_step, c.updates)
         try:
-            while c.env_step < cfg.steps and self.stop_signal is None:
-                if c.env_step >= c.next_eval and not self._evaluate():
-                    break
-                self._step()
-                c.elapsed = time.time() - t_start
-                if c.env_step >= c.next_log:
-                    self._log()
-                if c.env_step >= c.next_save and self.stop_signal is None:
-                    self.save()
-                    c.next_save = _next_multiple(c.env_step, cfg.save_every)
-                self._progress()
-            if self.stop_signal is not None:
-                self.save()
-                self.logger.message(f"stopped by signal {signal.Signals(self.stop_signal).name} at step "
-                                    f"{c.env_step:,}; checkpoint written. Resume with: "
-                                    f"python -m tdmpc.train --resume {self.run_dir}")
-                return EXIT_REQUEUE
-            if c.last_eval != c.env_step and not self._evaluate():
-                self.save()
-                return EXIT_REQUEUE
-            c.finished = True
-            self.save()
-            self.logger.message(f"finished {c.env_step:,} env steps in {c.elapsed / 60:.1f} min; "
-                                f"results in {self.run_dir}")
-            return EXIT_OK
+            try:
+                return self._loop()
+            except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or an error it caused (a graph capture)
+                oom = _out_of_memory_error(e)
+                if oom is None:
+                    raise
+                what = str(oom).strip().splitlines()[0] if str(oom).strip() else "CUDA out of memory"
+            return self._out_of_memory(what)  # outside the handler: the traceback's tensors are freed
         finally:
             for s, h in handlers.items():
                 signal.signal(s, h)
             self.logger.close()
             self.envs.close()
+
+    def _loop(self) -> int:
+        cfg, c = self.cfg, self.c
+        t_start = time.time() - c.elapsed
+        self._mark = (time.time(), c.env_step, c.updates)
+        while c.env_step < cfg.steps and self.stop_signal is None:
+            if c.env_step >= c.next_eval and not self._evaluate():
+                break
+            self._step()
+            c.elapsed = time.time() - t_start
+            if c.env_step >= c.next_log:
+                self._log()
+            if c.env_step >= c.next_save and self.stop_signal is None:
+                self.save()
+                c.next_save = _next_multiple(c.env_step, cfg.save_every)
+            self._progress()
+        if self.stop_signal is not None:
+            self.save()
+            self.logger.message(f"stopped by signal {signal.Signals(self.stop_signal).name} at step "
+                                f"{c.env_step:,}; checkpoint written. Resume with: "
+                                f"python -m tdmpc.train --resume {self.run_dir}")
+            return EXIT_REQUEUE
+        if c.last_eval != c.env_step and not self._evaluate():
+            self.save()
+            return EXIT_REQUEUE
+        c.finished = True
+        self.save()
+        self.logger.message(f"finished {c.env_step:,} env steps in {c.elapsed / 60:.1f} min; "
+                            f"results in {self.run_dir}")
+        return EXIT_OK
+
+    def _out_of_memory(self, what: str) -> int:
+        """Free what can be freed, write a checkpoint, set the estimate beside the real peak, advise."""
+        c, cuda = self.c, self.device.type == "cuda"
+        for optim in (self.agent.optim, self.agent.pi_optim):
+            optim.zero_grad(set_to_none=True)
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        try:
+            self.save()
+            saved = f"checkpoint written at step {c.env_step:,}"
+        except Exception as e:  # e.g. the device is unusable after a failed graph capture
+            saved = f"no checkpoint could be written ({type(e).__name__}: {e}); the last one in {self.ckpt_dir} stays"
+        # The estimate for the buffer where it really is, beside torch's own peak.
+        on_device = "device" if self.buffer.storage.type == "cuda" else "host"
+        plan = self._memory_plan(dataclasses.replace(self.cfg, buffer_device=on_device))
+        est, gib = plan.estimate, memory.fmt_bytes
+        if cuda:
+            actual = (f"actual peak {gib(torch.cuda.max_memory_allocated(self.device))} allocated, "
+                      f"{gib(torch.cuda.max_memory_reserved(self.device))} reserved")
+        else:
+            actual = "actual peak not measurable here (no CUDA device)"
+        # Reality exceeded the estimate: the settings a resume may change that take it 25% lower.
+        flags = self._memory_plan(plan.cfg, budget=int(0.75 * est.total)).flags() or "--batch-size N --num-samples N"
+        self.logger.message(
+            f"error: out of device memory in {self._doing} at step {c.env_step:,} ({what}); {saved}.\n"
+            f"memory: estimate {gib(est.total)} in all, {gib(est.peak_allocated)} of tensors at the peak, on "
+            f"{plan.target.label}; {actual}.\n"
+            f"advice: resume with lower settings: python -m tdmpc.train --resume {self.run_dir} {flags} "
+            f"(--dry-run shows the breakdown)")
+        return EXIT_ERROR
 
     def _on_signal(self, signum: int, frame) -> None:
         self.stop_signal = signum
@@ -168,6 +244,7 @@ class Trainer:
         if c.env_step < cfg.seed_steps:
             action = self.rng.uniform(-1, 1, (N, self.spec.action_dim)).astype(np.float32)
         else:
+            self._doing = "act"
             action = self.agent.act(self.obs, self.first)
         obs, reward, terminated, truncated, info = self.envs.step(action)
         done = terminated | truncated
@@ -207,6 +284,7 @@ class Trainer:
                 self._update()
 
     def _update(self) -> None:
+        self._doing = "update"
         metrics = self.agent.update(self.buffer.sample(self.cfg.batch_size))
         if self.cfg.debug:
             bad = [k for k, v in metrics.items() if not torch.isfinite(v).all()]
@@ -227,6 +305,7 @@ class Trainer:
             return True
         video = self.run_dir / "videos" / f"step_{c.env_step:09d}.mp4" if cfg.save_video else None
         t0 = time.time()
+        self._doing = "evaluation"
         res = run_episodes(self.agent, cfg.task, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1),
                            obs=cfg.obs, action_repeat=cfg.action_repeat, video=video,
                            stop=lambda: self.stop_signal is not None)
@@ -394,6 +473,18 @@ def architecture_from_checkpoint(cfg: Config, path: str, argv: list[str]) -> tup
                            + ", ".join(f"{k} {v}" for k, v in shown.items()))
 
 
+def _out_of_memory_error(e: BaseException) -> BaseException | None:
+    """The torch.cuda.OutOfMemoryError behind `e`: itself, or the one being handled when `e` was raised
+    (a CUDA graph capture that ran out of memory fails again when the capture is closed)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def _next_multiple(step: int, every: int) -> int:
     return (step // every + 1) * every
 
@@ -408,6 +499,46 @@ def _make_envs(cfg: Config):
     finally:
         for s, h in ignored.items():
             signal.signal(s, h)
+
+
+def _plan_memory(cfg: Config, args: TrainArgs, device: torch.device | None,
+                 resuming: bool) -> tuple[Config, memory.Plan]:
+    """Estimate peak device memory for the task's dims on this device (or --gpu-mem); with --fit-memory
+    lower settings until it fits (each change logged). The dry run prints the breakdown and verdict;
+    a real run prints one line. Returns the config to run (changed only by --fit-memory)."""
+    spec = _env_spec(cfg)
+    resolved = resolve(cfg, spec)
+    try:
+        target = memory.detect_target(cfg, device, args.gpu_mem)
+    except ValueError as e:
+        raise BadInput(f"--gpu-mem: {e}") from None
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    mem = memory.plan(resolved, spec.obs_shape, spec.action_dim, bool(resolved.episodic), target,
+                      fit=args.fit_memory, resuming=resuming, log=log)
+    if mem.applied:
+        cfg = dataclasses.replace(cfg, **{k: new for ch in mem.changes for k, (_, new) in ch.values.items()})
+    if args.dry_run:
+        a = cfg.arch()
+        size = f"model size {cfg.model_size}" if cfg.model_size else "custom model"
+        print(f"dry run: {cfg.task} (obs {spec.obs_shape} {cfg.obs}, action dim {spec.action_dim}), "
+              f"device {device if device is not None else cfg.device + ' (not available here)'}, "
+              f"run dir {cfg.run_dir}\n"
+              f"{size}: enc_dim {a['enc_dim']}, mlp_dim {a['mlp_dim']}, latent_dim {a['latent_dim']}, "
+              f"num_q {a['num_q']}; num_envs {cfg.num_envs}, batch_size {cfg.batch_size}, "
+              f"num_samples {cfg.num_samples}, horizon {cfg.horizon}, buffer_size {cfg.buffer_size:,}")
+        print(mem.report(f"peak device memory estimate for {target.label}:"))
+    elif target.capacity is not None and mem.fits:
+        log(f"memory: estimate {memory.fmt_bytes(mem.estimate.total)} of a {memory.fmt_bytes(target.budget)} budget on "
+            f"{target.label}, headroom {1 - mem.estimate.total / target.capacity:.0%}; replay buffer "
+            + ("on the device" if mem.buffer_on_device else "in pinned host memory"))
+    return cfg, mem
+
+
+def _env_spec(cfg: Config) -> EnvSpec:
+    """The task's dims from one environment (closed at once)."""
+    env, spec = make_env(cfg.task, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
+    env.close()
+    return spec
 
 
 def default_run_dir(cfg: Config) -> Path:
@@ -445,22 +576,31 @@ def _main(argv: list[str]) -> int:
     init_note = ""
     if args.init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, args.init_from, argv)
-    device = resolve_device(cfg.device)
+    try:
+        device: torch.device | None = resolve_device(cfg.device)
+    except DeviceError:
+        if not args.dry_run:
+            raise
+        device = None  # a dry run still plans (for --gpu-mem, or says there is no GPU)
     run_dir = Path(resume) if resume else Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg)
     if not resume and (run_dir / "checkpoints" / "latest.pt").exists():
         raise BadInput(f"run directory {run_dir} already holds a run; continue it with --resume {run_dir} "
                        f"or choose another --run-dir")
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
-    if args.dry_run:
-        envs, spec = _make_envs(cfg)
-        envs.close()
-        cfg = resolve(cfg, spec)
-        print(json.dumps({"device": str(device), "run_dir": str(run_dir), "env": dataclasses.asdict(spec),
-                          "config": cfg.to_dict()}, indent=2))
-        if init_note:
+    buffer_storage, target = None, None
+    if args.dry_run or args.gpu_mem or device.type == "cuda":
+        cfg, mem = _plan_memory(cfg, args, device, resuming=bool(resume))
+        target = mem.target
+        if args.dry_run and init_note:
             print(init_note, file=sys.stderr)
-        return EXIT_OK
-    trainer = Trainer(cfg, run_dir, device, resume=bool(resume), init_from=args.init_from)
+        if not mem.fits:
+            raise BadInput(mem.error())
+        if args.dry_run:
+            return EXIT_OK
+        if device.type == "cuda":
+            buffer_storage = device if mem.buffer_on_device else torch.device("cpu")
+    trainer = Trainer(cfg, run_dir, device, resume=bool(resume), init_from=args.init_from,
+                      buffer_storage=buffer_storage, memory_target=target)
     if init_note:
         print(init_note, file=sys.stderr)
     if device.type == "cpu":
