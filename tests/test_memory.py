@@ -1,0 +1,240 @@
+"""The memory estimate (tdmpc.memory): exact parts against real allocations, the shipped configs
+against their cards, the dry run, fitting, and an out-of-memory error in a run."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tdmpc import memory, train
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch, ReplayBuffer
+from tdmpc.config import Config, load_json, validate
+from tdmpc.envs import make_env
+from tdmpc.world_model import ModelDims
+
+TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2,
+            num_samples=32, num_elites=4, num_pi_trajs=2, iterations=2, batch_size=16, buffer_size=5000,
+            seed_steps=200, eval_freq=10000, eval_episodes=0, log_every=100, save_every=10000, steps=400,
+            precision="fp32", progress=False, tensorboard=False, device="cpu", threads=1)
+CPU_FP32 = memory.Target("cpu", None, False, torch.float32)
+
+
+def _bytes(tensors) -> int:
+    """Bytes of distinct storages (views into one tensor count once)."""
+    seen = {}
+    for t in tensors:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("model_size", [1, 5])
+def test_exact_parts_equal_the_bytes_allocated(model_size):
+    cfg = validate(Config(model_size=model_size, device="cpu", precision="fp32", batch_size=8, num_samples=64,
+                          num_elites=8, num_pi_trajs=4, iterations=1, num_envs=2, eval_episodes=0,
+                          buffer_size=2000))
+    obs_shape, A, episodic = (17,), 6, True
+    dims = ModelDims.from_config(cfg, obs_shape, A, episodic)
+    agent = Agent(cfg, dims, 500, torch.device("cpu"))
+    grads = []
+    for optim in (agent.optim, agent.pi_optim):  # gradients live until zero_grad: measure them there
+        def zero_grad(set_to_none=True, _optim=optim, _orig=optim.zero_grad):
+            grads.append(_bytes(p.grad for g in _optim.param_groups for p in g["params"] if p.grad is not None))
+            _orig(set_to_none=set_to_none)
+        optim.zero_grad = zero_grad
+    H, B = cfg.horizon, cfg.batch_size
+    agent.update(Batch(torch.randn(H + 1, B, *obs_shape), torch.rand(H, B, A) * 2 - 1, torch.rand(H, B),
+                       torch.zeros(H, B, dtype=torch.bool)))
+    agent.act(np.zeros((cfg.num_envs, *obs_shape), np.float32), np.ones(cfg.num_envs, bool))
+
+    est = memory.estimate(cfg, obs_shape, A, episodic, CPU_FP32)
+    m = agent.model
+    targets = list(m._target_Qs.parameters())
+    online = [p for p in m.parameters() if all(p is not t for t in targets)]
+    assert est.parameters == _bytes(online) + _bytes(m.buffers())
+    assert est.target_qs == _bytes(targets)
+    states = [v for o in (agent.optim, agent.pi_optim) for s in o.state.values() for v in s.values()
+              if torch.is_tensor(v)]
+    assert est.optimizer == _bytes(states)
+    assert est.gradients == max(grads)  # the world model's; the policy's come after they are freed
+    assert est.planning_copy == _bytes([*agent.plan_model.parameters(), *agent.plan_model.buffers()])
+    planner = agent.planner(cfg.num_envs, "train")
+    assert est.planner_buffers == _bytes([planner.actions, planner.noise, planner.mean, planner.std,
+                                          planner.prev_mean, planner.G, planner.alive, planner.z_final])
+    assert est.learnable == m.num_learnable_params
+    buf = ReplayBuffer(cfg.buffer_size, cfg.num_envs, obs_shape, A, H)
+    assert est.replay_buffer == buf.nbytes
+
+
+def test_pixel_buffer_bytes_equal_the_buffer():
+    cfg = validate(Config(obs="rgb", buffer_size=999, num_envs=2))
+    buf = ReplayBuffer(cfg.buffer_size, cfg.num_envs, (9, 64, 64), 6, cfg.horizon, obs_dtype=torch.uint8)
+    assert memory.replay_buffer_bytes(cfg, (9, 64, 64), 6) == buf.nbytes
+
+
+@pytest.mark.parametrize("text,expected", [("16GB", 16 * 10**9), ("16G", 16 * 10**9), ("16000MB", 16 * 10**9),
+                                           ("8GiB", 8 * 2**30), ("16376MiB", 16376 * 2**20), ("1.5gb", 15 * 10**8),
+                                           ("24", 24 * 10**9)])
+def test_parse_size(text, expected):
+    assert memory.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GB", "-1GB", "16 parsecs", "0GB"])
+def test_parse_size_rejects(text):
+    with pytest.raises(ValueError):
+        memory.parse_size(text)
+
+
+def test_eval_parallel_matches_evaluate():
+    from tdmpc.evaluate import MAX_PARALLEL
+    assert memory.EVAL_PARALLEL == MAX_PARALLEL
+    assert memory.eval_sizes(dataclasses.replace(Config(), eval_episodes=40)) == [8, 16]
+
+
+@pytest.fixture(scope="module")
+def dog():
+    """The largest single-task DMC observation (dog tasks), computed from dm_control."""
+    env, spec = make_env("dog-run")
+    env.close()
+    return spec
+
+
+# config -> the card it is for
+CARDS = {"gpu-8gb.json": "8GB", "a4000.json": "16GB", "gpu-24gb.json": "24GB", "gpu-80gb.json": "80GB"}
+
+
+@pytest.mark.parametrize("name", list(CARDS))
+def test_shipped_configs_fit_their_card_with_20_percent_headroom(name, dog):
+    cfg = train.resolve(dataclasses.replace(load_json(name), task="dog-run"), dog)
+    target = memory.cuda_target(cfg, memory.parse_size(CARDS[name]), CARDS[name])
+    p = memory.plan(cfg, dog.obs_shape, dog.action_dim, dog.episodic, target)
+    assert p.fits and p.buffer_on_device and not p.changes, p.report("")
+    assert 1 - p.estimate.total / target.capacity >= 0.20, p.report("")
+
+
+def test_a4000_is_the_reference_setting_for_dog(dog):
+    assert dog.obs_shape[0] > 200 and dog.action_dim == 38
+    cfg = load_json("a4000.json")
+    assert (cfg.model_size, cfg.num_samples, cfg.batch_size, cfg.buffer_size) == (5, 512, 256, 1_000_000)
+
+
+def test_auto_moves_the_buffer_to_host_first():
+    cfg = validate(Config(obs="rgb", task="walker-walk", buffer_size=1_000_000, num_channels=32, latent_dim=512))
+    target = memory.cuda_target(cfg, memory.parse_size("16GB"), "16 GB")
+    p = memory.plan(cfg, (9, 64, 64), 6, False, target)  # 1M frames of 9 x 64 x 64 bytes: 37 GB
+    assert p.fits and p.auto_host and not p.buffer_on_device and not p.changes
+    assert p.estimate.replay_buffer == 0 and p.estimate.host_buffer > 30 * 10**9
+    forced = memory.plan(dataclasses.replace(cfg, buffer_device="device"), (9, 64, 64), 6, False, target)
+    assert not forced.fits and "--buffer-device host" in forced.advice()  # a user's setting is not overridden
+
+
+def run_train(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "tdmpc.train", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_dry_run_prints_breakdown_and_verdict(tmp_path):
+    run = tmp_path / "run"
+    r = run_train("--cfg", "a4000.json", "--dry-run", "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    for part in ("parameters", "gradients", "Adam states", "target Qs", "update activations", "planner buffers",
+                 "replay buffer", "CUDA graph pools", "allocator slack", "CUDA context", "total", "verdict:"):
+        assert part in r.stdout, part
+    if not torch.cuda.is_available():
+        assert "no CUDA device here" in r.stdout
+    assert not (run / "checkpoints").exists()
+
+    r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "16GB", "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    assert "verdict: FITS" in r.stdout and "headroom" in r.stdout and "budget" in r.stdout
+    assert not (run / "checkpoints").exists()
+
+
+def test_too_small_a_card_says_what_to_lower_and_exits_2(tmp_path):
+    r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "800MB", "--run-dir", tmp_path / "r")
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: estimated peak memory"), r.stderr
+    assert "lower: " in lines[0] and "--batch-size" in lines[0] and "--fit-memory" in lines[0]
+    assert "DOES NOT FIT" in r.stdout
+
+
+def test_bad_gpu_mem_is_one_line_and_exit_2(tmp_path):
+    r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "lots", "--run-dir", tmp_path / "r")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: --gpu-mem: cannot read the memory size 'lots'; write e.g. "
+                                             "16GB, 16000MB or 8GiB"]
+
+
+def test_fit_memory_logs_each_change_and_fits(tmp_path):
+    r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "800MB", "--fit-memory", "--run-dir",
+                  tmp_path / "r")
+    assert r.returncode == 0, r.stderr
+    changes = [ln for ln in r.stderr.splitlines() if ln.startswith("fit-memory: ")]
+    assert changes and "cuda_graphs True -> False" in changes[0], r.stderr
+    assert any("batch_size 256 -> 128" in c for c in changes)
+    assert "verdict: FITS" in r.stdout and "fit-memory changed" in r.stdout
+
+
+def test_oom_in_update_writes_checkpoint_exits_1_and_resume_continues(tmp_path, monkeypatch, capsys):
+    cfg = tmp_path / "tiny.json"
+    cfg.write_text(json.dumps(TINY))
+    run = tmp_path / "run"
+    original, calls = Agent.update, []
+
+    def update(self, batch):
+        calls.append(1)
+        if len(calls) == 50:  # in the middle of the pretraining burst
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return original(self, batch)
+
+    monkeypatch.setattr(Agent, "update", update)
+    monkeypatch.setattr(train, "warn_if_slow_on_cpu", lambda trainer: None)  # it times updates on a copy
+    assert train.main(["--cfg", str(cfg), "--run-dir", str(run)]) == 1
+    err = capsys.readouterr().err
+    assert "out of device memory in update at step 200" in err and "checkpoint written at step 200" in err
+    assert "memory: estimate" in err and "advice: resume with lower settings" in err
+    ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert ck["train"]["updates"] == 49 and ck["train"]["burst_left"] == 200 - 49
+
+    monkeypatch.setattr(Agent, "update", original)
+    assert train.main(["--resume", str(run)]) == 0
+    ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert ck["train"]["env_step"] == 400 and ck["train"]["finished"]
+    # the 151 pretraining updates left run at the first resumed step, which then skips its own update
+    assert ck["train"]["updates"] == 49 + 151 + 199
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model_size", [1, 5, 19, 48])
+def test_estimate_matches_cuda_peak(model_size, dog):
+    """Estimated live tensors at the peak vs torch.cuda.max_memory_allocated after updates and plans,
+    with CUDA graphs, a full-size buffer on the device and the eval planner: the target is +-10%."""
+    device = torch.device("cuda")
+    cfg = train.resolve(dataclasses.replace(load_json("a4000.json"), task="dog-run", model_size=model_size), dog)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    dims = ModelDims.from_config(cfg, dog.obs_shape, dog.action_dim, dog.episodic)
+    agent = Agent(cfg, dims, dog.episode_length, device)
+    buf = ReplayBuffer(cfg.buffer_size, cfg.num_envs, dog.obs_shape, dog.action_dim, cfg.horizon, device=device)
+    obs = torch.randn(cfg.num_envs, *dog.obs_shape)
+    buf.start(obs)
+    for _ in range(50):
+        buf.add(obs, torch.rand(cfg.num_envs, dog.action_dim) * 2 - 1, torch.rand(cfg.num_envs),
+                torch.zeros(cfg.num_envs, dtype=torch.bool))
+    for _ in range(6):  # warm-up, capture, replay
+        agent.update(buf.sample(cfg.batch_size))
+        agent.act(obs.numpy(), np.zeros(cfg.num_envs, bool))
+        agent.act(torch.randn(cfg.eval_episodes, *dog.obs_shape).numpy(), np.zeros(cfg.eval_episodes, bool),
+                  eval_mode=True, role=f"eval{cfg.eval_episodes}")
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - base
+    target = memory.detect_target(cfg, device)
+    est = memory.estimate(cfg, dog.obs_shape, dog.action_dim, dog.episodic, target)
+    assert abs(est.peak_allocated / measured - 1) <= 0.10, (est.peak_allocated, measured, est.table())
