@@ -62,6 +62,12 @@ def test_fused_next_and_reward_match_separate_heads():
         for model in (m, copy32):
             nxt, rew = model.next_and_reward(z, a)
             assert (nxt - m.next(z, a)).abs().max() < 1e-6 and (rew - m.reward(z, a)).abs().max() < 1e-6
+        # planning's first step: one latent expanded over the candidates takes the deduplicated path
+        z0 = z[:3].unsqueeze(1).expand(-1, 5, -1)
+        a0 = torch.rand(3, 5, 6)
+        for model in (m, copy32):
+            nxt, rew = model.next_and_reward(z0, a0)
+            assert (nxt - m.next(z0, a0)).abs().max() < 1e-6 and (rew - m.reward(z0, a0)).abs().max() < 1e-5
         for p in m.parameters():  # the copy follows the model after a sync
             p.add_(0.01)
         sync_copy(copy32, m)
@@ -122,3 +128,13 @@ def test_no_host_sync_in_act_and_update():
         agent.update(batch)
         agent.act(obs, ~first)
     assert counter.calls == [], counter.calls
+
+
+def test_cpu_dropout_rate_is_p_in_every_16_bit_lane():
+    from tdmpc.layers import dropout
+
+    x = torch.ones(4 * 250_000)
+    y = dropout(x, 0.01)
+    dropped = (y == 0).float().view(-1, 4)  # the four lanes of each 64-bit draw
+    assert torch.allclose(dropped.mean(0), torch.full((4,), 0.01), atol=1.5e-3)
+    assert abs(y.mean().item() - 1.0) < 0.01  # kept values are rescaled

@@ -13,6 +13,10 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,14 +24,17 @@
 
 namespace {
 
-inline float bf16_to_f32(uint16_t h) {
+// Every per-element helper must inline into its loop, or the loop does not vectorise.
+#define TDMPC_INLINE inline __attribute__((always_inline))
+
+TDMPC_INLINE float bf16_to_f32(uint16_t h) {
   uint32_t u = static_cast<uint32_t>(h) << 16;
   float f;
   std::memcpy(&f, &u, 4);
   return f;
 }
 
-inline uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
+TDMPC_INLINE uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
   uint32_t u;
   std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
@@ -35,13 +42,13 @@ inline uint16_t f32_to_bf16(float f) {  // round to nearest even; NaN stays NaN
   return static_cast<uint16_t>(u >> 16);
 }
 
-inline float clamp_hi(float x, float hi) { return x < hi ? x : hi; }  // vectorises, unlike std::fmin
-inline float clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
+TDMPC_INLINE float clamp_hi(float x, float hi) { return x < hi ? x : hi; }  // vectorises, unlike std::fmin
+TDMPC_INLINE float clamp(float x, float lo, float hi) { return x < lo ? lo : (x > hi ? hi : x); }
 
 // e^x: x = n ln2 + r with n = round(x / ln2) and ln2 split in two (Cody-Waite) so r is exact,
 // e^r from a degree-7 Taylor polynomial (|r| <= ln2/2, relative error < 1e-8), then 2^n via
 // the exponent bits. Branch-free so the loops below vectorise.
-inline float fast_exp(float x) {
+TDMPC_INLINE float fast_exp(float x) {
   const float xc = clamp(x, -87.0f, 88.0f);
   const float n = std::nearbyint(xc * 1.4426950408889634f);
   float r = std::fma(n, -0.693145751953125f, xc);
@@ -64,16 +71,16 @@ inline float fast_exp(float x) {
 template <typename T>
 inline float load(const T* p, int64_t i);
 template <>
-inline float load<float>(const float* p, int64_t i) { return p[i]; }
+TDMPC_INLINE float load<float>(const float* p, int64_t i) { return p[i]; }
 template <>
-inline float load<uint16_t>(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
+TDMPC_INLINE float load<uint16_t>(const uint16_t* p, int64_t i) { return bf16_to_f32(p[i]); }
 
 template <typename T>
 inline void store(T* p, int64_t i, float v);
 template <>
-inline void store<float>(float* p, int64_t i, float v) { p[i] = v; }
+TDMPC_INLINE void store<float>(float* p, int64_t i, float v) { p[i] = v; }
 template <>
-inline void store<uint16_t>(uint16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
+TDMPC_INLINE void store<uint16_t>(uint16_t* p, int64_t i, float v) { p[i] = f32_to_bf16(v); }
 
 constexpr float kEps = 1e-5f;
 constexpr int64_t kMaxGroup = 64;
@@ -108,38 +115,64 @@ void ln_mish_row(const T* __restrict__ x, const float* __restrict__ g, const flo
   }
 }
 
+// Divide each group of 8 by its sum, two groups per AVX-512 vector: three permute+add steps
+// leave every lane holding its group's sum. Returns false (touching nothing) when it cannot
+// help: another group size or ISA, or a group whose sum underflowed (the caller redoes it).
+inline bool normalise_groups_of_8(float* e, int64_t D, int64_t group) {
+#if defined(__AVX512F__)
+  if (group != 8 || D % 16 != 0) return false;
+  const __m512 tiny = _mm512_set1_ps(1e-30f);
+  for (int64_t i = 0; i < D; i += 16) {
+    const __m512 v = _mm512_loadu_ps(e + i);
+    __m512 s = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));         // pairs
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));                 // quads
+    s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0xB1));           // 128-bit halves of each 256
+    if (_mm512_cmp_ps_mask(s, tiny, _CMP_NLT_UQ) != 0xFFFF) return false;
+  }
+  for (int64_t i = 0; i < D; i += 16) {
+    const __m512 v = _mm512_loadu_ps(e + i);
+    __m512 s = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));
+    s = _mm512_add_ps(s, _mm512_permute_ps(s, 0x4E));
+    s = _mm512_add_ps(s, _mm512_shuffle_f32x4(s, s, 0xB1));
+    _mm512_storeu_ps(e + i, _mm512_div_ps(v, s));
+  }
+  return true;
+#else
+  (void)e, (void)D, (void)group;
+  return false;
+#endif
+}
+
 template <typename T>
 void ln_simnorm_row(const T* __restrict__ x, const float* __restrict__ g, const float* __restrict__ b,
                     T* __restrict__ out, float* __restrict__ y, int64_t D, int64_t group) {
   const float rstd = normalise_row(x, y, D);
 #pragma omp simd
   for (int64_t i = 0; i < D; ++i) y[i] = y[i] * rstd * g[i] + b[i];
-  // One shift by the row max keeps the exp loop flat and vectorised; a group lying far below
+  // One shift by the row max keeps the exp pass flat and vectorised; a group lying far below
   // that max (possible with large LayerNorm gains) underflows and is redone with its own max.
   float m = y[0];
 #pragma omp simd reduction(max : m)
   for (int64_t i = 1; i < D; ++i) m = y[i] > m ? y[i] : m;
-  float e[kMaxGroup];
-  for (int64_t s = 0; s < D; s += group) {
-    float sum = 0.f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t k = 0; k < group; ++k) {
-      e[k] = fast_exp(y[s + k] - m);
-      sum += e[k];
-    }
-    if (!(sum > 1e-30f)) {
-      float gm = y[s];
-      for (int64_t k = 1; k < group; ++k) gm = y[s + k] > gm ? y[s + k] : gm;
-      sum = 0.f;
-      for (int64_t k = 0; k < group; ++k) {
-        e[k] = fast_exp(y[s + k] - gm);
-        sum += e[k];
-      }
-    }
-    const float inv = 1.0f / sum;
+  float* e = y + D;  // scratch holds 2 D floats
 #pragma omp simd
-    for (int64_t k = 0; k < group; ++k) store(out, s + k, e[k] * inv);
+  for (int64_t i = 0; i < D; ++i) e[i] = fast_exp(y[i] - m);
+  if (!normalise_groups_of_8(e, D, group)) {
+    for (int64_t s = 0; s < D; s += group) {
+      float sum = 0.f;
+      for (int64_t k = 0; k < group; ++k) sum += e[s + k];
+      if (!(sum > 1e-30f)) {
+        float gm = y[s];
+        for (int64_t k = 1; k < group; ++k) gm = y[s + k] > gm ? y[s + k] : gm;
+        sum = 0.f;
+        for (int64_t k = 0; k < group; ++k) sum += (e[s + k] = fast_exp(y[s + k] - gm));
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t k = 0; k < group; ++k) e[s + k] *= inv;
+    }
   }
+#pragma omp simd
+  for (int64_t i = 0; i < D; ++i) store(out, i, e[i]);
 }
 
 template <typename T>
@@ -147,7 +180,7 @@ void ln_act_kernel(const T* x, const float* gamma, const float* beta, T* out, in
                    int64_t G, int64_t period, int64_t act) {
   const int64_t grain = std::max<int64_t>(1, 16384 / D);
   at::parallel_for(0, R, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scratch(D);
+    std::vector<float> scratch(2 * D);
     for (int64_t r = begin; r < end; ++r) {
       const int64_t g = (r / period) % G;
       if (act == 0)
