@@ -113,9 +113,16 @@ class WorldModel(nn.Module):
 
     def next_and_reward(self, z: Tensor, a: Tensor) -> tuple[Tensor, Tensor]:
         """next(z, a) and reward(z, a) with one matmul for both first layers (they share [z, a])."""
-        za = torch.cat([z, a.to(z.dtype)], dim=-1)
         w, b, gamma, beta = self._fused_first_layers or self._concat_first_layers()
-        h = F.linear(za.to(w.dtype), w, b).unflatten(-1, (2, -1))  # (..., 2, M)
+        a = a.to(w.dtype)
+        if z.dim() >= 2 and z.shape[-2] > 1 and z.stride(-2) == 0:
+            # Every candidate starts from the same latent (planning's first step, z expanded):
+            # its share of the matmul is done once, the actions' share per candidate.
+            L = z.shape[-1]
+            h = F.linear(z[..., :1, :].to(w.dtype), w[:, :L], b) + F.linear(a, w[:, L:])
+        else:
+            h = F.linear(torch.cat([z.to(w.dtype), a], dim=-1), w, b)
+        h = h.unflatten(-1, (2, -1))  # (..., 2, M)
         h = ln_act(h, gamma, beta, "mish")
         return self._dynamics[1:](h[..., 0, :]), self._reward[1:](h[..., 1, :])
 
@@ -150,8 +157,8 @@ class WorldModel(nn.Module):
 
     # --- helpers -------------------------------------------------------------------
     def sample_heads(self) -> Tensor:
-        """Two distinct random Q heads, chosen on the device (no host sync)."""
-        return torch.randperm(self.num_q, device=self.log_std_min.device)[:2]
+        """Two distinct random Q heads, chosen on the device (no host sync, CUDA-graph safe)."""
+        return torch.rand(self.num_q, device=self.log_std_min.device).argsort()[:2]
 
     def q_value(self, z: Tensor, a: Tensor, reduce: Literal["min", "avg"], target: bool = False,
                 detach: bool = False) -> Tensor:
