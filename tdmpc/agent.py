@@ -7,6 +7,7 @@ and non-finite updates are skipped by the fused optimiser itself.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -17,6 +18,7 @@ from planners.mppi import MPPI, MPPIConfig
 from tdmpc import checkpoint
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
+from tdmpc.cuda_graphs import CUDAGraphed
 from tdmpc.device import resolve_dtype
 from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
@@ -55,6 +57,10 @@ class Agent:
         self._quantiles = torch.tensor([0.05, 0.95], device=device)
         self.planner_cfg = MPPIConfig.from_config(cfg, dims.action_dim)
         self._planners: dict[tuple[int, str], MPPI] = {}
+        # On CUDA, plan() and update() replay as CUDA graphs (static shapes, no host syncs).
+        self.graphs = device.type == "cuda" and cfg.cuda_graphs
+        self._plan_fns: dict[tuple[int, str, bool], Callable] = {}
+        self._update_fn: Callable = CUDAGraphed(self._update_tensors) if self.graphs else self._update_tensors
 
     # --- acting -------------------------------------------------------------------
     def planner(self, num_envs: int, role: str = "train") -> MPPI:
@@ -65,8 +71,18 @@ class Agent:
                                        self.discount, self.device)
         return self._planners[key]
 
+    def _plan_fn(self, num_envs: int, role: str, eval_mode: bool) -> Callable:
+        key = (num_envs, role, eval_mode)
+        if key not in self._plan_fns:
+            planner = self.planner(num_envs, role)
+            fn = lambda obs, first: planner.plan(obs, first, eval_mode)  # noqa: E731
+            self._plan_fns[key] = CUDAGraphed(fn) if self.graphs else fn
+        return self._plan_fns[key]
+
     def _autocast(self):
-        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32)
+        # The autocast weight cache must be off while CUDA graphs capture.
+        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32,
+                              cache_enabled=not self.graphs)
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor, eval_mode: bool = False,
@@ -78,7 +94,7 @@ class Agent:
             sync_copy(self.plan_model, self.model)
             self._plan_model_stale = False
         if self.cfg.mpc:
-            a = self.planner(obs.shape[0], role or ("eval" if eval_mode else "train")).plan(obs, first, eval_mode)
+            a = self._plan_fn(obs.shape[0], role or ("eval" if eval_mode else "train"), eval_mode)(obs, first)
         else:
             policy = self.plan_model.pi(self.plan_model.encode(obs))
             a = policy.mean if eval_mode else policy.action
@@ -87,7 +103,13 @@ class Agent:
     # --- learning -----------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One gradient step of the world model, then of the policy; metrics stay on the device."""
+        metrics = self._update_fn(batch.obs, batch.action, batch.reward, batch.terminated)
+        self._plan_model_stale = True
+        return metrics
+
+    def _update_tensors(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor) -> dict[str, Tensor]:
         cfg, m = self.cfg, self.model
+        batch = Batch(obs, action, reward, terminated)
         H = cfg.horizon
         rho = self._rho[:H]
         with torch.no_grad(), self._autocast():
@@ -124,7 +146,6 @@ class Agent:
         pi_metrics = self._update_pi(zs.detach())
         m.soft_update_targets(cfg.tau)
         m.eval()
-        self._plan_model_stale = True
         return {**{k: v.detach() for k, v in losses.items()}, "total_loss": total.detach(), "grad_norm": grad_norm,
                 "skipped": skipped, **pi_metrics}
 
@@ -145,8 +166,15 @@ class Agent:
 
     @torch.no_grad()
     def _update_scale(self, q: Tensor) -> None:
-        lo, hi = torch.quantile(q.flatten(), self._quantiles)
-        value = (hi - lo).clamp(min=1.0)
+        """scale <- lerp(scale, max(1, P95 - P5 of q), tau); the percentiles interpolate linearly
+        between sorted values, as the reference does (no checks that would sync the host)."""
+        x = q.flatten().sort().values
+        pos = self._quantiles * (x.numel() - 1)
+        lo = pos.floor().long()
+        hi = (lo + 1).clamp(max=x.numel() - 1)
+        frac = pos - lo
+        p5, p95 = x[lo] * (1 - frac) + x[hi] * frac
+        value = (p95 - p5).clamp(min=1.0)
         self.scale.lerp_(torch.where(torch.isfinite(value), value, self.scale), self.cfg.tau)
 
     def _step(self, optim: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:

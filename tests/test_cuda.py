@@ -1,0 +1,96 @@
+"""CUDA paths: graphed plan() and update(). Skipped without a GPU (they never ran on the CPU-only CI)."""
+
+import numpy as np
+import pytest
+import torch
+
+from planners.mppi import MPPI, MPPIConfig
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch
+from tdmpc.config import Config
+from tdmpc.cuda_graphs import CUDAGraphed
+from tdmpc.world_model import ModelDims
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+CUDA = torch.device("cuda")
+
+
+class CudaQuadratic:
+    """The planner test's known-optimum model, on the GPU."""
+
+    num_q, episodic = 2, False
+
+    def encode(self, obs):
+        return obs
+
+    def next(self, z, a):
+        return z
+
+    def next_and_reward(self, z, a):
+        return z, -((a - z) ** 2).sum(-1, keepdim=True)
+
+    def termination(self, z):
+        return torch.zeros(z.shape[:-1] + (1,), device=z.device)
+
+    def Q(self, z, a, heads=None):
+        return torch.zeros((2,) + z.shape[:-1] + (1,), device=z.device)
+
+    def pi(self, z):
+        from planners.base import PolicyOutput
+        a = torch.rand_like(z) * 2 - 1
+        return PolicyOutput(a, a, torch.zeros_like(a), torch.zeros(z.shape[:-1] + (1,), device=z.device))
+
+    def decode(self, logits):
+        return logits
+
+    def sample_heads(self):
+        return torch.arange(2, device=CUDA)
+
+
+def test_graphed_plan_follows_new_inputs():
+    N, A = 4, 3
+    planner = MPPI(CudaQuadratic(), MPPIConfig(iterations=10), N, A, 0.99, CUDA)
+    graphed = CUDAGraphed(lambda o, f: planner.plan(o, f, True))
+    first = torch.ones(N, dtype=torch.bool, device=CUDA)
+    for _ in range(6):  # warm-up calls, the capture, then replays with fresh targets
+        targets = torch.rand(N, A, device=CUDA) * 1.6 - 0.8
+        action = graphed(targets, first)
+        assert (action - targets).abs().max() < 0.1
+    assert graphed.graph is not None
+
+
+def make_agent(graphs: bool) -> Agent:
+    cfg = Config(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3, batch_size=64,
+                 device="cuda", cuda_graphs=graphs)
+    torch.manual_seed(0)
+    return Agent(cfg, ModelDims.from_config(cfg, (24,), 6, True), 500, CUDA)
+
+
+def test_graphed_update_learns_and_refreshes_the_planning_copy():
+    agent = make_agent(graphs=True)
+    g = torch.Generator().manual_seed(0)
+    batch = Batch(torch.randn(4, 64, 24, generator=g).cuda(), torch.rand(3, 64, 6, generator=g).cuda(),
+                  torch.randn(3, 64, generator=g).cuda(), torch.zeros(3, 64, dtype=torch.bool).cuda())
+    losses = [agent.update(batch)["total_loss"].item() for _ in range(30)]
+    assert agent._update_fn.graph is not None
+    assert losses[-1] < 0.7 * losses[0]
+    obs = np.random.randn(2, 24).astype(np.float32)
+    agent.act(obs, np.ones(2, dtype=bool))
+    for p_copy, p in zip(agent.plan_model.parameters(), agent.model.parameters()):
+        assert torch.allclose(p_copy.float(), p.float(), atol=1e-2)
+
+
+def test_no_host_sync_in_graphed_act_and_update():
+    from test_fast_paths import CountSyncs
+
+    agent = make_agent(graphs=True)
+    batch = Batch(torch.randn(4, 64, 24, device=CUDA), torch.rand(3, 64, 6, device=CUDA),
+                  torch.randn(3, 64, device=CUDA), torch.zeros(3, 64, dtype=torch.bool, device=CUDA))
+    obs, first = np.random.randn(2, 24).astype(np.float32), np.ones(2, dtype=bool)
+    for _ in range(5):
+        agent.act(obs, first)
+        agent.update(batch)
+    with CountSyncs() as counter:
+        agent.act(obs, first)
+        agent.update(batch)
+    assert counter.calls == []
