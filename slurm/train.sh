@@ -109,15 +109,7 @@ if [ -f "$run_dir/checkpoints/latest.pt" ]; then
     mode="resuming"
     train_args=(--resume "$run_dir" "$@" "${sweep_args[@]}")
 else
-    mode="starting"
-    if [ -e "$run_dir/train.csv" ]; then
-        # An earlier session ended without any checkpoint (a node failure, say): start again,
-        # with its rows out of the way so that no step appears twice in train.csv.
-        stale="$run_dir/no-checkpoint-$(date +%Y%m%d-%H%M%S)"
-        mkdir "$stale"
-        find "$run_dir" -mindepth 1 -maxdepth 1 ! -name 'slurm-*' ! -name 'no-checkpoint-*' -exec mv -t "$stale" {} +
-        log "no checkpoint from the earlier session; its files are in $stale"
-    fi
+    mode="starting"  # the trainer moves aside the files of an earlier session that left no checkpoint
     train_args=(--run-dir "$run_dir" "$@" "${sweep_args[@]}")
 fi
 

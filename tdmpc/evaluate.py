@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -32,11 +32,13 @@ class EvalResult:
     returns: list[float]
     lengths: list[int]
     successes: list[float]  # empty when the env reports no success
+    action_abs: list[float] = field(default_factory=list)  # mean |action| per episode: is the agent acting?
 
     def summary(self) -> dict:
         r = np.asarray(self.returns, dtype=np.float64)
         out = {"episodes": len(r), "episode_return": float(r.mean()), "episode_return_std": float(r.std()),
-               "episode_length": float(np.mean(self.lengths))}
+               "episode_length": float(np.mean(self.lengths)),
+               "action_abs_mean": float(np.mean(self.action_abs)) if self.action_abs else float("nan")}
         if self.successes:
             out["success_rate"] = float(np.mean(self.successes))
         return out
@@ -57,7 +59,7 @@ def run_episodes(agent: Agent, task: str, episodes: int, seed: int, obs: str = "
         try:
             obs_, _ = envs.reset(seed=seed + len(result.returns))
             done = np.zeros(n, dtype=bool)
-            ret, length = np.zeros(n), np.zeros(n, dtype=np.int64)
+            ret, length, act_abs = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n)
             success = np.full(n, np.nan)
             first = np.ones(n, dtype=bool)
             if record:
@@ -70,6 +72,7 @@ def run_episodes(agent: Agent, task: str, episodes: int, seed: int, obs: str = "
                 live = ~done
                 ret[live] += reward[live]
                 length[live] += 1
+                act_abs[live] += np.abs(action[live]).mean(-1)
                 ended = (terminated | truncated) & live
                 if "success" in info:
                     success[live] = np.asarray(info["success"], dtype=np.float64)[live]
@@ -83,6 +86,7 @@ def run_episodes(agent: Agent, task: str, episodes: int, seed: int, obs: str = "
             envs.close()
         result.returns += ret.tolist()
         result.lengths += length.tolist()
+        result.action_abs += (act_abs / np.maximum(length, 1)).tolist()
         if not np.isnan(success).all():
             result.successes += np.nan_to_num(success).tolist()
     if video is not None and frames:

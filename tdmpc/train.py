@@ -115,6 +115,8 @@ class Trainer:
         self._ep_return = np.zeros(cfg.num_envs)
         self._ep_length = np.zeros(cfg.num_envs, dtype=np.int64)
         self._ended: list[tuple[float, int]] = []  # episodes finished since the last log row
+        self._mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
+        self._last_bar = 0.0
         if init_from:
             self._init_weights(init_from)
         ckpt = None
@@ -344,7 +346,7 @@ class Trainer:
 
     def _progress(self, force: bool = False) -> None:
         now = time.time()
-        if not force and now - getattr(self, "_last_bar", 0.0) < 0.5:
+        if not force and now - self._last_bar < 0.5:
             return
         self._last_bar = now
         t0, s0, u0 = self._mark
@@ -501,6 +503,21 @@ def _make_envs(cfg: Config):
             signal.signal(s, h)
 
 
+def set_aside_unfinished(run_dir: Path) -> None:
+    """A fresh start in a directory that an earlier session left without a checkpoint (a node
+    failure, say): move its files into no-checkpoint-<time>/, so no step appears twice in
+    train.csv and nothing is deleted."""
+    leftovers = [p for p in run_dir.glob("*") if p.name in ("train.csv", "eval.csv", "config.json", "tb",
+                                                            "checkpoints", "videos")] if run_dir.is_dir() else []
+    if not leftovers:
+        return
+    stale = run_dir / f"no-checkpoint-{time.strftime('%Y%m%d-%H%M%S')}"
+    stale.mkdir()
+    for p in leftovers:
+        p.rename(stale / p.name)
+    print(f"{run_dir} held files of a session that left no checkpoint; moved them to {stale}", file=sys.stderr)
+
+
 def _plan_memory(cfg: Config, args: TrainArgs, device: torch.device | None,
                  resuming: bool) -> tuple[Config, memory.Plan]:
     """Estimate peak device memory for the task's dims on this device (or --gpu-mem); with --fit-memory
@@ -586,6 +603,8 @@ def _main(argv: list[str]) -> int:
     if not resume and (run_dir / "checkpoints" / "latest.pt").exists():
         raise BadInput(f"run directory {run_dir} already holds a run; continue it with --resume {run_dir} "
                        f"or choose another --run-dir")
+    if not resume and not args.dry_run:
+        set_aside_unfinished(run_dir)
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     buffer_storage, target = None, None
     if args.dry_run or args.gpu_mem or device.type == "cuda":

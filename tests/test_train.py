@@ -192,3 +192,14 @@ def test_checkpoint_from_a_different_model_size_is_rejected(tmp_path, trained_ch
 def test_evaluate_on_a_task_with_other_dims_is_rejected(trained_checkpoint):
     r = run_eval("--checkpoint", trained_checkpoint, "--task", "MountainCarContinuous-v0", "--episodes", "1")
     assert r.returncode == 2 and "action dim" in r.stderr
+
+
+def test_fresh_start_sets_aside_a_session_without_checkpoint(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "train.csv").write_text("env_step,episodes\n100,0\n200,1\n")
+    r = run_train("--cfg", tiny_json(tmp_path, steps=300, eval_episodes=0), "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    assert [int(x["env_step"]) for x in read_csv(run / "train.csv")] == [100, 200, 300]
+    aside = list(run.glob("no-checkpoint-*"))
+    assert len(aside) == 1 and (aside[0] / "train.csv").read_text().startswith("env_step,episodes\n100,0")
