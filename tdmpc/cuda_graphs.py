@@ -22,6 +22,7 @@ class CUDAGraphed:
         self.inputs: list[Tensor] | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.output: Any = None
+        self.side: torch.cuda.Stream | None = None  # one warm-up stream: its cached blocks are reused
 
     def __call__(self, *args: Tensor) -> Any:
         if self.inputs is None:
@@ -31,14 +32,15 @@ class CUDAGraphed:
         if self.graph is None:
             if self.calls < self.warmup:
                 self.calls += 1
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
+                self.side = self.side or torch.cuda.Stream()
+                self.side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(self.side):
                     out = self.fn(*self.inputs)
-                torch.cuda.current_stream().wait_stream(side)
+                torch.cuda.current_stream().wait_stream(self.side)
                 return out
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):  # a failed capture leaves self.graph None: the next call retries
                 self.output = self.fn(*self.inputs)
+            self.graph = graph
         self.graph.replay()  # capture records without running: the first replay does the work
         return self.output
