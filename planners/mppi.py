@@ -36,8 +36,11 @@ class MPPIConfig:
 
 class MPPI:
     def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
-                 discount: float, device: torch.device):
+                 discount: float, device: torch.device, chunk_rows: int | None = None):
+        """chunk_rows: candidates rolled out per model call. None does all N x S at once (GPUs);
+        on a CPU, chunks that fit in cache keep batched planning compute-bound."""
         self.model, self.cfg, self.discount = model, cfg, discount
+        self.chunk_envs = num_envs if chunk_rows is None else max(1, chunk_rows // cfg.num_samples)
         H, N, S, A = cfg.horizon, num_envs, cfg.num_samples, action_dim
         self.num_envs, self.action_dim = N, A
         kw = dict(device=device, dtype=torch.float32)
@@ -46,6 +49,7 @@ class MPPI:
         self.mean = torch.zeros(H, N, A, **kw)
         self.std = torch.full((H, N, A), cfg.max_std, **kw)
         self.prev_mean = torch.zeros(H, N, A, **kw)  # warm start, per environment
+        self.value = torch.zeros(N, S, **kw)
         self.G = torch.zeros(N, S, 1, **kw)  # model return of each candidate
         self.alive = torch.ones(N, S, 1, **kw)  # 0 once the model predicts a termination
         self.z_final: Tensor | None = None  # latent after the horizon, in the model's dtype
@@ -64,8 +68,10 @@ class MPPI:
             torch.randn(self.noise.shape, out=self.noise)
             sampled = self.mean.unsqueeze(2) + self.std.unsqueeze(2) * self.noise
             self.actions[:, :, P:] = sampled.clamp_(-1, 1)
-            self._rollout(z, self.actions[:, :, P:], P)
-            value = self._value().nan_to_num_(0.0)  # (N, S)
+            for envs in self._chunks():
+                self._rollout(z[envs], self.actions[:, envs, P:], P, envs)
+                self.value[envs] = self._value(envs)
+            value = self.value.nan_to_num_(0.0)  # (N, S)
             elite_value, elite_idx = torch.topk(value, E, dim=1)
             elite_actions = self.actions.gather(
                 2, elite_idx.view(1, -1, E, 1).expand(H, -1, E, self.action_dim))  # (H, N, E, A)
@@ -105,10 +111,13 @@ class MPPI:
             self.actions[t, :, :P] = self.model.pi(zt).action
             if t + 1 < self.cfg.horizon:
                 zt = self.model.next(zt, self.actions[t, :, :P])
-        self._rollout(z, self.actions[:, :, :P], 0)
+        self._rollout(z, self.actions[:, :, :P], 0, slice(None))
 
-    def _rollout(self, z: Tensor, actions: Tensor, col: int) -> None:
-        """Model return, survival and final latent of candidates, into columns col: of the buffers."""
+    def _chunks(self) -> list[slice]:
+        return [slice(e, e + self.chunk_envs) for e in range(0, self.num_envs, self.chunk_envs)]
+
+    def _rollout(self, z: Tensor, actions: Tensor, col: int, envs: slice) -> None:
+        """Model return, survival and final latent of candidates, into [envs, col:] of the buffers."""
         m = self.model
         n = actions.shape[2]
         G = torch.zeros(z.shape[:-1] + (1,), device=z.device)
@@ -120,14 +129,14 @@ class MPPI:
             discount *= self.discount
             if m.episodic:
                 alive = alive * (m.termination(z) <= 0.5)
-        self.G[:, col:col + n] = G
-        self.alive[:, col:col + n] = alive
+        self.G[envs, col:col + n] = G
+        self.alive[envs, col:col + n] = alive
         if self.z_final is None:
             self.z_final = torch.empty(self.G.shape[:2] + z.shape[-1:], dtype=z.dtype, device=z.device)
-        self.z_final[:, col:col + n] = z
+        self.z_final[envs, col:col + n] = z
 
-    def _value(self) -> Tensor:
-        """Return over the horizon plus the discounted Q-value (2 random heads, averaged): (N, S)."""
-        m, z = self.model, self.z_final
+    def _value(self, envs: slice) -> Tensor:
+        """Return over the horizon plus the discounted Q-value (2 random heads, averaged): (envs, S)."""
+        m, z = self.model, self.z_final[envs]
         q = m.decode(m.Q(z, m.pi(z).action, m.sample_heads())).mean(0)
-        return (self.G + self.discount ** self.cfg.horizon * self.alive * q).squeeze(-1)
+        return (self.G[envs] + self.discount ** self.cfg.horizon * self.alive[envs] * q).squeeze(-1)

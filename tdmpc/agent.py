@@ -23,6 +23,11 @@ from tdmpc.device import resolve_dtype
 from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
 
+# Candidates per model call when planning on a CPU: ~2 envs at 512 samples. Larger calls
+# spill the activations out of cache and batched planning turns memory-bound.
+CPU_PLAN_CHUNK_ROWS = 1024
+
+
 def discount_for(episode_length: int, cfg: Config) -> float:
     """Longer episodes get a longer horizon: gamma = (f - 1) / f with f = L / 5, clipped."""
     f = episode_length / cfg.discount_denom
@@ -67,8 +72,9 @@ class Agent:
         """One planner per (N, role), so evaluation never disturbs the training warm start."""
         key = (num_envs, role)
         if key not in self._planners:
+            chunk_rows = None if self.device.type == "cuda" else CPU_PLAN_CHUNK_ROWS
             self._planners[key] = MPPI(self.plan_model, self.planner_cfg, num_envs, self.dims.action_dim,
-                                       self.discount, self.device)
+                                       self.discount, self.device, chunk_rows)
         return self._planners[key]
 
     def _plan_fn(self, num_envs: int, role: str, eval_mode: bool) -> Callable:

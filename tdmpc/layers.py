@@ -99,9 +99,13 @@ class EnsembleLinear(nn.Module):
         if detach:
             params = [p.detach() for p in params]
         w, b = params[0], params[1]
-        if x.dim() == 2:
-            x = x.expand(w.shape[0], *x.shape)
-        y = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        if x.dim() == 2:  # one input for every head: a single GEMM over the stacked (heads*out, in) weight,
+            # whose backward sums the heads' input gradients inside the GEMM too
+            heads, out = w.shape[0], w.shape[1]
+            y = F.linear(x, w.reshape(heads * out, -1), b.reshape(-1))
+            y = y.view(x.shape[0], heads, out).transpose(0, 1).contiguous()
+        else:
+            y = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
         if self.ln is None:
             return y
         if self.dropout and self.training:

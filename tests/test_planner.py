@@ -102,3 +102,16 @@ def test_plan_runs_in_inference_mode_with_preallocated_buffers():
     assert out.is_inference()
     assert ptrs == [t.data_ptr() for t in (planner.actions, planner.noise, planner.mean, planner.std,
                                            planner.prev_mean)]
+
+
+def test_chunked_rollouts_plan_like_one_big_call():
+    N, A = 6, 3
+    targets = torch.rand(N, A) * 1.6 - 0.8
+    results = []
+    for chunk_rows in (None, 1024):  # all envs at once, or 2 envs per model call
+        planner = MPPI(QuadraticModel(), MPPIConfig(), N, A, discount=0.99, device=torch.device("cpu"),
+                       chunk_rows=chunk_rows)
+        torch.manual_seed(3)
+        results.append(planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True))
+    assert planner.chunk_envs == 2
+    assert torch.allclose(results[0], results[1], atol=1e-6)
