@@ -203,3 +203,19 @@ def test_fresh_start_sets_aside_a_session_without_checkpoint(tmp_path):
     assert [int(x["env_step"]) for x in read_csv(run / "train.csv")] == [100, 200, 300]
     aside = list(run.glob("no-checkpoint-*"))
     assert len(aside) == 1 and (aside[0] / "train.csv").read_text().startswith("env_step,episodes\n100,0")
+
+
+def test_evaluate_records_a_video_through_mujoco_offscreen_rendering(tmp_path):
+    pytest.importorskip("dm_control")
+    imageio = pytest.importorskip("imageio.v3")
+    run = tmp_path / "run"
+    cfg = tiny_json(tmp_path, task="cartpole-swingup", steps=100, seed_steps=1000, eval_episodes=0)
+    r = run_train("--cfg", cfg, "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    video = tmp_path / "episode.mp4"
+    r = run_eval("--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", "1", "--no-mpc", "--video", video,
+                 "--report", tmp_path / "report.json")
+    assert r.returncode == 0, r.stderr
+    frames = imageio.imread(video)
+    assert frames.shape[0] == 501 and frames.shape[1:] == (240, 320, 3)  # reset frame + 500 agent steps
+    assert frames.std() > 5  # a rendered scene, not a blank image
