@@ -33,6 +33,7 @@ from tdmpc.evaluate import check_dims_match, read_checkpoint, run_episodes
 from tdmpc.logger import RunLogger
 from tdmpc.world_model import ModelDims
 
+
 class TrainingDiverged(RuntimeError):
     """Most updates produce non-finite gradients; continuing would waste the allocation."""
 
