@@ -42,7 +42,7 @@ def test_small_agent_learns_pendulum(tmp_path):
     cfg = tmp_path / "learn.json"
     cfg.write_text(json.dumps(CONFIG))
     r = subprocess.run([sys.executable, "-m", "tdmpc.train", "--cfg", str(cfg), "--run-dir", str(tmp_path / "run")],
-                       capture_output=True, text=True, timeout=600)
+                       capture_output=True, text=True, timeout=1200)
     assert r.returncode == 0, r.stderr
     final = float((tmp_path / "run" / "eval.csv").read_text().strip().splitlines()[-1].split(",")[2])
     assert final > THRESHOLD, f"eval return {final:.0f} after {CONFIG['steps']} steps: learning is broken"
