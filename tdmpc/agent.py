@@ -39,11 +39,12 @@ class Agent:
         self.cfg, self.dims, self.device = cfg, dims, device
         self.episode_length = episode_length
         self.discount = discount_for(episode_length, cfg)
-        self.dtype = resolve_dtype(cfg.precision, device)
+        self.plan_dtype = resolve_dtype(cfg.precision, device)
+        self.train_dtype = resolve_dtype(cfg.train_precision, device)
         self.model = WorldModel(dims).to(device)
         self.model.eval()
         # Planning reads a frozen copy in the planning dtype, refreshed lazily after updates.
-        self.plan_model = planning_copy(self.model, self.dtype)
+        self.plan_model = planning_copy(self.model, self.plan_dtype)
         self._plan_model_stale = False
         m = self.model
         fused = dict(fused=True, capturable=device.type == "cuda")
@@ -87,7 +88,7 @@ class Agent:
 
     def _autocast(self):
         # The autocast weight cache must be off while CUDA graphs capture.
-        return torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32,
+        return torch.autocast(self.device.type, dtype=self.train_dtype, enabled=self.train_dtype != torch.float32,
                               cache_enabled=not self.graphs)
 
     @torch.inference_mode()

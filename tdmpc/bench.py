@@ -106,10 +106,11 @@ def random_batch(agent: Agent, B: int = 256) -> Batch:
 
 def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: int, peaks: dict,
                 precision: str = "auto") -> dict:
+    """plan() in the planning dtype; update() in both training precisions (fp32 is the default)."""
     agent = make_agent(size, device, precision)
-    dtype = agent.dtype
+    dtype = agent.plan_dtype
     peak = peaks["bf16" if dtype == torch.bfloat16 else "fp32"]["peak"]
-    res: dict = {"model_size": size, "dtype": str(dtype).replace("torch.", ""), "plan": {}}
+    res: dict = {"model_size": size, "dtype": str(dtype).replace("torch.", ""), "plan": {}, "update": {}}
     for n in envs:
         obs = np.random.randn(n, OBS_DIM).astype(np.float32)
         first = np.zeros(n, dtype=bool)
@@ -118,10 +119,13 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
         flops = count_flops(fn)
         res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": flops / 1e9,
                           "fraction_of_peak": flops / t / 1e9 / peak}
-    batch = random_batch(agent)
-    t = timeit(lambda: agent.update(batch), device, reps)
-    flops = count_flops(lambda: agent.update(batch))
-    res["update"] = {"ms": t * 1e3, "gflop": flops / 1e9, "fraction_of_peak": flops / t / 1e9 / peak}
+    for train_precision in ("fp32", "bf16"):
+        agent = make_agent(size, device, precision, train_precision=train_precision)
+        batch = random_batch(agent)
+        t = timeit(lambda: agent.update(batch), device, reps)
+        flops = count_flops(lambda: agent.update(batch))
+        res["update"][train_precision] = {"ms": t * 1e3, "gflop": flops / 1e9,
+                                          "fraction_of_peak": flops / t / 1e9 / peaks[train_precision]["peak"]}
     return res
 
 
@@ -213,12 +217,16 @@ def print_table(r: dict) -> None:
         for n, p in m["plan"].items():
             print(f"{'plan N=' + str(n) + ', ' + tag:<28}{p['ms']:>10.1f}{p['actions_per_s']:>12.1f}"
                   f"{p['gflop']:>9.2f}{100 * p['fraction_of_peak']:>8.0f}%")
-        u = m["update"]
-        print(f"{'update B=256, ' + tag:<28}{u['ms']:>10.1f}{'':>12}{u['gflop']:>9.2f}{100 * u['fraction_of_peak']:>8.0f}%")
+        for tp, u in m["update"].items():
+            tag = f"size {m['model_size']} ({tp}{', default' if tp == Config.train_precision else ''})"
+            print(f"{'update B=256, ' + tag:<28}{u['ms']:>10.1f}{'':>12}{u['gflop']:>9.2f}"
+                  f"{100 * u['fraction_of_peak']:>8.0f}%")
     for size, p in r.get("plain_fp32", {}).items():
         fast = next(m for m in r["models"] if m["model_size"] == int(size))
+        update = fast["update"][Config.train_precision]["ms"]
         print(f"plain fp32 eager, size {size}: plan {p['plan_ms']:.1f} ms ({p['plan_ms'] / fast['plan'][1]['ms']:.1f}x"
-              f" slower), update {p['update_ms']:.1f} ms ({p['update_ms'] / fast['update']['ms']:.1f}x slower)")
+              f" slower), update {p['update_ms']:.1f} ms ({p['update_ms'] / update:.1f}x slower than the"
+              f" default {Config.train_precision} update)")
     for n in r["models"][0]["plan"]:
         if n != 1:
             ratios = ", ".join(f"size {m['model_size']}: {m['plan'][n]['actions_per_s'] / m['plan'][1]['actions_per_s']:.2f}x"

@@ -133,7 +133,10 @@ class Config:
     device: str = "auto"
     """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
-    """'auto': bf16 where the hardware runs it fast (CUDA, AVX512-BF16/AMX CPUs)."""
+    """Acting and planning. 'auto': bf16 where the hardware runs it fast (CUDA, AVX512-BF16/AMX CPUs)."""
+    train_precision: Literal["fp32", "bf16"] = "fp32"
+    """Updates. bf16 autocast is ~2.5x faster on bf16 CPUs but learned far worse on cartpole-swingup
+    (RESULTS.md); fp32 is what the reference trains in."""
     cuda_graphs: bool = True
     """Capture plan() and update() as CUDA graphs on CUDA (eager everywhere else)."""
     threads: Optional[int] = None
@@ -217,7 +220,7 @@ def validate(cfg: Config) -> Config:
         raise bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if cfg.threads is not None and cfg.threads < 1:
         raise bad("threads", "must be >= 1")
-    for name in ("obs", "vectorization", "buffer_device", "precision"):
+    for name in ("obs", "vectorization", "buffer_device", "precision", "train_precision"):
         allowed = typing.get_args(_field_types()[name])
         if getattr(cfg, name) not in allowed:
             raise bad(name, f"must be one of {list(allowed)}")

@@ -69,7 +69,8 @@ class Target:
     label: str
     capacity: Optional[int]  # bytes; None when unknown (host memory without --gpu-mem)
     cuda: bool
-    dtype: torch.dtype  # autocast / planning dtype
+    dtype: torch.dtype  # planning dtype
+    train_dtype: torch.dtype  # update (autocast) dtype
 
     @property
     def budget(self) -> Optional[int]:
@@ -90,7 +91,7 @@ def cuda_target(cfg: Config, capacity: int, label: str, device: torch.device | N
         dtype = resolve_dtype(cfg.precision, device)
     else:
         dtype = torch.float32 if cfg.precision == "fp32" else torch.bfloat16
-    return Target(label, capacity, True, dtype)
+    return Target(label, capacity, True, dtype, resolve_dtype(cfg.train_precision, torch.device("cuda")))
 
 
 def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None = None) -> Target:
@@ -102,8 +103,9 @@ def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None 
     if device is not None and device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return cuda_target(cfg, props.total_memory, props.name, device)
-    return Target("host memory (no CUDA device here)", None, False,
-                  resolve_dtype(cfg.precision, torch.device("cpu")))
+    cpu = torch.device("cpu")
+    return Target("host memory (no CUDA device here)", None, False, resolve_dtype(cfg.precision, cpu),
+                  resolve_dtype(cfg.train_precision, cpu))
 
 
 # --- the estimate ----------------------------------------------------------------------
@@ -298,10 +300,10 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     envs = [cfg.num_envs] + eval_sizes(cfg)  # one planner per (num_envs, role)
     plan_acts = [plan_activation_bytes(cfg, n, dims, target.dtype) for n in envs] if cfg.mpc else [0]
     gradients = _nbytes(_world_model_params(model))
-    update = update_activation_bytes(cfg, dims, model, target.dtype)
+    update = update_activation_bytes(cfg, dims, model, target.train_dtype)
     buffer = replay_buffer_bytes(cfg, obs_shape, action_dim)
     graphs = target.cuda and cfg.cuda_graphs
-    dt = str(target.dtype).replace("torch.", "")
+    dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
     rows = f"{buffer // _row_bytes(cfg, obs_shape, action_dim):,} x {_row_bytes(cfg, obs_shape, action_dim):,} B"
     return MemoryEstimate(
         parameters=_nbytes(p for p in model.parameters() if id(p) not in in_target) + _nbytes(model.buffers()),
@@ -319,7 +321,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
         learnable=sum(p.numel() for p in learnable),
         notes={"parameters": f"{sum(p.numel() for p in learnable) / 1e6:.2f}M learnable",
                "planning_copy": f"matmul weights in {dt}",
-               "update_activations": f"batch {cfg.batch_size}, horizon {cfg.horizon}, {dt}",
+               "update_activations": f"batch {cfg.batch_size}, horizon {cfg.horizon}, {train_dt}",
                "planner_buffers": f"{cfg.num_samples} samples; train {cfg.num_envs} env(s)"
                                   + (f", eval {'/'.join(map(str, eval_sizes(cfg)))}" if eval_sizes(cfg) else ""),
                "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",

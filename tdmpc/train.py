@@ -339,8 +339,8 @@ class Trainer:
         if self._metric_n >= 10 and row.get("skipped", 0.0) > 0.5:
             raise TrainingDiverged(
                 f"training diverged: {row['skipped']:.0%} of the last {self._metric_n} updates had non-finite "
-                f"gradients and were skipped; the last checkpoint is in {self.ckpt_dir}. Try a lower --lr or "
-                f"--precision fp32")
+                f"gradients and were skipped; the last checkpoint is in {self.ckpt_dir}. Try a lower --lr"
+                + (" or --train-precision fp32" if self.cfg.train_precision == "bf16" else ""))
         self._metric_sum, self._metric_n, self._ended = None, 0, []
         self._mark = (now, c.env_step, c.updates)
         c.next_log = _next_multiple(c.env_step, self.cfg.log_every)

@@ -52,6 +52,48 @@ def test_fused_backward_matches_autograd_of_plain(shape, G, heads_first):
         assert (a - b).abs().max() < 1e-4 * (1 + b.abs().max())
 
 
+@needs_ext
+@pytest.mark.parametrize("shape,G,heads_first", LAYOUTS)
+def test_fused_bf16_backward_matches_fp32_autograd_of_plain(shape, G, heads_first):
+    """bf16 training goes through this path: its gradients must be fp32's up to bf16 rounding."""
+    x16 = (torch.randn(*shape) * 3 + 1).bfloat16().requires_grad_()
+    x32 = x16.detach().float().requires_grad_()
+    gamma, beta = 1 + 0.3 * torch.randn(G, 96), 0.2 * torch.randn(G, 96)
+    go = torch.randn(shape).bfloat16()
+    g16, g32 = (gamma.clone().requires_grad_(), gamma.clone().requires_grad_())
+    b16, b32 = (beta.clone().requires_grad_(), beta.clone().requires_grad_())
+    fast = torch.autograd.grad(fused.ln_act(x16, g16, b16, "mish", heads_first), (x16, g16, b16), go)
+    plain = torch.autograd.grad(fused._plain(x32, g32, b32, "mish", heads_first), (x32, g32, b32), go.float())
+    assert fast[0].dtype == torch.bfloat16 and fast[1].dtype == torch.float32
+    assert ((fast[0].float() - plain[0]).abs() <= 1e-2 * (plain[0].abs() + plain[0].abs().mean())).all()
+    for a, b in zip(fast[1:], plain[1:]):  # accumulated in fp32 from bf16 inputs
+        assert (a - b).norm() < 1e-4 * b.norm()
+
+
+class DtypesSeen(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.dtypes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.dtypes |= {t.dtype for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)}
+        return out
+
+
+@pytest.mark.parametrize("train_precision", ["fp32", "bf16"])
+def test_train_precision_is_separate_from_planning_precision(train_precision):
+    cfg = Config(model_size=1, precision="bf16", train_precision=train_precision, num_samples=32, num_elites=4,
+                 num_pi_trajs=2, iterations=1, batch_size=8)
+    agent = Agent(cfg, ModelDims.from_config(cfg, (24,), 6, False), 500, torch.device("cpu"))
+    assert next(agent.plan_model.parameters()).dtype == torch.bfloat16
+    H, B = cfg.horizon, cfg.batch_size
+    batch = Batch(torch.randn(H + 1, B, 24), torch.rand(H, B, 6), torch.randn(H, B), torch.zeros(H, B, dtype=bool))
+    with DtypesSeen() as seen:
+        agent.update(batch)
+    assert (torch.bfloat16 in seen.dtypes) == (train_precision == "bf16"), seen.dtypes
+
+
 def test_fused_next_and_reward_match_separate_heads():
     m = WorldModel(ModelDims.from_config(Config(model_size=1), (24,), 6, False)).eval()
     for p in m.parameters():

@@ -21,7 +21,7 @@ TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_
             num_samples=32, num_elites=4, num_pi_trajs=2, iterations=2, batch_size=16, buffer_size=5000,
             seed_steps=200, eval_freq=10000, eval_episodes=0, log_every=100, save_every=10000, steps=400,
             precision="fp32", progress=False, tensorboard=False, device="cpu", threads=1)
-CPU_FP32 = memory.Target("cpu", None, False, torch.float32)
+CPU_FP32 = memory.Target("cpu", None, False, torch.float32, torch.float32)
 
 
 def _bytes(tensors) -> int:
