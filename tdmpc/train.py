@@ -27,7 +27,7 @@ from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.cli import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
 from tdmpc.config import MODEL_SIZES, Config, from_dict, load_json, parse_cli, peek_flag, save_json, validate
-from tdmpc.device import DeviceError, resolve_device
+from tdmpc.device import DeviceError, resolve_device, resolve_dtype
 from tdmpc.envs import EnvSpec, env_rng_state, make_env, make_vector_env, set_env_rng_state
 from tdmpc.evaluate import check_dims_match, read_checkpoint, run_episodes
 from tdmpc.logger import RunLogger
@@ -568,6 +568,19 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(lambda: _main(argv))
 
 
+def _legacy_train_precision(cfg: Config) -> Config:
+    """A run saved before train_precision existed trained in its planning precision: a resume keeps that."""
+    try:
+        dtype = resolve_dtype(cfg.precision, resolve_device(cfg.device))
+    except DeviceError:
+        return cfg  # reported when the device is resolved for the run
+    if dtype != torch.bfloat16:
+        return cfg
+    print("resume: this run predates train_precision and trained in bf16; it keeps doing so "
+          "(--train-precision fp32 switches, as new runs default to)", file=sys.stderr)
+    return dataclasses.replace(cfg, train_precision="bf16")
+
+
 def _main(argv: list[str]) -> int:
     resume, cfg_name = peek_flag(argv, "--resume"), peek_flag(argv, "--cfg")
     if resume and cfg_name:
@@ -578,7 +591,10 @@ def _main(argv: list[str]) -> int:
         if not (Path(resume) / "checkpoints" / "latest.pt").is_file() or not config_file.is_file():
             raise BadInput(f"--resume {resume}: no run to continue there (need config.json and "
                            f"checkpoints/latest.pt)")
-        base = from_dict(json.loads(config_file.read_text()), source=str(config_file))
+        raw = json.loads(config_file.read_text())
+        base = from_dict(raw, source=str(config_file))
+        if "train_precision" not in raw:
+            base = _legacy_train_precision(base)
     else:
         base = load_json(cfg_name) if cfg_name else Config()
     args, cfg = parse_cli(TrainArgs, argv, base, prog="python -m tdmpc.train",

@@ -219,3 +219,10 @@ def test_evaluate_records_a_video_through_mujoco_offscreen_rendering(tmp_path):
     frames = imageio.imread(video)
     assert frames.shape[0] == 501 and frames.shape[1:] == (240, 320, 3)  # reset frame + 500 agent steps
     assert frames.std() > 5  # a rendered scene, not a blank image
+
+
+def test_resume_of_a_run_older_than_train_precision_keeps_its_bf16_updates():
+    from tdmpc.train import _legacy_train_precision
+
+    assert _legacy_train_precision(Config(precision="bf16", device="cpu")).train_precision == "bf16"
+    assert _legacy_train_precision(Config(precision="fp32", device="cpu")).train_precision == "fp32"
