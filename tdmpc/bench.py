@@ -211,15 +211,15 @@ def print_table(r: dict) -> None:
     print(f"\n{r['machine']['cpu']} ({r['machine']['cores']} cores) | {r['machine'].get('gpu', 'no GPU')} | "
           f"torch {r['machine']['torch']} | device {r['machine']['device']}")
     print(f"matmul peak: fp32 {r['peak']['fp32']['peak']:.0f} GFLOP/s, bf16 {r['peak']['bf16']['peak']:.0f} GFLOP/s")
-    print(f"{'call':<28}{'ms':>10}{'actions/s':>12}{'GFLOP':>9}{'% peak':>9}")
+    print(f"{'call':<38}{'ms':>10}{'actions/s':>12}{'GFLOP':>9}{'% peak':>9}")
     for m in r["models"]:
         tag = f"size {m['model_size']} ({m['dtype']})"
         for n, p in m["plan"].items():
-            print(f"{'plan N=' + str(n) + ', ' + tag:<28}{p['ms']:>10.1f}{p['actions_per_s']:>12.1f}"
+            print(f"{'plan N=' + str(n) + ', ' + tag:<38}{p['ms']:>10.1f}{p['actions_per_s']:>12.1f}"
                   f"{p['gflop']:>9.2f}{100 * p['fraction_of_peak']:>8.0f}%")
         for tp, u in m["update"].items():
             tag = f"size {m['model_size']} ({tp}{', default' if tp == Config.train_precision else ''})"
-            print(f"{'update B=256, ' + tag:<28}{u['ms']:>10.1f}{'':>12}{u['gflop']:>9.2f}"
+            print(f"{'update B=256, ' + tag:<38}{u['ms']:>10.1f}{'':>12}{u['gflop']:>9.2f}"
                   f"{100 * u['fraction_of_peak']:>8.0f}%")
     for size, p in r.get("plain_fp32", {}).items():
         fast = next(m for m in r["models"] if m["model_size"] == int(size))
