@@ -40,7 +40,7 @@ OBS_DIM, ACTION_DIM = 24, 6  # walker-walk, the anchors' dims
 @dataclass
 class BenchArgs:
     quick: bool = False
-    """Fewer repetitions and shorter runs (about a minute on 2 CPU cores)."""
+    """Fewer repetitions and shorter runs (about 3 minutes on 2 CPU cores)."""
     device: str = "auto"
     out: Path = Path("bench.json")
     sizes: tuple[int, ...] = (1, 5)
