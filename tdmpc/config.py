@@ -135,7 +135,7 @@ class Config:
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """Acting and planning. 'auto': bf16 where the hardware runs it fast (CUDA, AVX512-BF16/AMX CPUs)."""
     train_precision: Literal["fp32", "bf16"] = "fp32"
-    """Updates. bf16 autocast is ~2.5x faster on bf16 CPUs but learned far worse on cartpole-swingup
+    """Updates. bf16 autocast is 2-3x faster on bf16 CPUs but learned far worse on cartpole-swingup
     (RESULTS.md); fp32 is what the reference trains in."""
     cuda_graphs: bool = True
     """Capture plan() and update() as CUDA graphs on CUDA (eager everywhere else)."""

@@ -91,7 +91,8 @@ def cuda_target(cfg: Config, capacity: int, label: str, device: torch.device | N
         dtype = resolve_dtype(cfg.precision, device)
     else:
         dtype = torch.float32 if cfg.precision == "fp32" else torch.bfloat16
-    return Target(label, capacity, True, dtype, resolve_dtype(cfg.train_precision, torch.device("cuda")))
+    # train_precision is never "auto", so its dtype does not depend on the device
+    return Target(label, capacity, True, dtype, resolve_dtype(cfg.train_precision, torch.device("cpu")))
 
 
 def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None = None) -> Target:
