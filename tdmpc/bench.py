@@ -120,7 +120,8 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
         res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": flops / 1e9,
                           "fraction_of_peak": flops / t / 1e9 / peak}
     for train_precision in ("fp32", "bf16"):
-        agent = make_agent(size, device, precision, train_precision=train_precision)
+        if train_precision != agent.cfg.train_precision:
+            agent = make_agent(size, device, precision, train_precision=train_precision)
         batch = random_batch(agent)
         t = timeit(lambda: agent.update(batch), device, reps)
         flops = count_flops(lambda: agent.update(batch))
