@@ -162,13 +162,14 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
     R = spec.action_repeat
     over = dict(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3, batch_size=64) \
         if small else {}
+    settle = 20  # agent steps after the pretraining burst, before timing starts
     cfg = validate(Config(task=task, device=str(device), seed_steps=warmup_steps * R,
-                          steps=(warmup_steps + agent_steps) * R, eval_freq=10**9, eval_episodes=0,
+                          steps=(warmup_steps + settle + agent_steps) * R, eval_freq=10**9, eval_episodes=0,
                           save_every=10**9, log_every=10**9, progress=False, tensorboard=False,
-                          buffer_size=max(10_000, (warmup_steps + agent_steps) * 2), **over))
+                          buffer_size=max(10_000, (warmup_steps + settle + agent_steps) * 2), **over))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", device)
-        while trainer.c.env_step < cfg.seed_steps + 20 * R:  # seeding, pretraining burst, and a few steps
+        while trainer.c.env_step < cfg.seed_steps + settle * R:  # seeding, pretraining burst, settling
             trainer._step()
         gc.collect()
         rss0, t0, s0 = rss_mb(), time.perf_counter(), trainer.c.env_step
