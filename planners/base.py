@@ -15,7 +15,8 @@ class PolicyOutput(NamedTuple):
     action: Tensor  # sampled action in [-1, 1]
     mean: Tensor  # deterministic action in [-1, 1]
     log_std: Tensor
-    log_prob: Tensor
+    entropy: Tensor  # -log-prob of `action`, squash correction included: (..., 1)
+    scaled_entropy: Tensor  # the reference's entropy bonus: -(active action dims) x Gaussian log-prob, (..., 1)
 
 
 class LatentModel(Protocol):

@@ -143,9 +143,8 @@ class Agent:
                      + cfg.value_coef * losses["value_loss"])
             if m.episodic:
                 term_logits = m.termination(zs[1:], logits=True).squeeze(-1).float()
-                term_bce = F.binary_cross_entropy_with_logits(
-                    term_logits, batch.terminated.float(), reduction="none").mean(1)
-                losses["termination_loss"] = (rho * term_bce).mean()
+                # A plain mean over steps and batch, without rho weights, as the reference computes it.
+                losses["termination_loss"] = F.binary_cross_entropy_with_logits(term_logits, batch.terminated.float())
                 total = total + cfg.termination_coef * losses["termination_loss"]
         total.backward()
         grad_norm, skipped = self._step(self.optim)
@@ -163,12 +162,11 @@ class Agent:
             policy = m.pi(zs)
             q = m.q_value(zs, policy.action, "avg", detach=True).float()
         self._update_scale(q[0])
-        entropy = -policy.log_prob.float()
-        scaled_entropy = entropy * self.dims.action_dim
-        loss = -(self._rho * (cfg.entropy_coef * scaled_entropy + q / self.scale).mean((1, 2))).mean()
+        loss = -(self._rho * (cfg.entropy_coef * policy.scaled_entropy + q / self.scale).mean((1, 2))).mean()
         loss.backward()
         grad_norm, skipped = self._step(self.pi_optim)
-        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped, "pi_entropy": entropy.mean().detach(),
+        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped,
+                "pi_entropy": policy.entropy.mean().detach(), "pi_scaled_entropy": policy.scaled_entropy.mean().detach(),
                 "pi_scale": self.scale.clone()}
 
     @torch.no_grad()

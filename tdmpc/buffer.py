@@ -7,6 +7,11 @@ reset observation. Truncation needs no flag: the next row simply starts a new ep
 A start row s is *valid* when rows s..s+H are one episode, written in order. Validity
 is settled at write time (writing row p with episode step >= H validates p - H), so
 sampling is uniform over valid starts with one multinomial and no Python loop.
+
+Unlike the reference, which samples only finished episodes (its buffer stores whole
+episodes), the episode in progress is sampled too, on purpose: its newest transitions are
+learned from at once instead of up to an episode later (500 agent steps on DMC), and an
+env that never ends an episode still trains.
 """
 
 from __future__ import annotations

@@ -136,14 +136,20 @@ class WorldModel(nn.Module):
         out = self._termination(z)
         return out if logits else torch.sigmoid(out)
 
-    def pi(self, z: Tensor) -> Policy:
+    def pi(self, z: Tensor, eps: Tensor | None = None) -> Policy:
+        """Squashed Gaussian policy prior; `eps` (the N(0, 1) draw) is sampled unless given.
+
+        The entropy bonus is the reference's scaled entropy, -A x the Gaussian log-prob *before*
+        the tanh correction, written as it writes it (entropy x scaled_log_prob / log_prob)."""
         mean, log_std = self._pi(z).float().chunk(2, dim=-1)
         log_std = self.log_std_min + 0.5 * self.log_std_dif * (torch.tanh(log_std) + 1)
-        eps = torch.randn_like(mean)
-        log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
+        eps = torch.randn_like(mean) if eps is None else eps
+        gaussian_log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
         action = torch.tanh(mean + eps * log_std.exp())
-        log_prob = log_prob - torch.log(torch.relu(1 - action.pow(2)) + 1e-6).sum(-1, keepdim=True)
-        return Policy(action, torch.tanh(mean), log_std, log_prob)
+        log_prob = gaussian_log_prob - torch.log(torch.relu(1 - action.pow(2)) + 1e-6).sum(-1, keepdim=True)
+        scaled_log_prob = gaussian_log_prob * mean.shape[-1]
+        scaled_entropy = -log_prob * scaled_log_prob / (log_prob + 1e-8)
+        return Policy(action, torch.tanh(mean), log_std, -log_prob, scaled_entropy)
 
     def Q(self, z: Tensor, a: Tensor, heads: Tensor | None = None, target: bool = False,
           detach: bool = False) -> Tensor:

@@ -30,7 +30,8 @@ class QuadraticModel:
 
     def pi(self, z):
         a = torch.rand(z.shape[:-1] + (z.shape[-1],)) * 2 - 1
-        return PolicyOutput(a, a, torch.zeros_like(a), torch.zeros(z.shape[:-1] + (1,)))
+        zero = torch.zeros(z.shape[:-1] + (1,))
+        return PolicyOutput(a, a, torch.zeros_like(a), zero, zero)
 
     def decode(self, logits):
         return logits

@@ -26,7 +26,8 @@ def test_output_shapes():
     assert m.termination(z).shape == (7, 1) and ((m.termination(z) >= 0) & (m.termination(z) <= 1)).all()
     assert m.Q(z, a).shape == (2, 7, 101)
     p = m.pi(z)
-    assert p.action.shape == p.mean.shape == p.log_std.shape == (7, 6) and p.log_prob.shape == (7, 1)
+    assert p.action.shape == p.mean.shape == p.log_std.shape == (7, 6)
+    assert p.entropy.shape == p.scaled_entropy.shape == (7, 1)
     assert p.action.abs().max() <= 1 and (p.log_std >= -10).all() and (p.log_std <= 2).all()
     # time-major batches work too
     assert m.Q(torch.randn(3, 7, 128), torch.randn(3, 7, 6)).shape == (2, 3, 7, 101)
@@ -73,3 +74,18 @@ def test_soft_update_moves_targets_toward_online():
     before = m._target_Qs[0].weight.clone()
     m.soft_update_targets(0.01)
     assert torch.allclose(m._target_Qs[0].weight, before + 0.01 * (m._Qs[0].weight - before))
+
+
+def test_entropy_bonus_is_the_references_pre_squash_scaled_entropy():
+    """scaled_entropy = -A x the Gaussian log-prob before the tanh correction (reference world_model.pi);
+    with saturated means the squash correction would otherwise dominate it."""
+    m = make(1).eval()
+    z, eps = m.encode(torch.randn(32, 24)), torch.randn(32, 6)
+    with torch.no_grad():
+        m._pi[-1].bias[:6] = 3.0  # saturated means: tanh(3)
+        p = m.pi(z, eps=eps)
+    gaussian = (-0.5 * eps.pow(2) - p.log_std - 0.9189385175704956).sum(-1, keepdim=True)
+    assert torch.allclose(p.scaled_entropy, -6 * gaussian, rtol=1e-4, atol=1e-3)
+    squash = torch.log(torch.relu(1 - p.action.pow(2)) + 1e-6).sum(-1, keepdim=True)
+    assert torch.allclose(p.entropy, -(gaussian - squash), rtol=1e-5, atol=1e-4)
+    assert (p.entropy * 6 - p.scaled_entropy).abs().mean() > 10  # the tanh-corrected version differs a lot here
