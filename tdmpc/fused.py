@@ -12,63 +12,111 @@ Per-group affine parameters cover the layouts the model uses with one call:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
+import shutil
 import sys
+import sysconfig
+import tempfile
 import threading
 from pathlib import Path
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 _SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
+_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
+_LDFLAGS = ["-fopenmp"]
 _lock = threading.Lock()
 _state: dict[str, bool] = {}
 
 
-def _machine_tag() -> str:
-    """The build uses -march=native, so a cached build is only valid on the same CPU type."""
+def _build_tag() -> str:
+    """What a built library depends on: the CPU's flags (-march=native), torch's version and ABI,
+    the Python ABI, the compiler flags and the source. Venvs that agree share one build."""
     flags = ""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((ln for ln in f if ln.startswith("flags")), "")
     except OSError:
         pass
-    key = f"{platform.machine()}|{flags}|{torch.__version__}|{_SOURCE.read_bytes().hex()}"
+    key = "|".join([platform.machine(), flags, torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
+                    sysconfig.get_config_var("SOABI") or "", *_CFLAGS, *_LDFLAGS, _SOURCE.read_bytes().hex()])
     return hashlib.sha1(key.encode()).hexdigest()[:12]
 
 
+def cache_dir() -> Path:
+    return Path(os.environ.get("TDMPC_BUILD_DIR", Path.home() / ".cache" / "tdmpc"))
+
+
 def extension_available() -> bool:
-    """Build (first time on this machine, ~30 s) and load the CPU kernels; False if that is impossible."""
+    """Load the CPU kernels (built on first use on this machine, ~30 s); False if that is impossible."""
     if "ok" in _state:
         return _state["ok"]
     with _lock:
         if "ok" not in _state:
-            _state["ok"] = _build()
+            _state["ok"] = _load()
     return _state["ok"]
 
 
-def _build() -> bool:
+@contextlib.contextmanager
+def build_lock(path: Path) -> Iterator[None]:
+    """An exclusive flock: the kernel releases it when its holder dies, however it dies, so a
+    killed build can never leave a lock that makes later processes wait forever."""
+    import fcntl  # POSIX; the kernels are only built on Linux
+
+    with open(path, "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"tdmpc: waiting for another process building the fused CPU kernels ({path})", file=sys.stderr)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _load() -> bool:
+    """A built library is loaded directly (no lock, no ninja); a missing one is built once, under
+    build_lock, in a private directory, and renamed into place when complete."""
     if os.environ.get("TDMPC_FUSED", "1") == "0" or sys.platform != "linux":
         return False
     try:
-        from torch.utils.cpp_extension import load
-
-        name = f"tdmpc_fused_{_machine_tag()}"
-        build_dir = Path(os.environ.get("TDMPC_BUILD_DIR", Path.home() / ".cache" / "tdmpc" / name))
-        build_dir.mkdir(parents=True, exist_ok=True)
-        if not any(build_dir.glob("*.so")):
-            print("tdmpc: building the fused CPU kernels (once per machine, ~30 s)...", file=sys.stderr)
-        load(name=name, sources=[str(_SOURCE)], build_directory=str(build_dir), is_python_module=False,
-             extra_cflags=["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"],
-             extra_ldflags=["-fopenmp"], verbose=False)
+        name = f"tdmpc_fused_{_build_tag()}"
+        root = cache_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        library = root / f"{name}.so"
+        if not library.is_file():
+            with build_lock(root / f".{name}.lock"):
+                if not library.is_file():
+                    _compile(name, root, library)
+                    return True  # cpp_extension.load has loaded it already
+        torch.ops.load_library(str(library))
         return True
     except Exception as e:  # no compiler, no ninja, an exotic platform: the plain formula still works
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         print(f"tdmpc: fused CPU kernels unavailable ({first}); using the plain formula", file=sys.stderr)
         return False
+
+
+def _compile(name: str, root: Path, library: Path) -> None:
+    from torch.utils.cpp_extension import load
+
+    for stale in root.glob(f".build-{name}-*"):  # left by killed builds: we hold the lock, nobody uses them
+        shutil.rmtree(stale, ignore_errors=True)
+    print("tdmpc: building the fused CPU kernels (once per machine and torch version, ~30 s)...", file=sys.stderr)
+    build = Path(tempfile.mkdtemp(dir=root, prefix=f".build-{name}-"))
+    try:
+        load(name=name, sources=[str(_SOURCE)], build_directory=str(build), is_python_module=False,
+             extra_cflags=_CFLAGS, extra_ldflags=_LDFLAGS, verbose=False)
+        os.replace(build / f"{name}.so", library)
+    finally:
+        shutil.rmtree(build, ignore_errors=True)
 
 
 def _plain(x: Tensor, gamma: Tensor, beta: Tensor, act: str, heads_first: bool, group: int = 8) -> Tensor:
