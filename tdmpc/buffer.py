@@ -29,12 +29,18 @@ from tdmpc.checkpoint import atomic_write
 
 @dataclass
 class Batch:
-    """B sub-trajectories, time first: obs (H+1, B, ...), the rest (H, B[, A])."""
+    """B sub-trajectories, time first: obs (H+1, B, ...), the rest (H, B[, A]); task (B,) ids of a
+    multi-task batch (one per sub-trajectory), None for a single-task one."""
 
     obs: Tensor
     action: Tensor
     reward: Tensor
     terminated: Tensor
+    task: Tensor | None = None
+
+
+# The per-row arrays a saved buffer holds, each (num_envs, filled, ...).
+BUFFER_FIELDS = ("obs", "action", "reward", "terminated", "first", "valid")
 
 
 class ReplayBuffer:
@@ -54,6 +60,7 @@ class ReplayBuffer:
         self.action = torch.zeros((N, C, action_dim), **kw)
         self.reward = torch.zeros((N, C), **kw)
         self.terminated = torch.zeros((N, C), dtype=torch.bool, **kw)
+        self.first = torch.zeros((N, C), dtype=torch.bool, device=self.storage)  # the row starts an episode
         self.valid = torch.zeros((N, C), dtype=torch.bool, device=self.storage)
         # Host bookkeeping: write pointers, episode steps, and a mirror of `valid` for counting.
         self.ptr = np.zeros(N, dtype=np.int64)
@@ -71,7 +78,7 @@ class ReplayBuffer:
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.obs, self.action, self.reward, self.terminated,
-                                                           self.valid))
+                                                           self.first, self.valid))
 
     def _rows(self, envs: np.ndarray) -> tuple[Tensor, Tensor, np.ndarray]:
         """Claim the next row of each env in `envs`; returns device (env, row) indices."""
@@ -96,6 +103,7 @@ class ReplayBuffer:
         self.action[e, r] = 0
         self.reward[e, r] = 0
         self.terminated[e, r] = False
+        self.first[e, r] = True
         self._set_valid(envs, rows, False)
         self.ep_step[envs] = 0
 
@@ -109,6 +117,7 @@ class ReplayBuffer:
         self.action[e, r] = action.to(self.storage, torch.float32)
         self.reward[e, r] = reward.to(self.storage, torch.float32)
         self.terminated[e, r] = terminated.to(self.storage, torch.bool)
+        self.first[e, r] = False
         self._set_valid(envs, rows, False)
         self.ep_step += 1
         ready = self.ep_step >= self.H
@@ -144,7 +153,7 @@ class ReplayBuffer:
 
         def write(tmp: Path) -> None:
             with h5py.File(tmp, "w") as f:
-                for name in ("obs", "action", "reward", "terminated", "valid"):
+                for name in BUFFER_FIELDS:
                     f.create_dataset(name, data=getattr(self, name)[:, :F].cpu().numpy())
                 f.create_dataset("ptr", data=self.ptr)
                 f.create_dataset("ep_step", data=self.ep_step)
@@ -161,7 +170,9 @@ class ReplayBuffer:
                                  f"{a['num_envs']} envs, horizon {a['horizon']}; this run has "
                                  f"{self.C}, {self.N}, {self.H}")
             F = int(a["filled"])
-            for name in ("obs", "action", "reward", "terminated", "valid"):
+            for name in BUFFER_FIELDS:
+                if name == "first" and name not in f:  # saved before episode starts were recorded
+                    continue
                 getattr(self, name)[:, :F] = torch.from_numpy(f[name][...]).to(self.storage)
             self.ptr[:] = f["ptr"][...]
             self.ep_step[:] = f["ep_step"][...]

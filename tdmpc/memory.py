@@ -222,13 +222,13 @@ def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype
 
 def replay_buffer_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int) -> int:
     """ReplayBuffer.nbytes: N x C rows of obs (fp32 state, uint8 pixels), action and reward (fp32),
-    terminated and valid (bool)."""
+    terminated, first and valid (bool)."""
     rows = (cfg.buffer_size // cfg.num_envs) * cfg.num_envs
     return rows * _row_bytes(cfg, obs_shape, action_dim)
 
 
 def _row_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int) -> int:
-    return math.prod(obs_shape) * (1 if cfg.obs == "rgb" else 4) + 4 * action_dim + 4 + 1 + 1
+    return math.prod(obs_shape) * (1 if cfg.obs == "rgb" else 4) + 4 * action_dim + 4 + 1 + 1 + 1
 
 
 def _encoder_saved(dims: ModelDims, rows: int, d: int, hid: int, sim: int) -> int:

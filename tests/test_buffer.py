@@ -101,3 +101,11 @@ def test_hdf5_round_trip(tmp_path):
         assert torch.equal(getattr(buf, name), getattr(other, name)), name
     assert np.array_equal(buf.ptr, other.ptr) and np.array_equal(buf.ep_step, other.ep_step)
     assert other.num_valid_starts == buf.num_valid_starts
+
+
+def test_first_marks_exactly_the_rows_that_start_episodes():
+    buf = fill(2, 2, 10, [[0, 1], [2, 0], [0, 0], [1, 2]])
+    obs = buf.obs.numpy()
+    starts = obs[..., 1] == 0  # step 0 in the episode (written rows have episode ids > 0)
+    written = obs[..., 0] > 0
+    assert np.array_equal(buf.first.numpy(), starts & written)
