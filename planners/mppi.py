@@ -12,19 +12,21 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from planners.base import LatentModel
+from .base import LatentModel
 
 
 @dataclass(frozen=True)
 class MPPIConfig:
-    horizon: int = 3
-    iterations: int = 6
-    num_samples: int = 512
-    num_elites: int = 64
-    num_pi_trajs: int = 24
-    min_std: float = 0.05
-    max_std: float = 2.0
-    temperature: float = 0.5
+    """The planning settings (tdmpc.config.Config documents each; its values are the defaults)."""
+
+    horizon: int
+    iterations: int
+    num_samples: int
+    num_elites: int
+    num_pi_trajs: int
+    min_std: float
+    max_std: float
+    temperature: float
 
     @classmethod
     def from_config(cls, cfg, action_dim: int) -> "MPPIConfig":

@@ -1,7 +1,8 @@
 """The TD-MPC2 agent: acts by planning with the world model, learns from replayed sub-trajectories.
 
-Nothing in act() or update() reads a value back to the host: metrics stay on the device
-and non-finite updates are skipped by the fused optimiser itself.
+act() copies its actions back to the host, the one device->host copy per step; update()
+reads nothing back: metrics stay on the device and non-finite updates are skipped by the
+fused optimiser itself.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from planners.mppi import MPPI, MPPIConfig
+from tdmpc.planners.mppi import MPPI, MPPIConfig
 from tdmpc import checkpoint
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.cuda_graphs import CUDAGraphed
-from tdmpc.device import resolve_dtype
+from tdmpc.device import resolve_device, resolve_dtype
 from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
 
@@ -38,6 +39,7 @@ class Agent:
     def __init__(self, cfg: Config, dims: ModelDims, episode_length: int, device: torch.device):
         self.cfg, self.dims, self.device = cfg, dims, device
         self.episode_length = episode_length
+        self.imported_from_reference = False  # set by from_checkpoint for a reference TD-MPC2 file
         self.discount = discount_for(episode_length, cfg)
         self.plan_dtype = resolve_dtype(cfg.precision, device)
         self.train_dtype = resolve_dtype(cfg.train_precision, device)
@@ -92,11 +94,19 @@ class Agent:
                               cache_enabled=not self.graphs)
 
     @torch.inference_mode()
-    def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor, eval_mode: bool = False,
-            role: str | None = None) -> np.ndarray:
-        """obs (N, ...) and first_step (N,) -> actions (N, A) as a numpy array: the one device->host copy."""
-        obs = torch.as_tensor(obs).to(self.device, non_blocking=True)
-        first = torch.as_tensor(first_step, dtype=torch.bool).to(self.device, non_blocking=True)
+    def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None = None,
+            eval_mode: bool = False, role: str | None = None) -> np.ndarray:
+        """Actions in [-1, 1] for one observation (-> (A,)) or a batch of N (-> (N, A)), as numpy.
+
+        first_step marks envs whose episode just began (True for all at the first call of an
+        episode): their plan starts afresh instead of from the last plan's mean. Default: none."""
+        obs = torch.as_tensor(obs)
+        single = obs.dim() == len(self.dims.obs_shape)
+        obs = (obs.unsqueeze(0) if single else obs).to(self.device, non_blocking=True)
+        n = obs.shape[0]
+        first = torch.zeros(n, dtype=torch.bool) if first_step is None else \
+            torch.as_tensor(first_step, dtype=torch.bool).reshape(-1).expand(n)
+        first = first.to(self.device, non_blocking=True)
         if self._plan_model_stale:
             sync_copy(self.plan_model, self.model)
             self._plan_model_stale = False
@@ -105,7 +115,8 @@ class Agent:
         else:
             policy = self.plan_model.pi(self.plan_model.encode(obs))
             a = policy.mean if eval_mode else policy.action
-        return a.float().cpu().numpy()
+        actions = a.float().cpu().numpy()
+        return actions[0] if single else actions
 
     # --- learning -----------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, Tensor]:
@@ -220,3 +231,24 @@ class Agent:
         obj = checkpoint.load_file(path)
         self.load_state_dict(obj, str(path))
         return obj
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, task: str | None = None, device: str = "auto",
+                        **overrides: object) -> "Agent":
+        """An agent from one of our checkpoints or a reference TD-MPC2 one, ready to act.
+
+        A reference file does not name its task: pass `task`, whose episode length sets the
+        discount. `overrides` are Config fields (e.g. num_samples=256, mpc=False)."""
+        from tdmpc.envs import episode_length  # the envs pull in gymnasium; acting needs them only here
+
+        over = {**overrides, "device": device, **({"task": task} if task else {})}
+        ck = checkpoint.read_checkpoint(path, over)
+        if ck.imported and task is None:
+            raise checkpoint.CheckpointError(f"{path}: a reference TD-MPC2 checkpoint does not name its task; "
+                                             f"give the task it was trained on (--task walker-walk, or "
+                                             f"task='walker-walk' from Python)")
+        length = ck.episode_length or episode_length(ck.cfg.task, ck.cfg.action_repeat)
+        agent = cls(ck.cfg, ck.dims, length, resolve_device(device))
+        agent.load_state_dict(ck.state, str(path))
+        agent.imported_from_reference = ck.imported
+        return agent

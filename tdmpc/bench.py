@@ -31,7 +31,7 @@ from tdmpc import fused
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, validate
-from tdmpc.device import resolve_device, resolve_dtype
+from tdmpc.device import resolve_device, resolve_dtype, set_threads
 from tdmpc.world_model import ModelDims
 
 OBS_DIM, ACTION_DIM = 24, 6  # walker-walk, the anchors' dims
@@ -53,6 +53,8 @@ class BenchArgs:
     """Agent steps of the RSS run after warm-up (default 20000, quick 2000), with a small model."""
     compare_plain: bool = True
     """Also time the plain fp32 eager variant (no fused kernels) for same-run ratios."""
+    threads: Optional[int] = None
+    """CPU threads for torch. None: the cores other processes leave idle (time on an idle machine)."""
 
 
 def sync(device: torch.device) -> None:
@@ -132,17 +134,12 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
 
 def bench_plain(size: int, device: torch.device, reps: int) -> dict:
     """The same calls in plain fp32 eager mode without the fused kernels: the same-run baseline."""
-    saved = dict(fused._state)
-    fused._state["ok"] = False
-    try:
+    with fused.disabled():
         agent = make_agent(size, device, "fp32")
         obs, first = np.random.randn(1, OBS_DIM).astype(np.float32), np.zeros(1, dtype=bool)
         batch = random_batch(agent)
         return {"plan_ms": timeit(lambda: agent.act(obs, first), device, reps) * 1e3,
                 "update_ms": timeit(lambda: agent.update(batch), device, reps) * 1e3}
-    finally:
-        fused._state.clear()
-        fused._state.update(saved)
 
 
 def rss_mb() -> float:
@@ -169,18 +166,19 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
                           buffer_size=max(10_000, (warmup_steps + settle + agent_steps) * 2), **over))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", device)
-        while trainer.c.env_step < cfg.seed_steps + settle * R:  # seeding, pretraining burst, settling
-            trainer._step()
+        c = trainer.counters
+        while c.env_step < cfg.seed_steps + settle * R:  # seeding, pretraining updates, settling
+            trainer.step()
         gc.collect()
-        rss0, t0, s0 = rss_mb(), time.perf_counter(), trainer.c.env_step
+        rss0, t0, s0 = rss_mb(), time.perf_counter(), c.env_step
         samples = []
-        while trainer.c.env_step < cfg.steps:
-            trainer._step()
-            if trainer.c.vector_steps % 500 == 0:
+        while c.env_step < cfg.steps:
+            trainer.step()
+            if c.vector_steps % 500 == 0:
                 samples.append(rss_mb())
         sync(device)
         dt = time.perf_counter() - t0
-        steps = (trainer.c.env_step - s0) // R
+        steps = (c.env_step - s0) // R
         trainer.envs.close()
         trainer.logger.close()
     return {"task": task, "small_model": small, "agent_steps": steps, "agent_steps_per_s": steps / dt,
@@ -247,6 +245,7 @@ def print_table(r: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(BenchArgs, args=argv, description=__doc__.splitlines()[0])
     device = resolve_device(args.device)
+    set_threads(args.threads)
     reps = 5 if args.quick else 20
     fused.extension_available()
     peaks = {"fp32": matmul_peak(device, torch.float32, reps), "bf16": matmul_peak(device, torch.bfloat16, reps)}

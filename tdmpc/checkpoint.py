@@ -5,15 +5,19 @@ Every load uses `torch.load(weights_only=True)`: a checkpoint can never run code
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tempfile
 import warnings
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
+from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config, from_dict, validate
 from tdmpc.world_model import ModelDims, WorldModel
 
 FORMAT = "tdmpc"
@@ -24,7 +28,7 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message is one line."""
 
 
-def atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     """Write via `write(tmp_path)` to a temp file in the same directory, fsync, then rename.
 
     A crash at any point leaves either the old file or the new one, never half of one.
@@ -216,13 +220,14 @@ def _infer_dims(sd: dict, source: str) -> tuple[ModelDims, str]:
     num_bins = _shape(sd, "_reward.2.weight", 2, source)[0]
     log_std_min = _scalar(sd, "log_std_min", -10.0)  # absent from early releases: the reference's bounds
     log_std_max = log_std_min + _scalar(sd, "log_std_dif", 12.0)
-    dims = ModelDims(obs_shape=obs_shape, action_dim=dyn_in - latent, latent_dim=latent, mlp_dim=mlp_dim,
-                     enc_dim=enc_dim, num_enc_layers=num_enc_layers, num_q=num_q,
-                     episodic=any(k.startswith("_termination.") for k in sd), num_bins=num_bins,
-                     num_channels=num_channels, log_std_min=log_std_min, log_std_max=log_std_max)
-    if dims.action_dim < 1:
+    if dyn_in - latent < 1:
         raise CheckpointError(f"{source}: '_dynamics.0.weight' has {dyn_in} inputs, not more than the latent "
                               f"size {latent}: not a TD-MPC2 world model")
+    # What the file does not store (vmin, vmax, simnorm_dim, dropout) takes the reference defaults.
+    dims = dataclasses.replace(
+        ModelDims.from_config(Config(), obs_shape, dyn_in - latent, any(k.startswith("_termination.") for k in sd)),
+        latent_dim=latent, mlp_dim=mlp_dim, enc_dim=enc_dim, num_enc_layers=num_enc_layers, num_q=num_q,
+        num_bins=num_bins, num_channels=num_channels, log_std_min=log_std_min, log_std_max=log_std_max)
     return dims, enc_prefix
 
 
@@ -326,3 +331,88 @@ def load_reference(path: str | Path, map_location: str | torch.device = "cpu") -
     model = WorldModel(dims)
     load_state_strict(model, ours, str(path))
     return model.to(map_location).eval()
+
+
+# --- reading a checkpoint for use --------------------------------------------------------
+
+@dataclass
+class LoadedCheckpoint:
+    cfg: Config
+    dims: ModelDims
+    state: dict  # our state-dict layout (model, and optimisers when present)
+    episode_length: int | None  # None for reference checkpoints: taken from the task
+    imported: bool  # a reference TD-MPC2 checkpoint
+
+
+def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool = False) -> LoadedCheckpoint:
+    """Our checkpoint or a reference one, as config + dims + state; `overrides` apply to the config.
+
+    `mmap=True` maps the tensors rather than reading them: cheap when only the dims are needed."""
+    path, overrides = Path(path), overrides or {}
+    obj = load_file(path, mmap=mmap)
+    if is_reference(obj):
+        dims, state = reference_to_ours(obj.get("model", obj), str(path))
+        base = Config(**dims.config_values())
+        return LoadedCheckpoint(validate(from_dict(overrides, base=base)), dims, {"model": state}, None, True)
+    if obj.get("format") != FORMAT or "dims" not in obj:
+        keys = [str(k) for k in list(obj)[:4]]
+        raise CheckpointError(f"{path}: neither a tdmpc checkpoint nor a TD-MPC2 state dict "
+                              f"(it holds keys {keys}{' ...' if len(obj) > 4 else ''})")
+    cfg = validate(from_dict(overrides, base=from_dict(obj["config"], source=str(path))))
+    return LoadedCheckpoint(cfg, ModelDims.from_dict(obj["dims"]), obj, int(obj["episode_length"]), False)
+
+
+def check_dims_match(dims: ModelDims, obs_shape: tuple[int, ...], action_dim: int, task: str, source: str) -> None:
+    """A model made for other observation/action sizes than the task's is a one-line error."""
+    if (tuple(dims.obs_shape), dims.action_dim) != (tuple(obs_shape), action_dim):
+        raise CheckpointError(
+            f"{source}: model is for obs {tuple(dims.obs_shape)} / action dim {dims.action_dim}, but task "
+            f"'{task}' has obs {tuple(obs_shape)} / action dim {action_dim}")
+
+
+# --- --init-from: starting a run from a checkpoint's weights ---------------------------------
+
+def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str]) -> tuple[Config, str]:
+    """The architecture fields the user did not give (`given`: the fields set on the command line) come
+    from the checkpoint, so a released model fine-tunes without spelling out its sizes. Sizes that were
+    given stay, and if they contradict the checkpoint, init_weights fails with 'architecture differs'.
+
+    Returns the config and a note saying what was taken (printed once the weights have loaded)."""
+    dims = read_checkpoint(path, mmap=True).dims  # shapes only: tensors stay on disk
+    theirs = {k: v for k, v in dims.config_values().items() if k not in ("model_size", "dropout")}
+    if "model_size" in given:  # the preset asked for stands
+        given = given | set(SIZE_FIELDS)
+    take = {name: value for name, value in theirs.items() if name not in given}
+    sizes = {**cfg.sizes(), **{k: v for k, v in take.items() if k in SIZE_FIELDS}}
+    preset = next((n for n, p in MODEL_SIZES.items() if p == sizes), None)
+    model_size = cfg.model_size if "model_size" in given else preset
+    new = validate(dataclasses.replace(cfg, **{**take, **sizes, "model_size": model_size}))
+    shown = {k: take[k] for k in (*SIZE_FIELDS, "episodic") if k in take}
+    shown.update({k: v for k, v in take.items() if k not in shown and v != getattr(cfg, k)})
+    if not shown:
+        return new, ""
+    size = f" (model size {preset})" if preset and "model_size" not in given else ""
+    return new, (f"init-from: architecture from the checkpoint{size}: "
+                 + ", ".join(f"{k} {v}" for k, v in shown.items()))
+
+
+def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...], action_dim: int, task: str) -> str:
+    """Load a checkpoint's model weights (online and target heads) into `model`, whose architecture must
+    be the checkpoint's; optimisers start fresh. Returns a line saying what was loaded."""
+    ck = read_checkpoint(path)
+    check_dims_match(ck.dims, obs_shape, action_dim, task, str(path))
+    ours, theirs = _architecture(model.dims), _architecture(ck.dims)
+    if ours != theirs:
+        diffs = [f"{k}: checkpoint {theirs[k]}, config {ours.get(k)}" for k in theirs if theirs[k] != ours.get(k)]
+        raise CheckpointError(f"{path}: architecture differs from this config ({', '.join(diffs[:4])}); drop "
+                              f"those flags and --init-from takes the checkpoint's architecture")
+    load_state_strict(model, ck.state["model"], str(path))
+    origin = "an imported reference TD-MPC2 checkpoint" if ck.imported else "a tdmpc checkpoint"
+    return f"initialised weights from {origin}: {path}"
+
+
+def _architecture(dims: ModelDims) -> dict:
+    """The fields of ModelDims that fix the networks (dropout is a training setting; the pixel
+    encoder has no enc_dim/num_enc_layers, the state encoder no num_channels)."""
+    unused = {"dropout"} | ({"enc_dim", "num_enc_layers"} if dims.pixels else {"num_channels"})
+    return {k: v for k, v in dims.to_dict().items() if k not in unused}

@@ -1,8 +1,8 @@
 """One typed config for everything: defaults < JSON file (--cfg) < CLI flags.
 
 Field names follow the reference TD-MPC2 implementation where one exists, so people
-coming from it find them. Validation runs before anything heavy and fails with one
-line that names the field.
+coming from it find them. Every field has a one-line docstring, which `--help` shows.
+Validation runs before anything heavy and fails with one line that names the field.
 """
 
 from __future__ import annotations
@@ -14,20 +14,24 @@ import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Literal, Optional, TypeVar
+from typing import TYPE_CHECKING, Callable, Literal, Optional, TypeVar
 
 import tyro
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+if TYPE_CHECKING:
+    from tdmpc.envs import EnvSpec
 
-# model_size (millions of parameters) -> (enc_dim, mlp_dim, latent_dim, num_enc_layers, num_q)
-MODEL_SIZES: dict[int, tuple[int, int, int, int, int]] = {
-    1: (256, 384, 128, 2, 2),
-    5: (256, 512, 512, 2, 5),
-    19: (1024, 1024, 768, 3, 5),
-    48: (1792, 1792, 768, 4, 5),
-    317: (4096, 4096, 1376, 5, 8),
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # the repository's configs/, packaged with the code
+
+# model_size (millions of parameters) -> the sizes it stands for. The keys are the size fields of Config.
+MODEL_SIZES: dict[int, dict[str, int]] = {
+    1: dict(enc_dim=256, mlp_dim=384, latent_dim=128, num_enc_layers=2, num_q=2),
+    5: dict(enc_dim=256, mlp_dim=512, latent_dim=512, num_enc_layers=2, num_q=5),
+    19: dict(enc_dim=1024, mlp_dim=1024, latent_dim=768, num_enc_layers=3, num_q=5),
+    48: dict(enc_dim=1792, mlp_dim=1792, latent_dim=768, num_enc_layers=4, num_q=5),
+    317: dict(enc_dim=4096, mlp_dim=4096, latent_dim=1376, num_enc_layers=5, num_q=8),
 }
+SIZE_FIELDS: tuple[str, ...] = tuple(MODEL_SIZES[1])
 
 
 class ConfigError(ValueError):
@@ -42,78 +46,117 @@ class Config:
     obs: Literal["state", "rgb"] = "state"
     """Observation type: state vectors, or 64x64 RGB frames (DMC)."""
     episodic: Optional[bool] = None
-    """Train a termination head. None: decided by the task."""
+    """Learn a termination head and stop planned returns at predicted terminations. None: what the task declares."""
     action_repeat: Optional[int] = None
-    """None: 2 for DMC, 1 for gymnasium tasks."""
+    """Env steps per agent decision, rewards summed. None: 2 for DMC, 1 for gymnasium tasks."""
 
     # --- training -------------------------------------------------------------------
     steps: int = 1_000_000
     """Environment steps to train for, action repeat included (published-curve convention)."""
     seed: int = 1
+    """Seeds torch, numpy, the envs and evaluation."""
     num_envs: int = 1
     """Parallel environments; the planner plans for all of them in one call."""
     vectorization: Literal["sync", "async"] = "sync"
+    """Step the envs in this process (sync) or one subprocess each (async: for slow simulators)."""
     seed_steps: Optional[int] = None
-    """Env steps of random actions before learning. None: max(1000, 5 x episode length)."""
+    """Env steps of random actions before learning. None: max(1000, 5 x episode length) agent steps."""
     update_every: int = 1
     """Agent steps (per env) between update rounds; 1 reproduces the reference."""
     updates_per_round: int = 1
-    """Gradient steps per round. Default 1 with update_every 1 = the reference's ratio for one env."""
+    """Gradient steps per round. 1 with update_every 1 is the reference's ratio for one env."""
     batch_size: int = 256
+    """Sub-trajectories per gradient step."""
     buffer_size: int = 1_000_000
     """Replay capacity in transitions, shared by all envs."""
     buffer_device: Literal["auto", "device", "host"] = "auto"
-    """'auto' keeps the buffer on the training device when it fits, else in pinned host memory."""
+    """Where the replay buffer lives. 'auto': on the training device when it fits, else pinned host memory."""
 
     # --- losses and optimisation ---------------------------------------------------------
     lr: float = 3e-4
+    """Adam learning rate of the world model and the policy prior."""
     enc_lr_scale: float = 0.3
+    """The encoder's learning rate as a fraction of lr."""
     grad_clip_norm: float = 20.0
+    """Gradients are clipped to this global norm."""
     consistency_coef: float = 20.0
+    """Weight of the latent consistency loss (predicted vs encoded next latent)."""
     reward_coef: float = 0.1
+    """Weight of the reward prediction loss."""
     value_coef: float = 0.1
+    """Weight of the TD value loss, averaged over the Q heads."""
     termination_coef: float = 1.0
+    """Weight of the termination loss (episodic tasks only)."""
     entropy_coef: float = 1e-4
+    """Weight of the policy prior's entropy bonus."""
     rho: float = 0.5
+    """Per-step decay of the loss weights over the horizon (rho^t)."""
     tau: float = 0.01
+    """Polyak rate of the target Q heads and of the policy loss's running value scale."""
     discount_denom: float = 5.0
+    """Discount from episode length L: f = L / discount_denom, gamma = (f - 1) / f, then clipped."""
     discount_min: float = 0.95
+    """Lower clip of the discount."""
     discount_max: float = 0.995
+    """Upper clip of the discount."""
 
     # --- planning (MPPI) -----------------------------------------------------------
     mpc: bool = True
     """Plan with MPPI; False acts with the policy prior alone."""
     iterations: int = 6
+    """MPPI iterations per plan (2 more for action spaces of 20 dims or more, as the reference)."""
     num_samples: int = 512
+    """Candidate action sequences per iteration, policy trajectories included."""
     num_elites: int = 64
+    """Best candidates that set the next mean and std."""
     num_pi_trajs: int = 24
+    """Candidates rolled out with the policy prior instead of sampled."""
     horizon: int = 3
+    """Planning horizon, and the length of training sub-trajectories."""
     min_std: float = 0.05
+    """Lower bound of the sampling std."""
     max_std: float = 2.0
+    """Upper bound of the sampling std, and its value at the first iteration."""
     temperature: float = 0.5
+    """Sharpness of the elites' softmax weights: exp(temperature x (value - max))."""
 
     # --- architecture ------------------------------------------------------------
     model_size: Optional[int] = 5
-    """Preset (1, 5, 19, 48, 317) for the five fields below; set any of them to override."""
+    """Preset (1, 5, 19, 48, 317 million parameters) for the five size fields below; set any of them to override."""
     enc_dim: Optional[int] = None
+    """Width of the state encoder's hidden layers. None: from model_size."""
     mlp_dim: Optional[int] = None
+    """Width of the hidden layers of dynamics, reward, termination, policy and Q heads. None: from model_size."""
     latent_dim: Optional[int] = None
+    """Size of the latent state. None: from model_size."""
     num_enc_layers: Optional[int] = None
+    """Layers of the state encoder. None: from model_size."""
     num_q: Optional[int] = None
+    """Q heads in the ensemble. None: from model_size."""
     num_channels: int = 32
+    """Channels of the pixel encoder's conv layers (latent_dim must be 16 x num_channels for rgb)."""
     simnorm_dim: int = 8
+    """Group size of the SimNorm softmax on latents."""
     dropout: float = 0.01
+    """Dropout after the first layer of each Q head."""
     num_bins: int = 101
+    """Bins of the two-hot discrete regression of rewards and values."""
     vmin: float = -10.0
+    """Lowest bin, in symlog space."""
     vmax: float = 10.0
+    """Highest bin, in symlog space."""
     log_std_min: float = -10.0
+    """Lower bound of the policy prior's log std."""
     log_std_max: float = 2.0
+    """Upper bound of the policy prior's log std."""
 
     # --- evaluation and output ---------------------------------------------------------
     eval_freq: int = 50_000
     """Env steps between evaluations."""
     eval_episodes: int = 10
+    """Episodes per evaluation, without exploration noise (0: no evaluation)."""
     save_video: bool = False
+    """Record the first episode of every evaluation to videos/ (MuJoCo offscreen rendering)."""
     save_every: int = 100_000
     """Env steps between checkpoints (one is always written at the end)."""
     save_buffer: bool = True
@@ -121,36 +164,51 @@ class Config:
     log_every: int = 1_000
     """Env steps between rows of train.csv (metrics are fetched from the device only then)."""
     run_dir: Optional[str] = None
-    """Default: runs/<task>/<seed>/<time>."""
+    """Where the run writes. None: runs/<task>/seed<seed>/<time>."""
     exp_name: str = "default"
+    """A label for the run, used to group runs in plots and comparisons."""
     tensorboard: bool = True
     """Write TensorBoard events when tensorboard is installed."""
     wandb: bool = False
+    """Log to Weights & Biases as well (needs the wandb package)."""
     wandb_project: str = "tdmpc"
+    """wandb project."""
+    wandb_entity: Optional[str] = None
+    """wandb entity (user or team). None: wandb's default."""
+    wandb_group: Optional[str] = None
+    """wandb group. None: the Slurm array job when run by slurm/sweep.sh, else no group."""
+    wandb_tags: tuple[str, ...] = ()
+    """wandb tags."""
     progress: bool = True
+    """Show a progress bar."""
 
     # --- hardware ----------------------------------------------------------------
     device: str = "auto"
-    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    """'auto' (CUDA when available), 'cpu', 'cuda' or 'cuda:N'."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """Acting and planning. 'auto': bf16 where the hardware runs it fast (CUDA, AVX512-BF16/AMX CPUs)."""
     train_precision: Literal["fp32", "bf16"] = "fp32"
-    """Updates. bf16 autocast is 2-3x faster on bf16 CPUs but learned far worse on cartpole-swingup
-    (RESULTS.md); fp32 is what the reference trains in."""
+    """Updates. bf16 autocast is 2-3x faster on bf16 CPUs but learned far worse on cartpole-swingup (RESULTS.md)."""
     cuda_graphs: bool = True
     """Capture plan() and update() as CUDA graphs on CUDA (eager everywhere else)."""
     threads: Optional[int] = None
-    """CPU threads for torch; None leaves torch's default."""
+    """CPU threads for torch. None: the cores other processes leave idle (give 1 to each of several runs)."""
     debug: bool = False
     """Expensive checks (NaN scans) in the hot paths."""
 
     # --- derived -------------------------------------------------------------------
-    def arch(self) -> dict[str, int]:
-        """Architecture sizes: the model_size preset, with explicitly set fields winning."""
-        names = ("enc_dim", "mlp_dim", "latent_dim", "num_enc_layers", "num_q")
-        preset = MODEL_SIZES.get(self.model_size, (None,) * 5) if self.model_size else (None,) * 5
-        out = {n: getattr(self, n) if getattr(self, n) is not None else p for n, p in zip(names, preset)}
-        return out  # type: ignore[return-value]
+    def sizes(self) -> dict[str, int]:
+        """The size fields: the model_size preset, with explicitly set fields winning."""
+        preset = MODEL_SIZES.get(self.model_size or 0, {})
+        return {n: v if (v := getattr(self, n)) is not None else preset.get(n) for n in SIZE_FIELDS}  # type: ignore[misc]
+
+    def for_task(self, spec: EnvSpec) -> Config:
+        """A copy with the task-dependent fields filled in (None: the task's value), so that config.json
+        records what the run really used."""
+        seed_steps = self.seed_steps if self.seed_steps is not None else \
+            max(1000, 5 * spec.episode_length) * spec.action_repeat
+        return dataclasses.replace(self, task=spec.task, action_repeat=spec.action_repeat, seed_steps=seed_steps,
+                                   episodic=spec.episodic if self.episodic is None else self.episodic)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -188,8 +246,8 @@ def validate(cfg: Config) -> Config:
         raise bad("dropout", "must be in [0, 1)")
     if not 0 < cfg.discount_min <= cfg.discount_max < 1:
         raise bad("discount_min", "need 0 < discount_min <= discount_max < 1")
-    if cfg.seed_steps is not None and cfg.seed_steps < 0:
-        raise bad("seed_steps", "must be >= 0")
+    if cfg.seed_steps is not None and cfg.seed_steps < 1:
+        raise bad("seed_steps", "must be >= 1: learning starts from the data of the seed steps")
     if cfg.action_repeat is not None and cfg.action_repeat < 1:
         raise bad("action_repeat", "must be >= 1")
     if cfg.num_pi_trajs >= cfg.num_samples:
@@ -207,13 +265,13 @@ def validate(cfg: Config) -> Config:
         raise bad("log_std_min", f"must be < log_std_max ({cfg.log_std_max})")
     if cfg.model_size is not None and cfg.model_size not in MODEL_SIZES:
         raise bad("model_size", f"unknown size; choose one of {sorted(MODEL_SIZES)} (millions of parameters)")
-    for name, value in cfg.arch().items():
+    for name, value in cfg.sizes().items():
         if value is None:
             raise bad(name, "must be set when model_size is null")
         if value < (2 if name == "num_q" else 1):
             raise bad(name, "must be >= 2" if name == "num_q" else "must be >= 1")
-    if cfg.arch()["latent_dim"] % cfg.simnorm_dim:
-        raise bad("simnorm_dim", f"must divide latent_dim ({cfg.arch()['latent_dim']})")
+    if cfg.sizes()["latent_dim"] % cfg.simnorm_dim:
+        raise bad("simnorm_dim", f"must divide latent_dim ({cfg.sizes()['latent_dim']})")
     if cfg.buffer_size < cfg.num_envs * (cfg.horizon + 2):
         raise bad("buffer_size", f"too small to hold a sub-trajectory of horizon {cfg.horizon} per env")
     if cfg.device not in ("auto", "cpu", "cuda") and not (cfg.device.startswith("cuda:") and cfg.device[5:].isdigit()):
@@ -240,6 +298,8 @@ def _check_type(name: str, value: object) -> object:
             return None
         if typing.get_origin(opt) is Literal and value in typing.get_args(opt):
             return value
+        if typing.get_origin(opt) is tuple and isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            return tuple(value)
         if opt is bool and isinstance(value, bool):
             return value
         if opt is int and isinstance(value, int) and not isinstance(value, bool):
@@ -250,7 +310,7 @@ def _check_type(name: str, value: object) -> object:
             return value
     expected = " or ".join(
         "null" if o is type(None) else "one of " + str(list(typing.get_args(o))) if typing.get_origin(o) is Literal
-        else getattr(o, "__name__", str(o)) for o in options)
+        else "a list of strings" if typing.get_origin(o) is tuple else getattr(o, "__name__", str(o)) for o in options)
     raise ConfigError(f"config field '{name}' = {value!r}: expected {expected}")
 
 
@@ -272,55 +332,84 @@ def from_dict(data: dict, source: str = "config", base: Config | None = None) ->
     return dataclasses.replace(base or Config(), **values)
 
 
+def available_configs() -> list[str]:
+    return sorted(p.name for p in CONFIG_DIR.glob("*.json"))
+
+
 def find_config_file(name: str) -> Path:
-    """`--cfg a4000.json` finds configs/a4000.json; a path works as given; '.json' is optional."""
-    candidates = [Path(name), CONFIG_DIR / name, Path.cwd() / "configs" / name]
-    if not name.endswith(".json"):
-        candidates += [Path(name + ".json"), CONFIG_DIR / (name + ".json")]
-    for path in candidates:
-        if path.is_file():
-            return path
-    available = ", ".join(sorted(p.name for p in CONFIG_DIR.glob("*.json")))
-    raise ConfigError(f"config file '{name}' not found (looked in . and {CONFIG_DIR}; available: {available})")
+    """`--cfg a4000.json` finds the packaged configs/a4000.json; a path works as given; '.json' is optional."""
+    names = [name] if name.endswith(".json") else [name, name + ".json"]
+    for candidate in [Path(n) for n in names] + [CONFIG_DIR / n for n in names]:
+        if candidate.is_file():
+            return candidate
+    raise ConfigError(f"config file '{name}' not found (looked in . and {CONFIG_DIR}; "
+                      f"available: {', '.join(available_configs())})")
+
+
+def read_json(path: Path, what: str = "config file") -> dict:
+    """A JSON object from `path`, or a one-line ConfigError saying what is wrong with the file."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{what} '{path}' is not valid JSON: {e.msg} at line {e.lineno}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{what} '{path}' cannot be read: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} '{path}' must hold a JSON object, not a {type(data).__name__}")
+    return data
 
 
 def load_json(name: str, base: Config | None = None) -> Config:
     path = find_config_file(name)
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"config file '{path}' is not valid JSON: {e.msg} at line {e.lineno}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file '{path}' must hold a JSON object")
-    return from_dict(data, source=str(path), base=base)
+    return from_dict(read_json(path), source=str(path), base=base)
 
 
 def save_json(cfg: Config, path: Path) -> None:
     path.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
 
 
-
 T = TypeVar("T")
 
 
-def peek_flag(argv: list[str], flag: str) -> str | None:
-    """The value of `--flag X` or `--flag=X` in argv, read before the full parse needs it."""
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
-def parse_cli(run_args: type[T], argv: list[str], base: Config, prog: str | None = None,
-              description: str | None = None) -> tuple[T, Config]:
-    """Flat kebab-case flags for `run_args` and every Config field; `base` supplies the defaults."""
+def parse_cli(run_args: type[T], argv: list[str], base_for: Callable[[T], Config], prog: str | None = None,
+              description: str | None = None) -> tuple[T, Config, Config, set[str]]:
+    """Two tyro passes over argv: `run_args` first (its flags may choose the base config: --cfg, --resume),
+    then every Config field as a flat kebab-case flag over `base_for(run)`. Returns the run args, the
+    validated config, the base, and the names of the Config fields given on the command line."""
+    run, _ = tyro.cli(run_args, args=argv, return_unknown_args=True, add_help=False, prog=prog)
+    base = base_for(run)
     args_cls = dataclasses.make_dataclass("Args", [
         ("run", run_args, dataclasses.field(default_factory=run_args)),
         ("config", Config, dataclasses.field(default_factory=Config))])
-    run_default = run_args(**{k: peek_flag(argv, "--" + k.replace("_", "-")) for k in ("cfg",)
-                              if k in {f.name for f in fields(run_args)}})
-    args = tyro.cli(args_cls, default=args_cls(run_default, base), args=argv, prog=prog, description=description,
-                    config=(tyro.conf.OmitArgPrefixes,))
-    return args.run, validate(args.config)
+
+    def parse(defaults: Config) -> Config:
+        return tyro.cli(args_cls, default=args_cls(run, defaults), args=argv, prog=prog, description=description,
+                        config=(tyro.conf.OmitArgPrefixes,)).config
+
+    cfg = parse(base)
+    # A field given on the command line parses to the same value over any base; one that was not given
+    # takes the base's. So a second parse over a base whose every field differs tells them apart.
+    shadow = parse(Config(**{name: _another(name, getattr(base, name)) for name in FIELD_NAMES}))
+    given = {name for name in FIELD_NAMES if getattr(cfg, name) == getattr(shadow, name)}
+    return run, validate(cfg), base, given
+
+
+def _another(name: str, value: object) -> object:
+    """A value of field `name`'s type other than `value`."""
+    hint = _field_types()[name]
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    kind = next(o for o in options if o is not type(None))
+    if typing.get_origin(kind) is Literal:
+        return next(v for v in typing.get_args(kind) if v != value)
+    if value is None:
+        return {bool: True, int: -1, float: -1.0, str: "~"}[kind] if typing.get_origin(kind) is not tuple else ("~",)
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, (int, float)):
+        return value + 1
+    return value + ("~",) if isinstance(value, tuple) else f"{value}~"  # type: ignore[operator]
+
+
+def changed_fields(base: Config, cfg: Config) -> dict[str, tuple[object, object]]:
+    """Fields whose value differs between two configs: name -> (old, new)."""
+    return {n: (getattr(base, n), getattr(cfg, n)) for n in FIELD_NAMES if getattr(base, n) != getattr(cfg, n)}

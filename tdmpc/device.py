@@ -35,3 +35,21 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def set_threads(requested: int | None) -> int:
+    """Set torch's CPU threads: `requested`, or by default all cores less those other processes keep busy
+    (OpenMP threads spin, so two processes each using every core run several times slower than with
+    their share each). Says so when it chose fewer than all cores. Returns the count."""
+    import os
+    import sys
+
+    if requested is None:
+        cores = os.cpu_count() or 1
+        busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
+        requested = max(1, cores - busy)
+        if requested < cores:
+            print(f"threads: {requested} of {cores} cores (the machine's load is {busy}: other processes use the "
+                  f"rest); pass --threads N to choose", file=sys.stderr)
+    torch.set_num_threads(requested)
+    return requested

@@ -53,6 +53,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("TDMPC_BUILD_DIR", Path.home() / ".cache" / "tdmpc"))
 
 
+@contextlib.contextmanager
+def disabled() -> Iterator[None]:
+    """The plain formula everywhere inside the block: the baseline that benchmarks compare against."""
+    saved = dict(_state)
+    _state["ok"] = False
+    try:
+        yield
+    finally:
+        _state.clear()
+        _state.update(saved)
+
+
 def extension_available() -> bool:
     """Load the CPU kernels (built on first use on this machine, ~30 s); False if that is impossible."""
     if "ok" in _state:

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import sys
 from pathlib import Path
 
 from tqdm import tqdm
 
 from tdmpc.config import Config
+from tdmpc.run_dir import wandb_run_id
 
 
 class CSVLog:
@@ -69,28 +71,25 @@ class RunLogger:
                 self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step or None)
             except ImportError:
                 pass  # tensorboard is optional
-        self.wandb = None
-        if cfg.wandb:
-            try:
-                import wandb
-            except ImportError:
-                raise SystemExit("error: --wandb needs the wandb package (pip install wandb)") from None
-            self.wandb = wandb.init(project=cfg.wandb_project, name=f"{cfg.task}-{cfg.seed}-{cfg.exp_name}",
-                                    config=cfg.to_dict(), dir=str(run_dir), resume="allow",
-                                    id=run_dir.name.replace("/", "-"))
+        self.wandb = _wandb_run(run_dir, cfg) if cfg.wandb else None
         tty = sys.stderr.isatty()
+        # The rate over the whole session (smoothing 0), from the step it started at: a resumed run's ETA
+        # counts only this session's steps, and the pretraining updates (no env steps) do not freeze it.
         self.bar = tqdm(total=total_steps, file=sys.stderr, initial=start_step, unit="step", dynamic_ncols=True,
-                        disable=not cfg.progress, mininterval=0.5 if tty else 60, smoothing=0.05,
-                        desc=cfg.task)
+                        disable=not cfg.progress, mininterval=0.5 if tty else 60, smoothing=0, desc=cfg.task)
         self.last_eval: float | None = None
 
     def train(self, row: dict) -> None:
         self.train_csv.write(row)
         self._scalars("train", row)
 
-    def eval(self, row: dict) -> None:
+    def eval(self, row: dict, video: Path | None = None) -> None:
         self.eval_csv.write(row)
         self._scalars("eval", row)
+        if self.wandb is not None and video is not None and video.is_file():
+            import wandb
+
+            self.wandb.log({"eval/video": wandb.Video(str(video), format="mp4")}, step=row["env_step"])
         self.last_eval = row["episode_return"]
         self.message(f"eval  step {row['env_step']:>9,}  return {row['episode_return']:8.1f} "
                        f"± {row['episode_return_std']:.1f}  ({row['episodes']} episodes)")
@@ -106,12 +105,14 @@ class RunLogger:
             self.wandb.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
 
     def progress(self, env_step: int, env_sps: float, ups: float) -> None:
-        self.bar.n = env_step
         post = {"env/s": f"{env_sps:.0f}", "upd/s": f"{ups:.1f}"}
         if self.last_eval is not None:
             post["eval"] = f"{self.last_eval:.1f}"
         self.bar.set_postfix(post, refresh=False)
-        self.bar.update(0)
+        if env_step > self.bar.n:
+            self.bar.update(env_step - self.bar.n)
+        else:  # no env step since the last call (pretraining updates): redraw, as update(0) would not
+            self.bar.refresh()
 
     def message(self, text: str) -> None:
         """Human-readable lines go to stderr, with the progress bar, so stdout stays clean."""
@@ -123,3 +124,18 @@ class RunLogger:
             self.tb.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def _wandb_run(run_dir: Path, cfg: Config):
+    """A wandb run with an id unique to this run directory (the same after a resume or requeue); runs of
+    one slurm/sweep.sh array are grouped by its job unless --wandb-group says otherwise."""
+    try:
+        import wandb
+    except ImportError:
+        raise SystemExit("error: --wandb needs the wandb package (pip install wandb)") from None
+    group = cfg.wandb_group
+    if group is None and os.environ.get("SLURM_ARRAY_JOB_ID"):
+        group = f"{os.environ.get('SLURM_JOB_NAME', 'sweep')}-{os.environ['SLURM_ARRAY_JOB_ID']}"
+    return wandb.init(project=cfg.wandb_project, entity=cfg.wandb_entity, group=group, tags=list(cfg.wandb_tags),
+                      name=f"{cfg.task}-seed{cfg.seed}-{cfg.exp_name}", config=cfg.to_dict(), dir=str(run_dir),
+                      id=wandb_run_id(run_dir), resume="allow")

@@ -41,13 +41,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
 from torch import nn
 
-from tdmpc.config import MODEL_SIZES, Config
+from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config, ConfigError
 from tdmpc.device import resolve_dtype
 from tdmpc.world_model import ModelDims, WorldModel, planning_copy
 
@@ -389,8 +390,7 @@ def _halve_samples(cfg: Config, target: Target, resuming: bool) -> Optional[dict
 
 def _smaller_model(cfg: Config, target: Target, resuming: bool) -> Optional[dict]:
     sizes = sorted(MODEL_SIZES)
-    own = (cfg.enc_dim, cfg.mlp_dim, cfg.latent_dim, cfg.num_enc_layers, cfg.num_q)
-    if resuming or cfg.model_size not in sizes[1:] or any(v is not None for v in own):
+    if resuming or cfg.model_size not in sizes[1:] or any(getattr(cfg, n) is not None for n in SIZE_FIELDS):
         return None
     return {"model_size": sizes[sizes.index(cfg.model_size) - 1]}
 
@@ -408,7 +408,7 @@ FIT_ORDER = "; ".join(f"{i + 1}. {name}" for i, (name, _) in enumerate(LADDER))
 
 
 @dataclass
-class Plan:
+class MemoryPlan:
     """A config's estimate on a target, and the way to fit it.
 
     `cfg` is the config to run: as given, or lowered when fitting was asked for.
@@ -472,8 +472,8 @@ class Plan:
         return "\n".join(lines)
 
 
-def plan(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
-         fit: bool = False, resuming: bool = False, log: Callable[[str], None] | None = None) -> Plan:
+def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
+           fit: bool = False, resuming: bool = False, log: Callable[[str], None] | None = None) -> MemoryPlan:
     """Estimate `cfg` on `target`. buffer_device 'auto' moves the replay buffer to host memory
     when the whole does not fit; beyond that, walk LADDER until it fits, applying each step
     (fit=True, each one logged) or only listing them as advice. A user's settings change only
@@ -505,6 +505,68 @@ def plan(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: boo
     if fit and auto_host and changes and (back := est(current, True)).total <= budget:
         e, on_device, auto_host = back, True, False  # lowered settings made room for the buffer again
     if fit:
-        return Plan(current, target, e, on_device, auto_host, changes, True, reachable)
-    return Plan(cfg, target, given, (cfg.buffer_device != "host" or not target.cuda) and not auto_host, auto_host,
+        return MemoryPlan(current, target, e, on_device, auto_host, changes, True, reachable)
+    return MemoryPlan(cfg, target, given, (cfg.buffer_device != "host" or not target.cuda) and not auto_host, auto_host,
                 changes, False, reachable)
+
+
+# --- a run's plan, decided once before it starts -------------------------------------------
+def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
+                 device: torch.device | None, gpu_mem: str | None = None, fit: bool = False,
+               resuming: bool = False) -> MemoryPlan:
+    """The estimate for this run on this device (or a card of `gpu_mem`), with the replay buffer's place
+    decided; with fit=True, lowered settings (each change printed). `plan.cfg` is the config to run."""
+    try:
+        target = detect_target(cfg, device, gpu_mem)
+    except ValueError as e:
+        raise ConfigError(f"--gpu-mem: {e}") from None
+    log = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    return assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log)
+
+
+def buffer_storage(p: MemoryPlan, device: torch.device) -> torch.device:
+    """Where the replay buffer lives: on the device, or in (pinned) host memory."""
+    return device if p.buffer_on_device and p.cfg.buffer_device != "host" else torch.device("cpu")
+
+
+def dry_run_report(p: MemoryPlan, obs_shape: tuple[int, ...], action_dim: int, device: torch.device | None) -> str:
+    """What --dry-run prints: the run's settings, the breakdown and the verdict."""
+    cfg, s = p.cfg, p.cfg.sizes()
+    size = f"model size {cfg.model_size}" if cfg.model_size else "custom model"
+    where = device if device is not None else f"{cfg.device} (not available here)"
+    return (f"dry run: {cfg.task} (obs {obs_shape} {cfg.obs}, action dim {action_dim}), device {where}, "
+            f"run dir {cfg.run_dir}\n"
+            f"{size}: enc_dim {s['enc_dim']}, mlp_dim {s['mlp_dim']}, latent_dim {s['latent_dim']}, num_q {s['num_q']}; "
+            f"num_envs {cfg.num_envs}, batch_size {cfg.batch_size}, num_samples {cfg.num_samples}, horizon "
+            f"{cfg.horizon}, buffer_size {cfg.buffer_size:,}\n"
+            + p.report(f"peak device memory estimate for {p.target.label}:"))
+
+
+def summary_line(p: MemoryPlan) -> str | None:
+    """One line before a real run on a card: estimate, budget, headroom, where the buffer is."""
+    t, e = p.target, p.estimate
+    if t.capacity is None or not p.fits:
+        return None
+    assert t.budget is not None
+    return (f"memory: estimate {fmt_bytes(e.total)} of a {fmt_bytes(t.budget)} budget on {t.label}, headroom "
+            f"{1 - e.total / t.capacity:.0%}; replay buffer "
+            + ("on the device" if p.buffer_on_device else "in pinned host memory"))
+
+
+def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
+                         target: Target, buffer_on_device: bool, device: torch.device) -> tuple[str, str]:
+    """After running out of device memory: the estimate beside torch's own peak, and the flags that take
+    the estimate 25% lower (what a resume may change)."""
+    where = "device" if buffer_on_device else "host"
+    p = assess(dataclasses.replace(cfg, buffer_device=where), obs_shape, action_dim, episodic, target, resuming=True)
+    est = p.estimate
+    if device.type == "cuda":
+        actual = (f"actual peak {fmt_bytes(torch.cuda.max_memory_allocated(device))} allocated, "
+                  f"{fmt_bytes(torch.cuda.max_memory_reserved(device))} reserved")
+    else:
+        actual = "actual peak not measurable here (no CUDA device)"
+    lower = dataclasses.replace(target, capacity=int(0.75 * est.total / (1 - SAFETY_MARGIN)))
+    flags = assess(p.cfg, obs_shape, action_dim, episodic, lower, resuming=True).flags() \
+        or "--batch-size N --num-samples N"
+    return (f"memory: estimate {fmt_bytes(est.total)} in all, {fmt_bytes(est.peak_allocated)} of tensors at the "
+            f"peak, on {target.label}; {actual}."), flags

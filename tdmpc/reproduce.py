@@ -63,6 +63,8 @@ class ReproduceArgs:
     """PASS when our mean >= bar x the published TD-MPC2 mean at --at."""
     dry_run: bool = False
     """Print what would run (with --slurm: pass --dry-run to sweep.sh) and exit."""
+    threads: Optional[int] = None
+    """CPU threads of every training run (--threads of tdmpc.train). None: each run's own default."""
 
 
 # --- the grid -----------------------------------------------------------------------
@@ -523,6 +525,10 @@ def _main(args: ReproduceArgs, extra: list[str]) -> int:
     if args.steps <= 0:
         raise BadInput(f"--steps {args.steps}: must be > 0")
     check_train_args(extra)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise BadInput(f"--threads must be >= 1, got {args.threads}")
+        extra = ["--threads", str(args.threads), *extra]
     for task in tasks:  # a typo in the last task should not wait for the first runs to finish
         resolve_task(task)
     return (submit_slurm if args.slurm else run_grid)(args, tasks, seeds, extra)

@@ -7,6 +7,7 @@ Module names (`_encoder`, `_dynamics`, `_reward`, `_termination`, `_pi`, `_Qs`,
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -15,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from planners.base import PolicyOutput as Policy
+from tdmpc.config import Config
+from tdmpc.planners.base import PolicyOutput as Policy
 from tdmpc.fused import ln_act
 from tdmpc.layers import Ensemble, EnsembleLinear, PixelEncoder, init_weights, mlp
 from tdmpc.twohot import TwoHot
@@ -23,44 +25,56 @@ from tdmpc.twohot import TwoHot
 
 @dataclass(frozen=True)
 class ModelDims:
-    """Everything that fixes the shapes of the networks (and so of a checkpoint)."""
+    """Everything that fixes the shapes of the networks (and so of a checkpoint).
+
+    The task gives obs_shape, action_dim and episodic; every other field is the Config
+    field of the same name (its default and docstring live there)."""
 
     obs_shape: tuple[int, ...]
     action_dim: int
-    latent_dim: int = 512
-    mlp_dim: int = 512
-    enc_dim: int = 256
-    num_enc_layers: int = 2
-    num_q: int = 5
-    episodic: bool = False
-    num_bins: int = 101
-    vmin: float = -10.0
-    vmax: float = 10.0
-    simnorm_dim: int = 8
-    num_channels: int = 32
-    dropout: float = 0.01
-    log_std_min: float = -10.0
-    log_std_max: float = 2.0
+    episodic: bool
+    latent_dim: int
+    mlp_dim: int
+    enc_dim: int
+    num_enc_layers: int
+    num_q: int
+    num_bins: int
+    vmin: float
+    vmax: float
+    simnorm_dim: int
+    num_channels: int
+    dropout: float
+    log_std_min: float
+    log_std_max: float
 
     @property
     def pixels(self) -> bool:
         return len(self.obs_shape) == 3
 
     @classmethod
-    def from_config(cls, cfg, obs_shape: tuple[int, ...], action_dim: int, episodic: bool) -> "ModelDims":
-        return cls(obs_shape=tuple(obs_shape), action_dim=action_dim, episodic=episodic, **cfg.arch(),
-                   num_bins=cfg.num_bins, vmin=cfg.vmin, vmax=cfg.vmax, simnorm_dim=cfg.simnorm_dim,
-                   num_channels=cfg.num_channels, dropout=cfg.dropout,
-                   log_std_min=cfg.log_std_min, log_std_max=cfg.log_std_max)
+    def from_config(cls, cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool) -> "ModelDims":
+        values = {**cfg.to_dict(), **cfg.sizes()}
+        return cls(obs_shape=tuple(obs_shape), action_dim=action_dim, episodic=episodic,
+                   **{name: values[name] for name in CONFIG_DIMS})
+
+    def config_values(self) -> dict:
+        """The Config fields that reproduce these dims (model_size None: the sizes are explicit)."""
+        return {"model_size": None, "episodic": self.episodic, "obs": "rgb" if self.pixels else "state",
+                **{name: getattr(self, name) for name in CONFIG_DIMS}}
 
     def to_dict(self) -> dict:
-        d = dict(self.__dict__)
+        d = dataclasses.asdict(self)
         d["obs_shape"] = list(self.obs_shape)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "ModelDims":
         return cls(**{**d, "obs_shape": tuple(d["obs_shape"])})
+
+
+# The ModelDims fields that are Config fields: the architecture settings, listed once (by ModelDims).
+CONFIG_DIMS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(ModelDims)
+                                     if f.name not in ("obs_shape", "action_dim", "episodic"))
 
 
 class WorldModel(nn.Module):

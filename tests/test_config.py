@@ -16,18 +16,18 @@ def test_defaults_are_the_reference_values():
 
 @pytest.mark.parametrize("size", sorted(MODEL_SIZES))
 def test_model_size_presets(size):
-    arch = Config(model_size=size).arch()
-    assert tuple(arch.values()) == MODEL_SIZES[size]
+    assert Config(model_size=size).sizes() == MODEL_SIZES[size]
 
 
 def test_explicit_dims_override_the_preset():
-    assert Config(model_size=5, mlp_dim=1024).arch()["mlp_dim"] == 1024
+    assert Config(model_size=5, mlp_dim=1024).sizes()["mlp_dim"] == 1024
 
 
 def test_precedence_defaults_json_cli(tmp_path):
     path = tmp_path / "mine.json"
     path.write_text(json.dumps({"batch_size": 128, "horizon": 5, "task": "cup-catch"}))
-    _, cfg = parse_cli(_Run, ["--cfg", str(path), "--batch-size", "512"], load_json(str(path)))
+    _, cfg, base, given = parse_cli(_Run, ["--cfg", str(path), "--batch-size", "512"], lambda run: load_json(run.cfg))
+    assert base.batch_size == 128 and given == {"batch_size"}
     assert cfg.batch_size == 512  # CLI beats JSON
     assert cfg.horizon == 5 and cfg.task == "cup-catch"  # JSON beats defaults
     assert cfg.num_samples == 512  # defaults fill the rest
@@ -77,3 +77,15 @@ from dataclasses import dataclass  # noqa: E402
 @dataclass
 class _Run:
     cfg: str | None = None
+
+
+@pytest.mark.parametrize("argv,given", [
+    ([], set()),
+    (["--model-size", "1"], {"model_size"}),  # equal to the base's value: still given
+    (["--no-mpc", "--episodic", "None", "--wandb-tags", "a", "b"], {"mpc", "episodic", "wandb_tags"}),
+    (["--obs", "state", "--lr", "3e-4", "--task", "cup-catch"], {"obs", "lr", "task"}),
+])
+def test_the_fields_given_on_the_command_line_are_known_even_when_equal_to_the_base(argv, given):
+    base = Config(model_size=1)
+    _, cfg, _, found = parse_cli(_Run, argv, lambda run: base)
+    assert found == given

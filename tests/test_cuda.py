@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from planners.mppi import MPPI, MPPIConfig
+from tdmpc.planners.mppi import MPPI, MPPIConfig
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
@@ -36,7 +36,7 @@ class CudaQuadratic:
         return torch.zeros((2,) + z.shape[:-1] + (1,), device=z.device)
 
     def pi(self, z):
-        from planners.base import PolicyOutput
+        from tdmpc.planners.base import PolicyOutput
         a = torch.rand_like(z) * 2 - 1
         return PolicyOutput(a, a, torch.zeros_like(a), torch.zeros(z.shape[:-1] + (1,), device=z.device))
 
@@ -49,7 +49,7 @@ class CudaQuadratic:
 
 def test_graphed_plan_follows_new_inputs():
     N, A = 4, 3
-    planner = MPPI(CudaQuadratic(), MPPIConfig(iterations=10), N, A, 0.99, CUDA)
+    planner = MPPI(CudaQuadratic(), MPPIConfig.from_config(Config(iterations=10), A), N, A, 0.99, CUDA)
     graphed = CUDAGraphed(lambda o, f: planner.plan(o, f, True))
     first = torch.ones(N, dtype=torch.bool, device=CUDA)
     for _ in range(6):  # warm-up calls, the capture, then replays with fresh targets

@@ -188,7 +188,7 @@ def test_user_env_dict_obs_float64_actions_success_and_repeat():
     env, spec = make_env("TdmpcTestDictObs-v0", seed=0, action_repeat=2)
     assert spec.obs_shape == (5,) and spec.action_dim == 2
     assert spec.episode_length == 500  # no registered limit -> 1000 env steps
-    assert env.action_space == spaces.Box(-1.0, 1.0, (2,), np.float32)
+    assert (env.action_space.low == -1).all() and (env.action_space.high == 1).all()  # gymnasium's RescaleAction
     obs, _ = env.reset()
     assert obs.shape == (5,) and obs.dtype == np.float32
     _, reward, _, _, info = env.step(np.ones(2, np.float32))

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from tdmpc import memory, train
+from tdmpc import memory, speed_probe
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.config import Config, load_json, validate
 from tdmpc.envs import make_env
+from tdmpc.train import main as train_main
 from tdmpc.world_model import ModelDims
 
 TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2,
@@ -109,9 +110,9 @@ CARDS = {"gpu-8gb.json": "8GB", "a4000.json": "16GB", "gpu-24gb.json": "24GB", "
 
 @pytest.mark.parametrize("name", list(CARDS))
 def test_shipped_configs_fit_their_card_with_20_percent_headroom(name, dog):
-    cfg = train.resolve(dataclasses.replace(load_json(name), task="dog-run"), dog)
+    cfg = dataclasses.replace(load_json(name), task="dog-run").for_task(dog)
     target = memory.cuda_target(cfg, memory.parse_size(CARDS[name]), CARDS[name])
-    p = memory.plan(cfg, dog.obs_shape, dog.action_dim, dog.episodic, target)
+    p = memory.assess(cfg, dog.obs_shape, dog.action_dim, dog.episodic, target)
     assert p.fits and p.buffer_on_device and not p.changes, p.report("")
     assert 1 - p.estimate.total / target.capacity >= 0.20, p.report("")
 
@@ -125,10 +126,10 @@ def test_a4000_is_the_reference_setting_for_dog(dog):
 def test_auto_moves_the_buffer_to_host_first():
     cfg = validate(Config(obs="rgb", task="walker-walk", buffer_size=1_000_000, num_channels=32, latent_dim=512))
     target = memory.cuda_target(cfg, memory.parse_size("16GB"), "16 GB")
-    p = memory.plan(cfg, (9, 64, 64), 6, False, target)  # 1M frames of 9 x 64 x 64 bytes: 37 GB
+    p = memory.assess(cfg, (9, 64, 64), 6, False, target)  # 1M frames of 9 x 64 x 64 bytes: 37 GB
     assert p.fits and p.auto_host and not p.buffer_on_device and not p.changes
     assert p.estimate.replay_buffer == 0 and p.estimate.host_buffer > 30 * 10**9
-    forced = memory.plan(dataclasses.replace(cfg, buffer_device="device"), (9, 64, 64), 6, False, target)
+    forced = memory.assess(dataclasses.replace(cfg, buffer_device="device"), (9, 64, 64), 6, False, target)
     assert not forced.fits and "--buffer-device host" in forced.advice()  # a user's setting is not overridden
 
 
@@ -193,16 +194,16 @@ def test_oom_in_update_writes_checkpoint_exits_1_and_resume_continues(tmp_path, 
         return original(self, batch)
 
     monkeypatch.setattr(Agent, "update", update)
-    monkeypatch.setattr(train, "warn_if_slow_on_cpu", lambda trainer: None)  # it times updates on a copy
-    assert train.main(["--cfg", str(cfg), "--run-dir", str(run)]) == 1
+    monkeypatch.setattr(speed_probe, "hours_left", lambda agent, steps: (0.0, 0.0, 0.0))  # it times updates too
+    assert train_main(["--cfg", str(cfg), "--run-dir", str(run)]) == 1
     err = capsys.readouterr().err
     assert "out of device memory in update at step 200" in err and "checkpoint written at step 200" in err
     assert "memory: estimate" in err and "advice: resume with lower settings" in err
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
-    assert ck["train"]["updates"] == 49 and ck["train"]["burst_left"] == 200 - 49
+    assert ck["train"]["updates"] == 49 and ck["train"]["pretrain_updates_left"] == 200 - 49
 
     monkeypatch.setattr(Agent, "update", original)
-    assert train.main(["--resume", str(run)]) == 0
+    assert train_main(["--resume", str(run)]) == 0
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["env_step"] == 400 and ck["train"]["finished"]
     # the 151 pretraining updates left run at the first resumed step, which then skips its own update
@@ -216,7 +217,7 @@ def test_estimate_matches_cuda_peak(model_size, dog):
     """Estimated live tensors at the peak vs torch.cuda.max_memory_allocated after updates and plans,
     with CUDA graphs, a full-size buffer on the device and the eval planner: the target is +-10%."""
     device = torch.device("cuda")
-    cfg = train.resolve(dataclasses.replace(load_json("a4000.json"), task="dog-run", model_size=model_size), dog)
+    cfg = dataclasses.replace(load_json("a4000.json"), task="dog-run", model_size=model_size).for_task(dog)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()

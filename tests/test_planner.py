@@ -1,7 +1,8 @@
 import torch
 
-from planners.base import PolicyOutput
-from planners.mppi import MPPI, MPPIConfig
+from tdmpc.planners.base import PolicyOutput
+from tdmpc.config import Config
+from tdmpc.planners.mppi import MPPI, MPPIConfig
 
 
 class QuadraticModel:
@@ -46,7 +47,7 @@ def test_planner_finds_known_optimum_for_a_batch_of_envs():
     # The returned action is an elite *sampled* from the softmax weights (as in the reference),
     # so it sits about one final std (~0.07 after 6 iterations) from the mean; 10 iterations
     # shrink that spread below the 0.1 tolerance.
-    planner = MPPI(QuadraticModel(), MPPIConfig(iterations=10), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=0.99, device=torch.device("cpu"))
     action = planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     assert action.shape == (N, A)
     assert (action - targets).abs().max() < 0.1
@@ -55,7 +56,7 @@ def test_planner_finds_known_optimum_for_a_batch_of_envs():
 def test_reference_settings_converge_the_mean_to_the_optimum():
     N, A = 5, 4
     targets = torch.rand(N, A) * 1.6 - 0.8
-    planner = MPPI(QuadraticModel(), MPPIConfig(), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     assert (planner.prev_mean[0] - targets).abs().max() < 0.06
 
@@ -63,7 +64,7 @@ def test_reference_settings_converge_the_mean_to_the_optimum():
 def test_exploration_noise_only_outside_eval_mode():
     N, A = 3, 2
     targets = torch.zeros(N, A)
-    planner = MPPI(QuadraticModel(), MPPIConfig(), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     first = torch.ones(N, dtype=torch.bool)
     torch.manual_seed(1)
     a_eval = planner.plan(targets, first, eval_mode=True)
@@ -75,7 +76,7 @@ def test_exploration_noise_only_outside_eval_mode():
 
 def test_warm_start_shifts_by_one_step_and_resets_per_env():
     N, A, H = 3, 2, 3
-    planner = MPPI(QuadraticModel(), MPPIConfig(horizon=H), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(horizon=H), A), N, A, discount=0.99, device=torch.device("cpu"))
     prev = torch.arange(H * N * A, dtype=torch.float32).view(H, N, A)
     planner.prev_mean.copy_(prev)
     planner._warm_start(torch.tensor([False, True, False]))
@@ -89,7 +90,7 @@ def test_warm_start_shifts_by_one_step_and_resets_per_env():
 def test_plan_saves_mean_for_next_step():
     N, A = 2, 3
     targets = torch.tensor([[0.5, -0.5, 0.2], [-0.3, 0.1, 0.7]])
-    planner = MPPI(QuadraticModel(), MPPIConfig(), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     # every step of the horizon has the same optimum here, so the saved mean is near a* everywhere
     assert (planner.prev_mean - targets).abs().max() < 0.15
@@ -97,7 +98,7 @@ def test_plan_saves_mean_for_next_step():
 
 def test_plan_runs_in_inference_mode_with_preallocated_buffers():
     N, A = 2, 2
-    planner = MPPI(QuadraticModel(), MPPIConfig(), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     ptrs = [t.data_ptr() for t in (planner.actions, planner.noise, planner.mean, planner.std, planner.prev_mean)]
     out = planner.plan(torch.zeros(N, A), torch.ones(N, dtype=torch.bool))
     assert out.is_inference()
@@ -110,7 +111,7 @@ def test_chunked_rollouts_plan_like_one_big_call():
     targets = torch.rand(N, A) * 1.6 - 0.8
     results = []
     for chunk_rows in (None, 1024):  # all envs at once, or 2 envs per model call
-        planner = MPPI(QuadraticModel(), MPPIConfig(), N, A, discount=0.99, device=torch.device("cpu"),
+        planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"),
                        chunk_rows=chunk_rows)
         torch.manual_seed(3)
         results.append(planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True))

@@ -15,15 +15,21 @@ import torch
 
 from tdmpc.checkpoint import CheckpointError, load_file, load_reference, reference_to_ours
 from tdmpc.config import MODEL_SIZES, Config
-from tdmpc.evaluate import read_checkpoint
-from tdmpc.train import architecture_from_checkpoint
+from tdmpc.checkpoint import read_checkpoint
+from tdmpc.checkpoint import architecture_from_checkpoint
 from tdmpc.world_model import ModelDims, WorldModel
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "reference-ms1"
 REF = FIXTURE / "reference_checkpoint.pt"
-REF_DIMS = ModelDims(obs_shape=(24,), action_dim=6, latent_dim=128, mlp_dim=384, enc_dim=256, num_enc_layers=2,
-                     num_q=2, episodic=False)
+
+
+def make_dims(obs_shape: tuple[int, ...], action_dim: int, episodic: bool = False, **fields) -> ModelDims:
+    """ModelDims with the reference defaults (Config's) for every field not given."""
+    return ModelDims.from_config(Config(model_size=1, **fields), obs_shape, action_dim, episodic)
+
+
+REF_DIMS = make_dims((24,), 6, latent_dim=128, mlp_dim=384, enc_dim=256, num_enc_layers=2, num_q=2)
 Q_NAMES = ("weight", "bias", "ln.weight", "ln.bias")  # the flat layout's n % 4
 
 
@@ -94,15 +100,11 @@ def random_model(dims: ModelDims) -> WorldModel:
 
 # --- the importer -------------------------------------------------------------------------
 
-ENC, MLP, LAT, NENC, NQ = MODEL_SIZES[5]
-ENC19, MLP19, LAT19, NENC19, NQ19 = MODEL_SIZES[19]
 SYNTHETIC = {
-    "size5-episodic": ModelDims(obs_shape=(67,), action_dim=21, enc_dim=ENC, mlp_dim=MLP, latent_dim=LAT,
-                                num_enc_layers=NENC, num_q=NQ, episodic=True),
-    "size19-3-layer-encoder": ModelDims(obs_shape=(39,), action_dim=4, enc_dim=ENC19, mlp_dim=MLP19,
-                                        latent_dim=LAT19, num_enc_layers=NENC19, num_q=NQ19),
-    "odd-sizes": ModelDims(obs_shape=(5,), action_dim=1, enc_dim=40, mlp_dim=48, latent_dim=32, num_enc_layers=4,
-                           num_q=3, episodic=True, num_bins=51, log_std_min=-5.0, log_std_max=1.0),
+    "size5-episodic": make_dims((67,), 21, episodic=True, **MODEL_SIZES[5]),
+    "size19-3-layer-encoder": make_dims((39,), 4, **MODEL_SIZES[19]),
+    "odd-sizes": make_dims((5,), 1, episodic=True, enc_dim=40, mlp_dim=48, latent_dim=32, num_enc_layers=4,
+                           num_q=3, num_bins=51, log_std_min=-5.0, log_std_max=1.0),
 }
 
 
@@ -126,7 +128,7 @@ def test_every_size_is_inferred_and_outputs_match(tmp_path, name):
 
 
 def test_pixel_encoder_is_inferred():
-    dims = ModelDims(obs_shape=(9, 64, 64), action_dim=6, latent_dim=128, mlp_dim=64, num_channels=8, num_q=2)
+    dims = make_dims((9, 64, 64), 6, latent_dim=128, mlp_dim=64, num_channels=8, num_q=2)
     ours = random_model(dims)
     inferred, state = reference_to_ours(to_reference_layout(ours))
     assert inferred == dims
@@ -223,16 +225,16 @@ def test_loading_never_runs_code(tmp_path):
 
 # --- --init-from takes the architecture ----------------------------------------------------
 
-@pytest.mark.parametrize("argv,cfg,expect", [
-    ([], Config(), dict(model_size=1, enc_dim=256, mlp_dim=384, latent_dim=128, num_q=2, episodic=False)),
-    (["--cfg", "a4000.json"], Config(model_size=5), dict(model_size=1, mlp_dim=384, num_q=2)),  # a file yields
-    (["--mlp-dim", "512"], Config(mlp_dim=512), dict(model_size=None, mlp_dim=512, latent_dim=128, num_q=2)),
-    (["--model-size=5"], Config(model_size=5), dict(model_size=5, mlp_dim=512, latent_dim=512, episodic=False)),
-    (["--episodic", "True"], Config(episodic=True), dict(model_size=1, episodic=True)),
+@pytest.mark.parametrize("given,cfg,expect", [
+    (set(), Config(), dict(model_size=1, enc_dim=256, mlp_dim=384, latent_dim=128, num_q=2, episodic=False)),
+    (set(), Config(model_size=5), dict(model_size=1, mlp_dim=384, num_q=2)),  # a --cfg file yields
+    ({"mlp_dim"}, Config(mlp_dim=512), dict(model_size=None, mlp_dim=512, latent_dim=128, num_q=2)),
+    ({"model_size"}, Config(model_size=5), dict(model_size=5, mlp_dim=512, latent_dim=512, episodic=False)),
+    ({"episodic"}, Config(episodic=True), dict(model_size=1, episodic=True)),
 ])
-def test_architecture_comes_from_the_checkpoint_unless_given_as_a_flag(argv, cfg, expect):
-    new, note = architecture_from_checkpoint(cfg, str(REF), argv)
-    got = {**new.arch(), "model_size": new.model_size, "episodic": new.episodic}
+def test_architecture_comes_from_the_checkpoint_unless_given_as_a_flag(given, cfg, expect):
+    new, note = architecture_from_checkpoint(cfg, str(REF), given)
+    got = {**new.sizes(), "model_size": new.model_size, "episodic": new.episodic}
     assert {k: got[k] for k in expect} == expect
     assert note.startswith("init-from: architecture from the checkpoint") and "\n" not in note
 

@@ -98,7 +98,7 @@ def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
     assert first.run() == 3
     second = Trainer(validate(Config(**json.loads((run / "config.json").read_text()))), run,
                      resolve_device("cpu"), resume=True)
-    assert second.c.env_step == first.c.env_step and second.c.updates == first.c.updates
+    assert second.counters.env_step == first.counters.env_step and second.counters.updates == first.counters.updates
     F = first.buffer.filled
     assert second.buffer.transitions == first.buffer.transitions
     assert second.buffer.filled == F + 1  # + the reset observation the resumed run begins with
@@ -114,19 +114,19 @@ def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
     for p1, p2 in zip(first.agent.model.parameters(), second.agent.model.parameters()):
         assert torch.equal(p1, p2)
     assert second.run() == 0
-    assert second.c.env_step == 700
+    assert second.counters.env_step == 700
 
 
 def _stop_after(trainer, at_step):
     """Raise the stop flag as the SIGTERM handler would, once the run passes `at_step`."""
-    original = trainer._step
+    original = trainer.step
 
     def step():
         original()
-        if trainer.c.env_step >= at_step:
-            trainer.stop_signal = signal.SIGTERM
+        if trainer.counters.env_step >= at_step:
+            trainer.stop_reason = "signal SIGTERM"
 
-    trainer._step = step
+    trainer.step = step
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -221,8 +221,16 @@ def test_evaluate_records_a_video_through_mujoco_offscreen_rendering(tmp_path):
     assert frames.std() > 5  # a rendered scene, not a blank image
 
 
-def test_resume_of_a_run_older_than_train_precision_keeps_its_bf16_updates():
-    from tdmpc.train import _legacy_train_precision
+def test_resume_of_a_run_older_than_a_config_field_says_which_default_applies(tmp_path, capsys):
+    """A config.json written before a field existed (train_precision, say) resumes with the field's default,
+    and a line says so: nothing changes silently."""
+    from tdmpc.run_dir import saved_config
 
-    assert _legacy_train_precision(Config(precision="bf16", device="cpu")).train_precision == "bf16"
-    assert _legacy_train_precision(Config(precision="fp32", device="cpu")).train_precision == "fp32"
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest.pt").write_bytes(b"")
+    old = {k: v for k, v in Config(precision="bf16").to_dict().items() if k != "train_precision"}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    cfg = saved_config(tmp_path)
+    assert cfg.train_precision == "fp32" and cfg.precision == "bf16"
+    err = capsys.readouterr().err
+    assert "has no 'train_precision'" in err and "'fp32'" in err

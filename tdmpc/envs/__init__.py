@@ -12,7 +12,8 @@ import sys
 if sys.platform == "linux":
     os.environ.setdefault("MUJOCO_GL", "egl")
 
-from tdmpc.envs.make import EnvSpec, env_rng_state, make_env, make_vector_env, set_env_rng_state  # noqa: E402
-from tdmpc.envs.tasks import TaskError, UnknownTaskError  # noqa: E402
+from tdmpc.envs.make import EnvSource, EnvSpec, env_rng_state, make_env, make_vector_env, set_env_rng_state  # noqa: E402
+from tdmpc.envs.tasks import TaskError, UnknownTaskError, episode_length  # noqa: E402
 
-__all__ = ["EnvSpec", "TaskError", "UnknownTaskError", "env_rng_state", "make_env", "make_vector_env", "set_env_rng_state"]
+__all__ = ["EnvSource", "EnvSpec", "TaskError", "UnknownTaskError", "env_rng_state", "episode_length", "make_env", "make_vector_env",
+           "set_env_rng_state"]

@@ -1,20 +1,27 @@
-"""make_env / make_vector_env: one task name in, a wrapped env and its EnvSpec out."""
+"""make_env / make_vector_env: a task name (or an env factory) in, a wrapped env and its EnvSpec out."""
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, Union
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.wrappers import FlattenObservation, TimeLimit, TransformObservation
+from gymnasium.wrappers import (AddRenderObservation, FlattenObservation, FrameStackObservation, RescaleAction,
+                                TimeLimit, TransformObservation)
 
-from tdmpc.envs.tasks import Task, TaskError, resolve_task
-from tdmpc.envs.wrappers import ActionRepeat, PixelObservation, SeedAndRNGState, UnitActions
+from tdmpc.envs.tasks import DEFAULT_EPISODE_STEPS, Task, TaskError, resolve_task
+from tdmpc.envs.wrappers import ActionRepeat, SeedAndRNGState
 
 OBS_TYPES = ("state", "rgb")
+PIXELS, FRAME_STACK = 64, 3  # rgb observations: the last 3 frames of 64x64, channels first
+RENDER_SIZE = (240, 320)  # (height, width) of rendered frames, for videos
+
+# A task name (DMC 'domain-task' or a gymnasium id), a gymnasium env, or a zero-argument function making one.
+EnvSource = Union[str, gym.Env, Callable[[], gym.Env]]
 
 
 @dataclass(frozen=True)
@@ -30,40 +37,43 @@ class EnvSpec:
 
 
 def make_env(
-    task: str,
+    env: EnvSource,
     *,
     seed: int | None = None,
     obs: str = "state",
     action_repeat: int | None = None,
-    render_size: tuple[int, int] = (240, 320),
+    render: bool = False,
+    render_size: tuple[int, int] = RENDER_SIZE,
 ) -> tuple[gym.Env, EnvSpec]:
-    """Build one environment for ``task`` (a DMC ``domain-task`` or a gymnasium id).
+    """Build one environment: ``env`` is a DMC ``domain-task``, a gymnasium id, or a factory.
 
-    Actions are float32 in [-1, 1]^A; observations float32 vectors (``obs="state"``) or
+    Actions are in [-1, 1]^A (gymnasium's RescaleAction); observations float32 vectors (``obs="state"``) or
     stacked uint8 frames (``obs="rgb"``, DMC only). Each episode truncates after
     ``spec.episode_length`` agent steps; ``terminated`` only marks true terminal states.
-    ``seed`` takes effect at the first ``reset()``; ``render()`` returns an RGB uint8
-    array of ``render_size`` (height, width) where the task supports it.
+    ``seed`` takes effect at the first ``reset()``. ``render=True`` asks a gymnasium task for
+    ``render_mode="rgb_array"`` (videos); ``render()`` then returns RGB uint8 frames of
+    ``render_size`` (height, width) where the task supports it. DMC tasks always render.
 
     Bad input raises one-line errors: UnknownTaskError and ValueError (bad options) before
-    anything is built, ImportError for a DMC task without dm_control, ValueError for a
+    anything is built, ImportError for a DMC task without dm_control, TaskError for a
     task whose action space is not a continuous Box (known only once built).
     """
-    resolved, repeat = _check(task, obs, action_repeat)
-    env = _build(resolved, seed, obs, repeat, render_size)
-    return env, _spec(resolved, env.observation_space, env.action_space, repeat)
+    task, repeat, first = _check(env, obs, action_repeat)
+    built = _wrap(first or _make_named(task, obs, render, render_size), task, seed, obs, repeat)
+    return built, _spec(task, built, built.observation_space, built.action_space, repeat)
 
 
 def make_vector_env(
-    task: str,
+    env: EnvSource,
     num_envs: int,
     *,
     seed: int,
     obs: str = "state",
     action_repeat: int | None = None,
     asynchronous: bool = False,
+    render: bool = False,
 ) -> tuple[gym.vector.VectorEnv, EnvSpec]:
-    """``num_envs`` copies of ``make_env(task)``; sub-env i is seeded with ``seed + i``.
+    """``num_envs`` copies of ``make_env(env)``; sub-env i is seeded with ``seed + i``.
 
     Sub-envs reset themselves in the step that ends their episode (``AutoresetMode.SAME_STEP``),
     so ``step()`` already returns the first observation of the next episode. For the ended
@@ -75,22 +85,43 @@ def make_vector_env(
       with its own ``_key`` mask), and ``infos["_final_info"]``: the mask of ended sub-envs.
 
     ``terminated`` / ``truncated`` (returned by step) tell a true end from a time limit.
-    ``asynchronous=True`` runs each sub-env in its own process (AsyncVectorEnv); a user env
-    must then be named ``module:EnvName-v0`` so that those processes can import it.
+    An env object is sub-env 0 and deep copies of it are the others; a factory is called once per
+    sub-env. ``asynchronous=True`` runs each sub-env in its own process (AsyncVectorEnv); a user env
+    must then be named ``module:EnvName-v0`` (or be a picklable factory) so that those processes can
+    build it.
     """
-    resolved, repeat = _check(task, obs, action_repeat)
+    task, repeat, first = _check(env, obs, action_repeat)
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
-    env_fns = [functools.partial(_build, resolved, seed + i, obs, repeat, (240, 320)) for i in range(num_envs)]
+
+    def raw(i: int) -> gym.Env:
+        if isinstance(env, str):
+            return _make_named(task, obs, render, RENDER_SIZE)
+        if i == 0 and first is not None:
+            return first
+        return copy.deepcopy(env) if isinstance(env, gym.Env) else env()
+
     autoreset = gym.vector.AutoresetMode.SAME_STEP
     if asynchronous:
+        if isinstance(env, gym.Env):
+            raise TaskError("an env object cannot be stepped in subprocesses; pass a picklable factory or use "
+                            "vectorization 'sync'")
+        if first is not None:
+            first.close()
+        first = None
+        fns = [functools.partial(_wrap_built, env, task, seed + i, obs, repeat, render) for i in range(num_envs)]
         # Workers start from a fresh forkserver process, not from a fork of this one: a forked
         # EGL context (after any render here) hangs them, and forked torch threads can too.
-        envs = gym.vector.AsyncVectorEnv(env_fns, autoreset_mode=autoreset, context="forkserver")
+        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset, context="forkserver")
     else:
-        envs = gym.vector.SyncVectorEnv(env_fns, autoreset_mode=autoreset)
+        envs = gym.vector.SyncVectorEnv([functools.partial(lambda i: _wrap(raw(i), task, seed + i, obs, repeat), i)
+                                         for i in range(num_envs)], autoreset_mode=autoreset)
+        first = envs.envs[0]
     envs.action_space.seed(seed)
-    return envs, _spec(resolved, envs.single_observation_space, envs.single_action_space, repeat)
+    if task.episodic is None and first is None:  # what an env declares is read off one built here
+        first = _make_named(task, obs, False, RENDER_SIZE) if isinstance(env, str) else env()  # type: ignore[operator]
+        first.close()
+    return envs, _spec(task, first, envs.single_observation_space, envs.single_action_space, repeat)
 
 
 def env_rng_state(envs: gym.vector.VectorEnv) -> list[dict[str, Any]]:
@@ -103,66 +134,108 @@ def set_env_rng_state(envs: gym.vector.VectorEnv, states: list[dict[str, Any]]) 
     envs.set_attr("rng_state", list(states))
 
 
-def _check(task: str, obs: str, action_repeat: int | None) -> tuple[Task, int]:
-    """Validate everything that can be checked from names alone, before building anything."""
-    resolved = resolve_task(task)
+def _check(env: EnvSource, obs: str, action_repeat: int | None) -> tuple[Task, int, gym.Env | None]:
+    """Validate everything that can be checked before building anything. A user's env (an object, or the
+    first one a factory makes) is returned too, to be used rather than built again."""
+    task, first = (resolve_task(env), None) if isinstance(env, str) else _user_env(env)
     if obs not in OBS_TYPES:
         raise ValueError(f"obs must be one of {OBS_TYPES}, got {obs!r}")
-    if obs == "rgb" and resolved.dmc is None:
-        raise TaskError(f"obs='rgb' is supported for DMC tasks only; use obs='state' for {task!r}")
-    repeat = resolved.default_action_repeat if action_repeat is None else action_repeat
+    if obs == "rgb" and task.dmc is None:
+        raise TaskError(f"obs='rgb' is supported for DMC tasks only; use obs='state' for {task.name!r}")
+    repeat = task.default_action_repeat if action_repeat is None else action_repeat
     if repeat < 1:
         raise ValueError(f"action_repeat must be at least 1, got {repeat}")
-    return resolved, repeat
+    return task, repeat, first
 
 
-def _build(task: Task, seed: int | None, obs: str, repeat: int, render_size: tuple[int, int]) -> gym.Env:
-    env = _dmc_env(task, seed, render_size) if task.dmc else _gym_env(task, render_size)
-    problem = _action_space_problem(task.name, env.action_space)
+def _user_env(env: gym.Env | Callable[[], gym.Env]) -> tuple[Task, gym.Env]:
+    """A user's env (or the first its factory makes): its episode length from its registered spec, if
+    any; whether it terminates is what it declares (metadata["episodic"], read in _spec)."""
+    built = env if isinstance(env, gym.Env) else env() if callable(env) else None
+    if not isinstance(built, gym.Env):
+        what = type(env).__name__ if built is None else f"a function returning a {type(built).__name__}"
+        raise TaskError(f"env must be a task name, a gymnasium env or a zero-argument function making one, "
+                        f"not {what}")
+    steps = built.spec.max_episode_steps if built.spec is not None else None
+    return Task(name=f"custom:{type(built.unwrapped).__name__}", dmc=None, env_steps=steps or DEFAULT_EPISODE_STEPS,
+                default_action_repeat=1, episodic=None), built
+
+
+def _make_named(task: Task, obs: str, render: bool, render_size: tuple[int, int]) -> gym.Env:
+    """The raw env of a named task (DMC renders at 64x64 when its frames are the observations)."""
+    if task.dmc:
+        return _dmc_env(task, (PIXELS, PIXELS) if obs == "rgb" else render_size)
+    return _gym_env(task.name, render, render_size)
+
+
+def _wrap_built(env: EnvSource, task: Task, seed: int, obs: str, repeat: int, render: bool) -> gym.Env:
+    """A sub-env built in an async worker."""
+    raw = _make_named(task, obs, render, RENDER_SIZE) if isinstance(env, str) else env()  # type: ignore[operator]
+    return _wrap(raw, task, seed, obs, repeat)
+
+
+def _wrap(built: gym.Env, task: Task, seed: int | None, obs: str, repeat: int) -> gym.Env:
+    """Our wrappers around a raw env, innermost first."""
+    pixels = obs == "rgb"
+    problem = _action_space_problem(task.name, built.action_space)
     if problem:
-        env.close()
+        built.close()
         raise TaskError(problem)
-    env = UnitActions(env)
+    if not pixels:
+        built = _flat_float32(built)
+    built = RescaleAction(built, np.float32(-1.0), np.float32(1.0))  # the policy samples in [-1, 1]^A
     if repeat > 1:
-        env = ActionRepeat(env, repeat)
+        built = ActionRepeat(built, repeat)
     # In agent steps, so that every episode is exactly episode_length long even when the
     # repeat does not divide the env's own limit.
-    env = TimeLimit(env, task.env_steps // repeat)
-    if obs == "rgb":
-        env = PixelObservation(env)
-    env = SeedAndRNGState(env, seed)
-    env.action_space.seed(seed)
-    return env
+    built = TimeLimit(built, task.env_steps // repeat)
+    if pixels:
+        built = _stacked_frames(built)
+    built = SeedAndRNGState(built, seed)
+    built.action_space.seed(seed)
+    return built
 
 
-def _dmc_env(task: Task, seed: int | None, render_size: tuple[int, int]) -> gym.Env:
+def _stacked_frames(env: gym.Env) -> gym.Env:
+    """Observations: the last FRAME_STACK rendered frames, channels first, (3 x FRAME_STACK, 64, 64) uint8;
+    after a reset the first frame fills the stack."""
+    env = AddRenderObservation(env, render_only=True)
+    chw = spaces.Box(0, 255, (3, PIXELS, PIXELS), np.uint8)
+    env = TransformObservation(env, lambda frame: np.ascontiguousarray(frame.transpose(2, 0, 1)), chw)
+    env = FrameStackObservation(env, FRAME_STACK, padding_type="reset")
+    stacked = spaces.Box(0, 255, (3 * FRAME_STACK, PIXELS, PIXELS), np.uint8)
+    return TransformObservation(env, lambda frames: np.asarray(frames).reshape(stacked.shape), stacked)
+
+
+def _dmc_env(task: Task, render_size: tuple[int, int]) -> gym.Env:
     from tdmpc.envs.dmcontrol import DMControlEnv  # dm_control is an optional extra
 
-    return DMControlEnv(*task.dmc, seed=seed, render_size=render_size)
+    assert task.dmc is not None
+    return DMControlEnv(*task.dmc, render_size=render_size)
 
 
-def _gym_env(task: Task, render_size: tuple[int, int]) -> gym.Env:
-    env = _make_rendering(task.name, *render_size)
-    space = env.observation_space
-    if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
-        env = FlattenObservation(env)  # Dict, Tuple, images as state...
-    space = env.observation_space
-    if space.dtype != np.float32:  # e.g. MuJoCo's float64; DtypeObservation would warn about the bounds
-        float32_space = spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), dtype=np.float32)
-        env = TransformObservation(env, functools.partial(np.asarray, dtype=np.float32), float32_space)
-    return env
-
-
-def _make_rendering(env_id: str, height: int, width: int) -> gym.Env:
-    """gymnasium.make with rgb_array rendering at (height, width), as far as the env's constructor allows."""
+def _gym_env(env_id: str, render: bool, render_size: tuple[int, int]) -> gym.Env:
+    """gymnasium.make; with render, rgb_array rendering at render_size as far as the env's constructor allows."""
+    if not render:
+        return gym.make(env_id)
+    height, width = render_size
     try:
         return gym.make(env_id, render_mode="rgb_array", width=width, height=height)
     except TypeError:  # no render size (e.g. classic control)
-        pass
-    try:
         return gym.make(env_id, render_mode="rgb_array")
-    except TypeError:  # no rendering at all
-        return gym.make(env_id)
+
+
+def _flat_float32(env: gym.Env) -> gym.Env:
+    """State observations as one float32 vector (Dict, Tuple, float64 MuJoCo obs...)."""
+    space = env.observation_space
+    if not (isinstance(space, spaces.Box) and len(space.shape) == 1):
+        env = FlattenObservation(env)
+    space = env.observation_space
+    if space.dtype != np.float32:  # DtypeObservation would warn about the bounds
+        assert isinstance(space, spaces.Box)
+        float32_space = spaces.Box(space.low.astype(np.float32), space.high.astype(np.float32), dtype=np.float32)
+        env = TransformObservation(env, functools.partial(np.asarray, dtype=np.float32), float32_space)
+    return env
 
 
 def _action_space_problem(task: str, space: gym.Space) -> str | None:
@@ -174,12 +247,12 @@ def _action_space_problem(task: str, space: gym.Space) -> str | None:
     return None
 
 
-def _spec(task: Task, obs_space: gym.Space, action_space: gym.Space, repeat: int) -> EnvSpec:
-    return EnvSpec(
-        task=task.name,
-        obs_shape=tuple(obs_space.shape),
-        action_dim=int(action_space.shape[0]),
-        episode_length=task.env_steps // repeat,
-        action_repeat=repeat,
-        episodic=task.episodic,
-    )
+def _spec(task: Task, env: gym.Env | None, obs_space: gym.Space, action_space: gym.Space, repeat: int) -> EnvSpec:
+    """The task's spec; whether it terminates comes from the task or, for user envs, from what the env
+    declares (metadata["episodic"], default False: no termination head unless the env says it ends)."""
+    episodic = task.episodic
+    if episodic is None:
+        episodic = bool(env is not None and env.unwrapped.metadata.get("episodic", False))
+    assert obs_space.shape is not None and action_space.shape is not None
+    return EnvSpec(task=task.name, obs_shape=tuple(obs_space.shape), action_dim=int(action_space.shape[0]),
+                   episode_length=task.env_steps // repeat, action_repeat=repeat, episodic=episodic)

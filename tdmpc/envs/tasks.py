@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-# gymnasium tasks whose step() never returns terminated=True (read off gymnasium 1.4's
-# source): they only end at their time limit, so a termination head would learn nothing.
+# gymnasium's own tasks whose step() never returns terminated=True (read off gymnasium 1.4's
+# source): they only end at their time limit, so a termination head would learn nothing. Every
+# other gymnasium task can terminate; a user's env says so itself (metadata["episodic"]).
 NEVER_TERMINATE = frozenset({"Pendulum", "HalfCheetah", "Swimmer", "Reacher", "Pusher", "HumanoidStandup"})
 # Every dm_control suite task ends after 1000 control steps (lqr, which has no limit, gets one).
 DMC_EPISODE_STEPS = 1000
@@ -47,7 +48,13 @@ class Task:
     dmc: tuple[str, str] | None  # (domain, task) for DeepMind Control, None for gymnasium
     env_steps: int  # environment steps per episode, before action repeat
     default_action_repeat: int
-    episodic: bool  # whether an episode can end in a true terminal state
+    episodic: bool | None  # whether an episode can end in a true terminal state; None: as the built env declares
+
+
+def episode_length(task: str, action_repeat: int | None = None) -> int:
+    """Agent steps per episode of `task` with this action repeat (None: the task's default)."""
+    t = resolve_task(task)
+    return t.env_steps // (action_repeat or t.default_action_repeat)
 
 
 def resolve_task(name: str) -> Task:
@@ -71,12 +78,13 @@ def _gym_task(name: str) -> Task:
     spec = gym.registry.get(env_id)
     if spec is None:
         raise UnknownTaskError(_unknown(name))
+    builtin = isinstance(spec.entry_point, str) and spec.entry_point.startswith("gymnasium.envs.")
     return Task(
         name=name,
         dmc=None,
         env_steps=spec.max_episode_steps or DEFAULT_EPISODE_STEPS,
         default_action_repeat=1,
-        episodic=not (spec.namespace is None and spec.name in NEVER_TERMINATE),
+        episodic=spec.name not in NEVER_TERMINATE if builtin else None,
     )
 
 

@@ -1,37 +1,17 @@
-"""Wrappers shared by DMC and gymnasium tasks, innermost first in the order make_env applies them.
+"""The wrappers gymnasium does not have: action repeat, and seeding with a picklable RNG state.
 
-Each records its constructor arguments (RecordConstructorArgs), so ``env.spec`` of a wrapped
-gymnasium task can rebuild it with ``gymnasium.make(env.spec)``, as gymnasium's checker does.
+make_env uses gymnasium's own wrappers for everything else (RescaleAction, TimeLimit,
+AddRenderObservation, FrameStackObservation, ...). Each records its constructor arguments
+(RecordConstructorArgs), so ``env.spec`` of a wrapped gymnasium task can rebuild it with
+``gymnasium.make(env.spec)``, as gymnasium's checker does.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from gymnasium import spaces
-
-
-class UnitActions(gym.ActionWrapper, gym.utils.RecordConstructorArgs):
-    """Actions in [-1, 1]^A (float32) for every task, mapped linearly onto the env's own bounds.
-
-    The policy and the planner sample in that cube whatever the task; the env still sees
-    its own range and dtype (Pendulum-v1: 1.0 -> 2.0).
-    """
-
-    def __init__(self, env: gym.Env):
-        gym.utils.RecordConstructorArgs.__init__(self)
-        super().__init__(env)
-        space = env.action_space
-        self._low = space.low.astype(np.float64)
-        self._half_range = (space.high.astype(np.float64) - self._low) / 2.0
-        self._dtype = space.dtype
-        self.action_space = spaces.Box(-1.0, 1.0, space.shape, np.float32)
-
-    def action(self, action: np.ndarray) -> np.ndarray:
-        return (self._low + (np.asarray(action, np.float64) + 1.0) * self._half_range).astype(self._dtype)
 
 
 class ActionRepeat(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -57,35 +37,6 @@ class ActionRepeat(gym.Wrapper, gym.utils.RecordConstructorArgs):
         if "success" in info:
             info = {**info, "success": success}
         return obs, total, terminated, truncated, info
-
-
-class PixelObservation(gym.Wrapper, gym.utils.RecordConstructorArgs):
-    """Observations are the last ``frame_stack`` RGB frames, channels-first uint8.
-
-    Shape (3 * frame_stack, size, size), what the pixel encoder expects. After a reset the
-    first frame fills the whole stack. The env must have ``render_frame(height, width)``.
-    """
-
-    def __init__(self, env: gym.Env, size: int = 64, frame_stack: int = 3):
-        gym.utils.RecordConstructorArgs.__init__(self, size=size, frame_stack=frame_stack)
-        super().__init__(env)
-        self.size = size
-        self._render_frame = env.get_wrapper_attr("render_frame")
-        self._frames: deque[np.ndarray] = deque(maxlen=frame_stack)
-        self.observation_space = spaces.Box(0, 255, (3 * frame_stack, size, size), np.uint8)
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
-        _, info = self.env.reset(seed=seed, options=options)
-        self._frames.extend([self._frame()] * self._frames.maxlen)
-        return np.concatenate(self._frames), info
-
-    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        _, reward, terminated, truncated, info = self.env.step(action)
-        self._frames.append(self._frame())
-        return np.concatenate(self._frames), reward, terminated, truncated, info
-
-    def _frame(self) -> np.ndarray:
-        return self._render_frame(self.size, self.size).transpose(2, 0, 1)
 
 
 class SeedAndRNGState(gym.Wrapper, gym.utils.RecordConstructorArgs):

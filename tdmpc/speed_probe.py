@@ -1,0 +1,35 @@
+"""How long would this run take here? One timed act() and update() before a CPU run starts."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import numpy as np
+import torch
+
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch
+
+
+def hours_left(agent: Agent, env_steps_left: int) -> tuple[float, float, float]:
+    """(seconds per plan, seconds per update, hours for the steps left), timed on a copy of the agent
+    (its warm start, optimiser and RNG are left as they were)."""
+    cfg, dims = agent.cfg, agent.dims
+    probe = copy.deepcopy(agent)
+    obs = np.zeros((cfg.num_envs, *dims.obs_shape), dtype=np.float32 if cfg.obs == "state" else np.uint8)
+    H, B = cfg.horizon, cfg.batch_size
+    batch = Batch(torch.zeros(H + 1, B, *dims.obs_shape), torch.zeros(H, B, dims.action_dim), torch.zeros(H, B),
+                  torch.zeros(H, B, dtype=torch.bool))
+    rng = torch.get_rng_state()
+    timings = []
+    for fn in (lambda: probe.act(obs, role="timing"), lambda: probe.update(batch)):
+        fn()
+        t0 = time.perf_counter()
+        fn()
+        timings.append(time.perf_counter() - t0)
+    torch.set_rng_state(rng)
+    assert cfg.action_repeat is not None
+    vector_steps = max(env_steps_left, 0) / (cfg.num_envs * cfg.action_repeat)
+    per_step = timings[0] + timings[1] * cfg.updates_per_round / cfg.update_every
+    return timings[0], timings[1], vector_steps * per_step / 3600
