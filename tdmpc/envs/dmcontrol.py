@@ -1,4 +1,8 @@
-"""DeepMind Control suite tasks as gymnasium environments (needs the ``[dmc]`` extra)."""
+"""DeepMind Control tasks as gymnasium environments (needs the ``[dmc]`` extra).
+
+The suite's tasks and the reference TD-MPC2's custom ones (:mod:`tdmpc.envs.dmc_custom`) share one
+namespace, one name parser and one env class; only how a task is built differs.
+"""
 
 from __future__ import annotations
 
@@ -7,31 +11,43 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from dm_control import suite
+from dm_control.rl import control
 from gymnasium import spaces
+
+from tdmpc.envs import dmc_custom
 
 # Reference TD-MPC2 names -> dm_control domain names.
 DOMAIN_ALIASES = {"cup": "ball_in_cup", "pointmass": "point_mass"}
 _SHORT_NAMES = {domain: alias for alias, domain in DOMAIN_ALIASES.items()}
+ALL_TASKS = (*suite.ALL_TASKS, *dmc_custom.TASKS)  # (domain, task) in dm_control naming
 
 
 def parse_task(name: str) -> tuple[str, str] | None:
-    """``"cup-catch"`` -> ``("ball_in_cup", "catch")``; None if dm_control has no such task.
+    """``"cup-catch"`` -> ``("ball_in_cup", "catch")``; None if neither the suite nor dmc_custom has it.
 
     Everything after the first ``-`` is the task, so ``finger-turn-easy`` and
     ``finger-turn_easy`` both mean dm_control's ``finger`` / ``turn_easy``.
     """
     domain, _, task = name.partition("-")
     domain_task = (DOMAIN_ALIASES.get(domain, domain), task.replace("-", "_"))
-    return domain_task if domain_task in suite.ALL_TASKS else None
+    return domain_task if domain_task in ALL_TASKS else None
 
 
 def task_names() -> list[str]:
-    """Every suite task in reference naming (``cup-catch``, ``finger-turn-easy``), for suggestions."""
-    return [f"{_SHORT_NAMES.get(d, d)}-{t.replace('_', '-')}" for d, t in suite.ALL_TASKS]
+    """Every task in reference naming (``cup-catch``, ``finger-turn-easy``, ``cup-spin``), for suggestions."""
+    return [f"{_SHORT_NAMES.get(d, d)}-{t.replace('_', '-')}" for d, t in ALL_TASKS]
+
+
+def load(domain: str, task: str, seed: int | None) -> control.Environment:
+    """The dm_control environment of ``(domain, task)``, a suite task or a custom one, seeded with ``seed``."""
+    custom = dmc_custom.TASKS.get((domain, task))
+    if custom is not None:
+        return custom(random=seed)
+    return suite.load(domain, task, task_kwargs={"random": seed}, visualize_reward=False)
 
 
 class DMControlEnv(gym.Env[np.ndarray, np.ndarray]):
-    """One suite task, step for step: no action repeat, the task's own action bounds.
+    """One DMC task, step for step: no action repeat, the task's own action bounds.
 
     Observations are the observation dict flattened into one float32 vector, in dict
     order. dm_control ends an episode with discount 0 at a true terminal state and
@@ -41,7 +57,7 @@ class DMControlEnv(gym.Env[np.ndarray, np.ndarray]):
     metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, domain: str, task: str, *, seed: int | None = None, render_size: tuple[int, int] = (240, 320)):
-        self._env = suite.load(domain, task, task_kwargs={"random": seed}, visualize_reward=False)
+        self._env = load(domain, task, seed)
         self.render_mode = "rgb_array"
         self.render_size = render_size
         self.camera_id = 2 if domain == "quadruped" else 0  # camera 0 of quadruped is too far away

@@ -2,7 +2,7 @@
 
 Two families share one namespace:
 - DeepMind Control, named ``domain-task`` as in the reference TD-MPC2 (``walker-walk``,
-  ``cup-catch``); no version suffix.
+  ``cup-catch``, and its custom tasks such as ``cup-spin``); no version suffix.
 - gymnasium ids (``Pendulum-v1``, ``HalfCheetah-v5``, ``my_module:MyEnv-v0``).
 """
 
@@ -20,7 +20,8 @@ import gymnasium as gym
 # source): they only end at their time limit, so a termination head would learn nothing. Every
 # other gymnasium task can terminate; a user's env says so itself (metadata["episodic"]).
 NEVER_TERMINATE = frozenset({"Pendulum", "HalfCheetah", "Swimmer", "Reacher", "Pusher", "HumanoidStandup"})
-# Every dm_control suite task ends after 1000 control steps (lqr, which has no limit, gets one).
+# Every dm_control suite task ends after 1000 control steps (lqr, which has no limit, gets one),
+# and so does every custom task of dmc_custom.
 DMC_EPISODE_STEPS = 1000
 # Used for gymnasium tasks registered without max_episode_steps.
 DEFAULT_EPISODE_STEPS = 1000
