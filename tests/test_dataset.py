@@ -1,0 +1,267 @@
+import hashlib
+import json
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import tdmpc.dataset
+from tdmpc.dataset import DatasetError, Episode, open_dataset, read_episodes
+from tdmpc.dataset_writer import DatasetWriter
+
+# obs = [episode id (>0), step in episode, task id]; action and reward = the step they led to.
+
+
+def make_episode(ep_id: int, length: int, terminated: bool = False, task: int = 0, obs_dim: int = 3,
+                 action_dim: int = 1) -> Episode:
+    steps = np.arange(length + 1, dtype=np.float32)
+    obs = np.zeros((length + 1, obs_dim), np.float32)
+    obs[:, 0], obs[:, 1], obs[:, 2] = ep_id, steps, task
+    action = np.repeat(steps[1:, None], action_dim, axis=1)
+    return Episode(obs, action, steps[1:].copy(), terminated, not terminated, task)
+
+
+def write(path: Path, episodes: list[Episode], tasks=("walker-walk",), obs_dim: int = 3, action_dim: int = 1,
+          **kw) -> None:
+    with DatasetWriter(path, (obs_dim,), action_dim, list(tasks), "state", 2, "test", **kw) as w:
+        for ep in episodes:
+            w.add_episode(**vars(ep))
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """16-row chunks for 3-D obs and 1-D actions (22 bytes a row), so that small files span many chunks."""
+    monkeypatch.setattr(tdmpc.dataset, "CHUNK_BYTES", 16 * 22)
+
+
+def assert_episodes_equal(got: list[Episode], want: list[Episode]) -> None:
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for name in ("obs", "action", "reward"):
+            np.testing.assert_array_equal(getattr(g, name), getattr(w, name), err_msg=name)
+        assert (g.terminated, g.truncated, g.task) == (w.terminated, w.truncated, w.task)
+
+
+# --- format, writer, reader --------------------------------------------------------------
+
+
+def test_rows_follow_the_replay_buffer_convention(tmp_path):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 2, terminated=True), make_episode(2, 1)])
+    with h5py.File(path) as f:
+        assert f["obs"][:, :2].tolist() == [[1, 0], [1, 1], [1, 2], [2, 0], [2, 1]]
+        assert f["action"][:, 0].tolist() == [0, 1, 2, 0, 1] and f["reward"][...].tolist() == [0, 1, 2, 0, 1]
+        assert f["terminated"][...].tolist() == [False, False, True, False, False]
+        assert f["truncated"][...].tolist() == [False, False, False, False, True]
+        assert f["episode_start"][...].tolist() == [0, 3] and f["episode_length"][...].tolist() == [2, 1]
+        assert f["episode_task"][...].tolist() == [0, 0]
+        assert f.attrs["format"] == "tdmpc-dataset" and f.attrs["version"] == 1
+        assert json.loads(f.attrs["tasks"]) == ["walker-walk"] and f.attrs["action_repeat"] == 2
+        assert f["obs"].compression == "gzip" and f["obs"].maxshape == (None, 3)
+
+
+def test_append_round_trip_and_task_list_extension(tmp_path):
+    path = tmp_path / "d.h5"
+    first = [make_episode(i + 1, 3 + i, terminated=i % 2 == 0) for i in range(4)]
+    write(path, first)
+    second = [make_episode(10 + i, 2 + i, task=i % 2, obs_dim=3) for i in range(3)]
+    with DatasetWriter(path, (3,), 1, ["walker-walk", "cheetah-run"], "state", 2, "second run",
+                       task_obs_dims=[3, 2]) as w:
+        assert w.commit(second) == 3
+    assert_episodes_equal(list(read_episodes(path)), first + second)
+    info = open_dataset(path)
+    assert info.schema.tasks == ("walker-walk", "cheetah-run") and info.schema.task_obs_dims == (3, 2)
+    assert info.files[0].source.splitlines() == ["test", "second run"]
+
+
+@pytest.mark.parametrize("change, field", [
+    (dict(obs_shape=(4,)), "obs_shape"), (dict(action_dim=2), "action_dim"), (dict(obs_type="rgb"), "obs_type"),
+    (dict(action_repeat=1), "action_repeat"), (dict(tasks=["cheetah-run"]), "tasks"),
+    (dict(tasks=["walker-walk", "x"], task_obs_dims=[2, 3]), "task_obs_dims")])
+def test_append_with_another_schema_is_refused(tmp_path, change, field):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 3)])
+    before = digest(path)
+    kw = dict(obs_shape=(3,), action_dim=1, tasks=["walker-walk"], obs_type="state", action_repeat=2, source="s")
+    with pytest.raises(DatasetError, match=f"{path}: '{field}'") as e:
+        DatasetWriter(path, **{**kw, **change})
+    assert "\n" not in str(e.value) and digest(path) == before
+    DatasetWriter(path, **kw).close()  # the refused writer released its lock
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(reward=np.array([0, np.nan, 1], np.float32)), "'reward' is not finite at step 1"),
+    (dict(action=np.zeros((3, 2), np.float32)), "'action' has shape"),
+    (dict(obs=np.zeros((3, 3), np.float32)), "'obs' has shape"),
+    (dict(truncated=False), "neither 'terminated' nor 'truncated'"),
+    (dict(task=1), "'task' is 1")])
+def test_bad_episodes_are_refused_before_anything_is_written(tmp_path, bad, message):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 3)])
+    before = digest(path)
+    with DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, "test") as w:
+        with pytest.raises(DatasetError, match=message) as e:
+            w.add_episode(**{**vars(make_episode(2, 3)), **bad})
+        with pytest.raises(DatasetError, match=message):  # the same episode streamed into commit aborts it
+            w.commit([make_episode(3, 2), Episode(**{**vars(make_episode(2, 3)), **bad})])
+    assert str(path) in str(e.value) and "episode 1" in str(e.value)
+    assert digest(path) == before
+
+
+def test_one_writer_at_a_time(tmp_path):
+    path = tmp_path / "d.h5"
+    with DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, "a"):
+        with pytest.raises(DatasetError, match="another writer"):
+            DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, "b")
+
+
+def test_an_exception_drops_what_was_not_committed(tmp_path):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 3)])
+    with pytest.raises(KeyError):
+        with DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, "test") as w:
+            w.add_episode(**vars(make_episode(2, 3)))
+            raise KeyError
+    assert open_dataset(path).episodes == 1
+
+
+# --- validation: one line naming the file and the field, nothing changed -------------------
+
+
+def corrupt(path: Path, edit) -> None:
+    with h5py.File(path, "a") as f:
+        edit(f)
+
+
+def _nan_reward(f):
+    f["reward"][41] = np.nan
+
+
+CORRUPTIONS = {
+    "missing field": (lambda f: f.__delitem__("reward"), "missing field 'reward'"),
+    "missing attribute": (lambda f: f.attrs.__delitem__("tasks"), "missing field 'tasks'"),
+    "wrong format": (lambda f: f.attrs.__setitem__("format", "other"), "'format' is 'other'"),
+    "newer version": (lambda f: f.attrs.__setitem__("version", 2), "'version' is 2"),
+    "lengths": (lambda f: f["episode_length"].__setitem__(1, 5), "'episode_start'/'episode_length' do not tile"),
+    "task out of range": (lambda f: f["episode_task"].__setitem__(2, 3), "'episode_task' is 3 at episode 2"),
+    "nan reward": (_nan_reward, r"'reward' is not finite at row 41 \(episode 5, step 1\)"),
+    "inf obs": (lambda f: f["obs"].__setitem__((11, 1), np.inf),
+                r"'obs' is not finite at row 11 \(episode 1, step 3\)"),
+    "stray flag": (lambda f: f["terminated"].__setitem__(1, True), "'terminated'/'truncated' set inside an episode"),
+}
+
+
+@pytest.mark.parametrize("name", CORRUPTIONS)
+def test_bad_files_fail_with_one_line_naming_file_and_field(tmp_path, small_chunks, name):
+    edit, message = CORRUPTIONS[name]
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(i + 1, 7) for i in range(8)])  # 8 rows an episode: rows 40.. are episode 5
+    corrupt(path, edit)
+    before = digest(path)
+    with pytest.raises(DatasetError, match=message) as e:
+        open_dataset(path)
+    assert str(e.value).startswith(f"{path}: ") and "\n" not in str(e.value)
+    assert digest(path) == before
+    with pytest.raises(DatasetError):  # nor can a writer append to it
+        DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, "test").close()
+        open_dataset(path)
+    assert digest(path) == before
+
+
+def test_value_check_streams_in_blocks(tmp_path, small_chunks, monkeypatch):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(i + 1, 15) for i in range(20)])
+    corrupt(path, lambda f: f["action"].__setitem__((300, 0), np.nan))
+    reads = []
+    original = h5py.Dataset.__getitem__
+    monkeypatch.setattr(tdmpc.dataset, "BLOCK_BYTES", 64 * 22)
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", lambda ds, key: reads.append((ds.name, key)) or original(ds, key))
+    with pytest.raises(DatasetError, match=r"'action' is not finite at row 300 \(episode 18, step 12\)"):
+        open_dataset(path)
+    row_reads = [key for name, key in reads if name == "/action"]
+    assert row_reads and all(k.stop - k.start <= 64 for k in row_reads)
+
+
+def test_truncated_and_foreign_files(tmp_path):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(i + 1, 50) for i in range(20)])
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    text = tmp_path / "notes.h5"
+    text.write_text("hello")
+    for bad, message in ((cut, "truncated or corrupt HDF5 file"), (text, "not an HDF5 file"),
+                         (tmp_path / "nope.h5", "no such file")):
+        with pytest.raises(DatasetError, match=message) as e:
+            open_dataset([path, bad])
+        assert str(e.value).startswith(f"{bad}: ") and "\n" not in str(e.value)
+
+
+def test_expected_dims_name_the_file(tmp_path):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 4)])
+    with pytest.raises(DatasetError, match=rf"{path}: 'obs' rows are \(3,\); this run expects \(24,\)"):
+        open_dataset(path, expect_obs_shape=(24,), expect_action_dim=1)
+    with pytest.raises(DatasetError, match=rf"{path}: 'action' rows are \(1,\); this run expects \(6,\)"):
+        open_dataset(path, expect_obs_shape=(3,), expect_action_dim=6)
+
+
+# --- crash safety ---------------------------------------------------------------------------
+
+
+def _appender(path: str, seed: int) -> None:
+    """Child process: append a large batch of episodes in one commit."""
+    rng = np.random.default_rng(seed)
+    with DatasetWriter(path, (64,), 4, ["walker-walk"], "state", 2, f"child {seed}") as w:
+        for i in range(40):
+            obs = rng.standard_normal((1001, 64), dtype=np.float32)
+            obs[:, 0] = seed * 1000 + i
+            w.add_episode(obs, rng.standard_normal((1000, 4), dtype=np.float32),
+                          rng.standard_normal(1000, dtype=np.float32), False, True)
+    os._exit(0)
+
+
+def episode_ids(path: Path) -> list[int]:
+    info = open_dataset(path)  # opens and validates every row
+    with h5py.File(path) as f:
+        return [int(f["obs"][s, 0]) for s in info.files[0].episode_start]
+
+
+def test_sigkilled_appends_never_corrupt_the_file(tmp_path):
+    path = tmp_path / "data.h5"
+    ctx = multiprocessing.get_context("fork")
+    child = ctx.Process(target=_appender, args=(str(path), 1))
+    t0 = time.monotonic()
+    child.start()
+    child.join()
+    duration = time.monotonic() - t0
+    assert child.exitcode == 0
+    ids = episode_ids(path)
+    assert ids == [1000 + i for i in range(40)]
+    killed_mid_commit = 0
+    for k, fraction in enumerate([0.05, 0.25, 0.45, 0.65, 0.8, 0.95]):
+        seed = k + 2
+        child = ctx.Process(target=_appender, args=(str(path), seed))
+        t0 = time.monotonic()
+        child.start()
+        time.sleep(fraction * duration)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        now = episode_ids(path)
+        new = [seed * 1000 + i for i in range(40)]
+        assert now in (ids, ids + new), f"kill {k}: the file changed other than by one whole commit"
+        ids = now
+        leftovers = list(tmp_path.glob(".data.h5.*.tmp"))
+        killed_mid_commit += bool(leftovers)
+        DatasetWriter(path, (64,), 4, ["walker-walk"], "state", 2, "check").close()
+        assert not list(tmp_path.glob(".data.h5.*.tmp"))
+        assert episode_ids(path) == ids
+    assert killed_mid_commit >= 2, "no kill landed inside a commit: make the child's commit longer"
