@@ -9,9 +9,12 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 
 import tdmpc.dataset
+from tdmpc.buffer import ReplayBuffer
 from tdmpc.dataset import DatasetError, Episode, open_dataset, read_episodes
+from tdmpc.dataset_sampler import InMemoryDataset, StreamingDataset
 from tdmpc.dataset_writer import DatasetWriter
 
 # obs = [episode id (>0), step in episode, task id]; action and reward = the step they led to.
@@ -212,6 +215,137 @@ def test_expected_dims_name_the_file(tmp_path):
         open_dataset(path, expect_obs_shape=(24,), expect_action_dim=1)
     with pytest.raises(DatasetError, match=rf"{path}: 'action' rows are \(1,\); this run expects \(6,\)"):
         open_dataset(path, expect_obs_shape=(3,), expect_action_dim=6)
+
+
+def test_files_merge_tasks_by_name_and_pad_dims(tmp_path):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    write(a, [make_episode(1, 4, task=0)], tasks=["walker-walk"])
+    eps = [make_episode(2, 4, task=0, obs_dim=5, action_dim=2), make_episode(3, 4, task=1, obs_dim=5, action_dim=2)]
+    write(b, eps, tasks=["cheetah-run", "walker-walk"], obs_dim=5, action_dim=2, task_obs_dims=[5, 3],
+          task_action_dims=[2, 1])
+    info = open_dataset([a, b])
+    assert info.schema.tasks == ("walker-walk", "cheetah-run")
+    assert info.schema.obs_shape == (5,) and info.schema.action_dim == 2
+    assert info.schema.task_obs_dims == (3, 5) and info.files[1].task_ids.tolist() == [1, 0]
+    batch = InMemoryDataset(info, horizon=2).sample(64)
+    ids, task = batch.obs[0, :, 0], batch.task
+    assert torch.equal(task, torch.where(ids == 2, 1, 0))  # episode 2 is cheetah-run, 1 and 3 walker-walk
+    first_file = ids == 1
+    assert (batch.obs[:, first_file, 3:] == 0).all() and (batch.action[:, first_file, 1] == 0).all()
+    c = tmp_path / "c.h5"
+    write(c, [make_episode(4, 4, obs_dim=4)], tasks=["cheetah-run"], obs_dim=4)
+    with pytest.raises(DatasetError, match=rf"{c}: task 'cheetah-run' has obs/action dims 4/1 here but 5/2 in {b}"):
+        open_dataset([a, b, c])
+
+
+# --- sampling --------------------------------------------------------------------------------
+
+
+def check_batch(batch, H: int, B: int, lengths: dict[int, int], terminated: set[int]) -> None:
+    """Every sub-trajectory: one episode, consecutive steps, with its own actions, rewards and flags."""
+    assert batch.obs.shape == (H + 1, B, 3) and batch.action.shape == (H, B, 1)
+    assert batch.reward.shape == (H, B) and batch.terminated.shape == (H, B) and batch.terminated.dtype == torch.bool
+    ids, steps = batch.obs[..., 0], batch.obs[..., 1]
+    assert (ids == ids[0]).all() and (steps[1:] - steps[:-1] == 1).all()
+    assert torch.equal(batch.action[..., 0], steps[1:]) and torch.equal(batch.reward, steps[1:])
+    ends = torch.tensor([lengths[int(i)] for i in ids[0]])
+    assert (steps[-1] <= ends).all()
+    term = torch.tensor([int(i) in terminated for i in ids[0]])
+    assert torch.equal(batch.terminated, (steps[1:] == ends) & term)
+
+
+def start_counts(sampler, batches: int, B: int = 256) -> dict:
+    counts: dict = {}
+    for _ in range(batches):
+        first = sampler.sample(B).obs[0]
+        for key in zip(first[:, 0].tolist(), first[:, 1].tolist()):
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def test_both_samplers_match_the_replay_buffer_contract(tmp_path, small_chunks):
+    lengths = {i + 1: L for i, L in enumerate([5, 2, 9, 3, 30, 4, 1, 17])}
+    terminated = {1, 5}
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(i, L, terminated=i in terminated) for i, L in lengths.items()])
+    info, H, B = open_dataset(path), 3, 64
+    buf = ReplayBuffer(200, 1, (3,), 1, H)
+    buf.start(torch.zeros(1, 3))
+    for _ in range(H):
+        buf.add(torch.zeros(1, 3), torch.zeros(1, 1), torch.zeros(1), torch.zeros(1, dtype=torch.bool))
+    reference = buf.sample(B)
+    with StreamingDataset(info, H, window_rows=40, swap_every=2) as streaming:
+        for sampler in (InMemoryDataset(info, H), streaming):
+            for _ in range(20):
+                batch = sampler.sample(B)
+                check_batch(batch, H, B, lengths, terminated)
+                for name in ("obs", "action", "reward", "terminated"):
+                    got, want = getattr(batch, name), getattr(reference, name)
+                    assert (got.shape, got.dtype, got.is_contiguous()) == (want.shape, want.dtype, True), name
+                assert batch.task is None
+
+
+def test_in_memory_sampling_is_uniform_over_valid_starts(tmp_path):
+    lengths, H = [5, 8, 3, 12, 1], 2
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(i + 1, L) for i, L in enumerate(lengths)])
+    counts = start_counts(InMemoryDataset(open_dataset(path), H), 100)
+    valid = {(i + 1.0, float(s)) for i, L in enumerate(lengths) for s in range(L - H + 1)}
+    assert set(counts) == valid
+    freq = np.array(list(counts.values()), dtype=float)
+    assert freq.min() > 0.85 * freq.mean() and freq.max() < 1.15 * freq.mean()
+
+
+def test_streaming_is_uniform_over_windows_and_covers_every_start(tmp_path, small_chunks):
+    H, n, K = 3, 24, 25  # 24 episodes of 16 rows, one per chunk: every window has the same number of valid starts
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(i + 1, 15) for i in range(n)])
+    with StreamingDataset(open_dataset(path), H, window_rows=64, swap_every=K, deterministic=True) as sampler:
+        assert len(sampler._all) == n and sampler._window.num_starts == 4 * (15 - H + 1)  # 4 segments a window
+        counts = start_counts(sampler, 3 * (n // 4) * K)  # 3 passes over the data, K batches a window
+        assert sampler.windows == 3 * (n // 4) and sampler.late_samples == 0
+    valid = {(i + 1.0, float(s)) for i in range(n) for s in range(15 - H + 1)}
+    assert set(counts) == valid
+    freq = np.array(list(counts.values()), dtype=float)
+    assert freq.min() > 0.8 * freq.mean() and freq.max() < 1.2 * freq.mean()
+
+
+def test_streaming_covers_all_episodes_of_several_files(tmp_path, small_chunks):
+    paths, ids = [tmp_path / "a.h5", tmp_path / "b.h5"], iter(range(1, 1000))
+    rng = np.random.default_rng(0)
+    lengths = {}
+    for path in paths:
+        eps = [make_episode(next(ids), int(rng.integers(1, 40))) for _ in range(25)]
+        lengths.update({int(ep.obs[0, 0]): len(ep.reward) for ep in eps})
+        write(path, eps)
+    info = open_dataset(paths)
+    wanted = {i for i, L in lengths.items() if L >= 2}
+    seen = set()
+    with StreamingDataset(info, 2, window_rows=48, swap_every=1) as sampler:
+        deadline = time.monotonic() + 20
+        while seen != wanted and time.monotonic() < deadline:
+            batch = sampler.sample(32)
+            seen |= set(batch.obs[0, :, 0].int().tolist())
+    assert seen == wanted
+
+
+def test_multitask_batches_carry_the_task_of_each_sub_trajectory(tmp_path, small_chunks):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(i + 1, 10, task=i % 3) for i in range(12)], tasks=["a", "b", "c"])
+    info = open_dataset(path)
+    with StreamingDataset(info, 3, window_rows=48, swap_every=1) as streaming:
+        for sampler in (InMemoryDataset(info, 3), streaming):
+            for _ in range(10):
+                batch = sampler.sample(32)
+                assert batch.task.dtype == torch.int64 and batch.task.shape == (32,)
+                assert torch.equal(batch.task, batch.obs[0, :, 2].long())
+
+
+def test_a_horizon_no_episode_reaches_is_an_error(tmp_path):
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 3), make_episode(2, 2)])
+    with pytest.raises(DatasetError, match="no episode has 4 or more transitions"):
+        InMemoryDataset(open_dataset(path), 4)
 
 
 # --- crash safety ---------------------------------------------------------------------------
