@@ -13,6 +13,7 @@ file and the field.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator, NoReturn, Sequence
@@ -370,3 +371,8 @@ def read_episodes(path: str | Path) -> Iterator[Episode]:
                               bool(rows["terminated"][b - 1]), bool(rows["truncated"][b - 1]),
                               int(file.episode_task[e]))
 
+
+if __name__ == "__main__":  # python -m tdmpc.dataset: the CLI imports this module as tdmpc.dataset
+    from tdmpc.dataset_cli import main
+
+    sys.exit(main())

@@ -3,6 +3,8 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import torch
 import tdmpc.dataset
 from tdmpc.buffer import ReplayBuffer
 from tdmpc.dataset import DatasetError, Episode, open_dataset, read_episodes
+from tdmpc.dataset_cli import main as cli_main
+from tdmpc.dataset_convert import convert_buffer, episodes_from_buffer
 from tdmpc.dataset_sampler import InMemoryDataset, StreamingDataset
 from tdmpc.dataset_writer import DatasetWriter
 
@@ -346,6 +350,93 @@ def test_a_horizon_no_episode_reaches_is_an_error(tmp_path):
     write(path, [make_episode(1, 3), make_episode(2, 2)])
     with pytest.raises(DatasetError, match="no episode has 4 or more transitions"):
         InMemoryDataset(open_dataset(path), 4)
+
+
+# --- replay buffer conversion --------------------------------------------------------------
+
+
+def run_buffer(N: int, cap: int, ends: list[list[int]]) -> tuple[ReplayBuffer, list[list[tuple]]]:
+    """Drive a ReplayBuffer; ends[t][e]: 0 continue, 1 terminate, 2 truncate. Returns it and each env's
+    history of written rows (episode id, step, terminated) in time order."""
+    buf = ReplayBuffer(cap * N, N, (3,), 1, 1)
+    ids = iter(range(1, 10**6))
+    ep, step = [next(ids) for _ in range(N)], [0] * N
+    history: list[list[tuple]] = [[(ep[e], 0, False)] for e in range(N)]
+    buf.start(torch.tensor([[ep[e], 0, 0] for e in range(N)], dtype=torch.float32))
+    for row in ends:
+        for e in range(N):
+            step[e] += 1
+            history[e].append((ep[e], step[e], row[e] == 1))
+        buf.add(torch.tensor([[ep[e], step[e], row[e] == 1] for e in range(N)], dtype=torch.float32),
+                torch.tensor(step, dtype=torch.float32).view(N, 1), torch.tensor(step, dtype=torch.float32),
+                torch.tensor([r == 1 for r in row]))
+        done = [e for e in range(N) if row[e]]
+        for e in done:
+            ep[e], step[e] = next(ids), 0
+            history[e].append((ep[e], 0, False))
+        if done:
+            buf.start(torch.tensor([[ep[e], 0, 0] for e in done], dtype=torch.float32), np.array(done))
+    return buf, history
+
+
+def expected_episodes(history: list[list[tuple]], cap: int) -> list[tuple]:
+    """(id, length, terminated) of the episodes whose first row is still among each env's last `cap` rows."""
+    out = []
+    for rows in history:
+        kept = rows[-cap:]
+        for ep_id in dict.fromkeys(r[0] for r in kept):
+            mine = [r for r in kept if r[0] == ep_id]
+            if mine[0][1] == 0 and len(mine) > 1:
+                out.append((ep_id, len(mine) - 1, mine[-1][2]))
+    return out
+
+
+@pytest.mark.parametrize("N, cap, ends", [
+    (1, 50, [[0]] * 5 + [[1]] + [[0]] * 3 + [[2]] + [[0]] * 4),  # no wrap, episode in progress at the end
+    (2, 12, [[0, 0]] * 9 + [[1, 0]] + [[0, 2]] * 8 + [[2, 1]] + [[0, 0]] * 3),  # wrapped, partial oldest dropped
+    (3, 7, [[1, 0, 2], [0, 0, 0], [2, 1, 0]] * 5 + [[0, 0, 1]]),  # wrapped several times, a start as the last row
+    (1, 6, [[0]] * 20),  # one endless episode whose start was overwritten: nothing
+])
+def test_episodes_from_buffer_recovers_each_envs_episodes(tmp_path, N, cap, ends):
+    buf, history = run_buffer(N, cap, ends)
+    buf.save(tmp_path / "buffer.h5")
+    got = list(episodes_from_buffer(tmp_path / "buffer.h5"))
+    want = expected_episodes(history, cap)
+    assert [(int(ep.obs[0, 0]), len(ep.reward), ep.terminated) for ep in got] == want
+    for ep in got:
+        assert ep.truncated == (not ep.terminated)
+        steps = np.arange(len(ep.reward) + 1, dtype=np.float32)
+        np.testing.assert_array_equal(ep.obs[:, 1], steps)
+        np.testing.assert_array_equal(ep.reward, steps[1:])
+        np.testing.assert_array_equal(ep.action[:, 0], steps[1:])
+
+
+def test_convert_buffer_cli_and_old_buffers(tmp_path, capsys):
+    buf, history = run_buffer(2, 20, [[0, 0]] * 7 + [[1, 2]] + [[0, 0]] * 5)
+    buf.save(tmp_path / "buffer.h5")
+    out = tmp_path / "data.h5"
+    assert cli_main(["convert", str(tmp_path / "buffer.h5"), "--task", "Pendulum-v1", "--out", str(out)]) == 0
+    info = open_dataset(out)
+    assert info.schema.tasks == ("Pendulum-v1",) and info.schema.action_repeat == 1
+    assert info.episodes == len(expected_episodes(history, 20)) == 4
+    capsys.readouterr()
+    assert cli_main(["info", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "4 episodes, 30 rows" in text and "task Pendulum-v1: 4 episodes, return" in text
+    with h5py.File(tmp_path / "buffer.h5", "a") as f:
+        del f["first"]
+    with pytest.raises(DatasetError, match="saved before episode starts were recorded"):
+        convert_buffer(tmp_path / "buffer.h5", tmp_path / "other.h5", "Pendulum-v1")
+    assert cli_main(["info", str(tmp_path / "missing.h5")]) == 2
+
+
+def test_module_entry_point_reports_bad_input_with_exit_code_2(tmp_path):
+    bad = tmp_path / "bad.h5"
+    bad.write_text("not hdf5")
+    r = subprocess.run([sys.executable, "-m", "tdmpc.dataset", "info", str(bad)], capture_output=True, text=True,
+                       cwd=Path(__file__).parents[1], env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and r.stderr.strip() == f"error: {bad}: not an HDF5 file (" + \
+        r.stderr.strip().split("(", 1)[1]
 
 
 # --- crash safety ---------------------------------------------------------------------------
