@@ -72,8 +72,36 @@ def _returns(file: DatasetFile) -> np.ndarray:
     return out
 
 
+def to_minari(path: Annotated[Path, tyro.conf.Positional], dataset_id: str, author: Optional[str] = None,
+              author_email: Optional[str] = None, code_permalink: Optional[str] = None) -> int:
+    """Write a dataset file as a local Minari dataset (under $MINARI_DATASETS_PATH, default ~/.minari/datasets).
+
+    Args:
+        path: the dataset file.
+        dataset_id: Minari id, (namespace/)name-vN.
+    """
+    from tdmpc.dataset_minari import to_minari as export
+
+    print(f"{export(path, dataset_id, author, author_email, code_permalink)}: written")
+    return 0
+
+
+def from_minari(source: Annotated[str, tyro.conf.Positional], out: Path, task: Optional[str] = None) -> int:
+    """Write a local Minari dataset (an id or a directory; nothing is downloaded) to a dataset file.
+
+    Args:
+        source: Minari dataset id or directory.
+        out: the dataset file (appended if it exists).
+        task: task name of a foreign dataset; default: its env id, else its dataset id.
+    """
+    from tdmpc.dataset_minari import from_minari as import_
+
+    print(f"{out}: {import_(source, out, task)} episodes written")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    commands = {"convert": convert, "info": info}
+    commands = {"convert": convert, "info": info, "to-minari": to_minari, "from-minari": from_minari}
     return run_cli(lambda: tyro.extras.subcommand_cli_from_dict(commands, prog="python -m tdmpc.dataset", args=argv,
                                                                  description=__doc__.split(": ", 1)[1].rstrip(".")))
 

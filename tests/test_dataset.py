@@ -490,3 +490,97 @@ def test_sigkilled_appends_never_corrupt_the_file(tmp_path):
         assert not list(tmp_path.glob(".data.h5.*.tmp"))
         assert episode_ids(path) == ids
     assert killed_mid_commit >= 2, "no kill landed inside a commit: make the child's commit longer"
+
+
+# --- Minari ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def minari_root(tmp_path, monkeypatch):
+    pytest.importorskip("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    return tmp_path / "minari"
+
+
+def read_all(path: Path) -> dict:
+    with h5py.File(path) as f:
+        return {**{name: f[name][...] for name in f}, **{k: f.attrs[k] for k in f.attrs}}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_minari_round_trip_preserves_every_array(tmp_path, minari_root):
+    from tdmpc.dataset_minari import from_minari, to_minari
+
+    path = tmp_path / "ours.h5"
+    eps = [make_episode(i + 1, 3 + i, terminated=i % 3 == 0, task=i % 2, obs_dim=4, action_dim=2) for i in range(7)]
+    eps[2].action[:] = np.linspace(-1, 1, eps[2].action.size).reshape(eps[2].action.shape)
+    write(path, eps, tasks=["walker-walk", "cheetah-run"], obs_dim=4, action_dim=2, task_obs_dims=[4, 3],
+          task_action_dims=[2, 1])
+    directory = to_minari(path, "tdmpc/walker-test-v0")
+    assert directory == minari_root / "tdmpc" / "walker-test-v0"
+    assert from_minari("tdmpc/walker-test-v0", tmp_path / "back.h5") == 7
+    want, got = read_all(path), read_all(tmp_path / "back.h5")
+    assert want.keys() == got.keys()
+    for key in want:
+        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    with pytest.raises(DatasetError, match="already exists"):
+        to_minari(path, "tdmpc/walker-test-v0")
+    with pytest.raises(DatasetError, match="no such local Minari dataset"):
+        from_minari("tdmpc/absent-v0", tmp_path / "x.h5")
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_minari_import_of_a_dataset_made_by_minari(tmp_path, minari_root):
+    import gymnasium as gym
+    import minari
+    from minari.data_collector import EpisodeBuffer
+
+    from tdmpc.dataset_minari import from_minari
+
+    env = gym.make("Pendulum-v1", max_episode_steps=20)
+    rng = np.random.default_rng(0)
+    buffers = []
+    for i in range(3):
+        obs, _ = env.reset(seed=i)
+        obs_l, act_l, rew_l, term_l, trunc_l = [obs], [], [], [], []
+        done = False
+        while not done:
+            a = rng.uniform(-2, 2, size=(1,)).astype(np.float32)
+            obs, r, term, trunc, _ = env.step(a)
+            obs_l.append(obs), act_l.append(a), rew_l.append(r), term_l.append(term), trunc_l.append(trunc)
+            done = term or trunc
+        buffers.append(EpisodeBuffer(observations=np.array(obs_l), actions=np.array(act_l), rewards=rew_l,
+                                     terminations=term_l, truncations=trunc_l))
+    minari.create_dataset_from_buffers("pendulum/random-v0", buffers, env=env)
+    out = tmp_path / "pendulum.h5"
+    assert from_minari(minari_root / "pendulum" / "random-v0", out) == 3
+    info = open_dataset(out)
+    assert info.schema.tasks == ("Pendulum-v1",) and info.schema.obs_shape == (3,)
+    for ep, buf in zip(read_episodes(out), buffers):
+        np.testing.assert_allclose(ep.obs, buf.observations, rtol=1e-6)
+        np.testing.assert_allclose(ep.action, buf.actions / 2, rtol=1e-6)  # [-2, 2] -> [-1, 1], as UnitActions
+        np.testing.assert_allclose(ep.reward, np.float32(buf.rewards))
+        assert ep.truncated and not ep.terminated
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_minari_import_of_a_data_collector_dataset(tmp_path, minari_root):
+    pytest.importorskip("jax", reason="minari.DataCollector needs minari[create] (jax)")
+    import gymnasium as gym
+    import minari
+
+    from tdmpc.dataset_minari import from_minari
+
+    env = minari.DataCollector(gym.make("Pendulum-v1", max_episode_steps=15))
+    for i in range(3):
+        env.reset(seed=i)
+        done = False
+        while not done:
+            _, _, term, trunc, _ = env.step(env.action_space.sample())
+            done = term or trunc
+    dataset = env.create_dataset("pendulum/collected-v0")
+    assert from_minari("pendulum/collected-v0", tmp_path / "p.h5") == 3
+    for ep, theirs in zip(read_episodes(tmp_path / "p.h5"), dataset.iterate_episodes()):
+        np.testing.assert_allclose(ep.obs, theirs.observations, rtol=1e-6)
+        np.testing.assert_allclose(ep.action, theirs.actions / 2, rtol=1e-6)
+        assert len(ep.reward) == 15 and ep.truncated
