@@ -103,7 +103,7 @@ def from_minari(source: Annotated[str, tyro.conf.Positional], out: Path, task: O
 def main(argv: list[str] | None = None) -> int:
     commands = {"convert": convert, "info": info, "to-minari": to_minari, "from-minari": from_minari}
     return run_cli(lambda: tyro.extras.subcommand_cli_from_dict(commands, prog="python -m tdmpc.dataset", args=argv,
-                                                                 description=__doc__.split(": ", 1)[1].rstrip(".")))
+                                                                 description=__doc__.splitlines()[0]))
 
 
 if __name__ == "__main__":
