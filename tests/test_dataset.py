@@ -205,20 +205,24 @@ def test_truncated_and_foreign_files(tmp_path):
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     text = tmp_path / "notes.h5"
     text.write_text("hello")
+    before = {p: digest(p) for p in (path, cut, text)}
     for bad, message in ((cut, "truncated or corrupt HDF5 file"), (text, "not an HDF5 file"),
                          (tmp_path / "nope.h5", "no such file")):
         with pytest.raises(DatasetError, match=message) as e:
             open_dataset([path, bad])
         assert str(e.value).startswith(f"{bad}: ") and "\n" not in str(e.value)
+    assert before == {p: digest(p) for p in before}
 
 
 def test_expected_dims_name_the_file(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(1, 4)])
+    before = digest(path)
     with pytest.raises(DatasetError, match=rf"{path}: 'obs' rows are \(3,\); this run expects \(24,\)"):
         open_dataset(path, expect_obs_shape=(24,), expect_action_dim=1)
     with pytest.raises(DatasetError, match=rf"{path}: 'action' rows are \(1,\); this run expects \(6,\)"):
         open_dataset(path, expect_obs_shape=(3,), expect_action_dim=6)
+    assert digest(path) == before and open_dataset(path, expect_obs_shape=(3,), expect_action_dim=1).episodes == 1
 
 
 def test_files_merge_tasks_by_name_and_pad_dims(tmp_path):
