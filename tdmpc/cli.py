@@ -1,7 +1,7 @@
 """Exit codes and one-line errors shared by the command-line entry points.
 
 0 finished, 1 anything unexpected (with its traceback), 2 bad input (config, task,
-checkpoint, device), 3 stopped by a signal after writing a checkpoint (requeue me).
+checkpoint, dataset, device), 3 stopped by a signal after writing a checkpoint (requeue me).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Callable
 
 from tdmpc.checkpoint import CheckpointError
 from tdmpc.config import ConfigError
+from tdmpc.dataset import DatasetError
 from tdmpc.device import DeviceError
 from tdmpc.envs import TaskError
 
@@ -21,7 +22,7 @@ class BadInput(ValueError):
     """Any other input the user can fix; one line."""
 
 
-USER_ERRORS = (ConfigError, CheckpointError, DeviceError, TaskError, BadInput)
+USER_ERRORS = (ConfigError, CheckpointError, DeviceError, TaskError, DatasetError, BadInput)
 
 
 def run_cli(fn: Callable[[], int]) -> int:

@@ -1,0 +1,110 @@
+"""python -m tdmpc.dataset: make, check and describe offline dataset files (docs/dataset-format.md)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import numpy as np
+import tyro
+
+from tdmpc.cli import run_cli
+from tdmpc.dataset import DatasetFile, episode_blocks, open_dataset, open_h5
+
+
+def convert(buffer: Annotated[Path, tyro.conf.Positional], task: str, out: Path, obs_type: Optional[str] = None,
+            action_repeat: Optional[int] = None) -> int:
+    """Write a saved replay buffer's episodes to a dataset file (appended if it exists).
+
+    Args:
+        buffer: the replay buffer file a training run saved.
+        task: the task the buffer was collected on.
+        out: the dataset file.
+        obs_type: state or rgb; default: rgb for a uint8 buffer, else state.
+        action_repeat: what the run used; default: the task's default.
+    """
+    from tdmpc.dataset_convert import convert_buffer
+
+    n = convert_buffer(buffer, out, task, obs_type, action_repeat)
+    print(f"{out}: {n} episodes written")
+    return 0
+
+
+def info(paths: Annotated[list[Path], tyro.conf.Positional]) -> int:
+    """Check dataset files (every row) and describe them: episodes, rows, tasks, returns per task, size.
+
+    Args:
+        paths: dataset files.
+    """
+    for path in paths:  # one by one: unrelated files need not be readable together
+        print(describe(open_dataset(path).files[0]))
+    return 0
+
+
+def describe(file: DatasetFile) -> str:
+    s = file.schema
+    size = file.path.stat().st_size
+    raw = file.rows * s.row_bytes()
+    lines = [f"{file.path}: {file.episodes:,} episodes, {file.rows:,} rows, {len(s.tasks)} task(s), "
+             f"{size / 1e6:.1f} MB ({raw / max(size, 1):.1f}x compressed)",
+             f"  obs {s.obs_type} {s.obs_shape} {s.obs_dtype}, action {s.action_dim}, action_repeat {s.action_repeat}"]
+    returns = _returns(file)
+    for t, name in enumerate(s.tasks):
+        mine = file.episode_task == t
+        r, length = returns[mine], file.episode_length[mine]
+        stats = (f"return {r.mean():.1f} +- {r.std():.1f} (min {r.min():.1f}, max {r.max():.1f}), length "
+                 f"{length.mean():.1f}" if mine.any() else "")
+        dims = f", obs/action dims {s.task_obs_dims[t]}/{s.task_action_dims[t]}" if len(s.tasks) > 1 else ""
+        lines.append(f"  task {name}: {int(mine.sum()):,} episodes{', ' + stats if stats else ''}{dims}")
+    lines += [f"  source: {line}" for line in file.source.splitlines()]
+    return "\n".join(lines)
+
+
+def _returns(file: DatasetFile) -> np.ndarray:
+    """Each episode's return, reading only the rewards."""
+    out = np.zeros(file.episodes)
+    with open_h5(file.path) as f:
+        for e0, e1, lo, hi in episode_blocks(file):
+            reward = f["reward"][lo:hi].astype(np.float64)
+            firsts = file.episode_start[e0:e1] - lo  # reset rows: reward 0 by convention, not counted
+            out[e0:e1] = np.add.reduceat(reward, firsts) - reward[firsts]
+    return out
+
+
+def to_minari(path: Annotated[Path, tyro.conf.Positional], dataset_id: str, author: Optional[str] = None,
+              author_email: Optional[str] = None, code_permalink: Optional[str] = None) -> int:
+    """Write a dataset file as a local Minari dataset (under $MINARI_DATASETS_PATH, default ~/.minari/datasets).
+
+    Args:
+        path: the dataset file.
+        dataset_id: Minari id, (namespace/)name-vN.
+    """
+    from tdmpc.dataset_minari import to_minari as export
+
+    print(f"{export(path, dataset_id, author, author_email, code_permalink)}: written")
+    return 0
+
+
+def from_minari(source: Annotated[str, tyro.conf.Positional], out: Path, task: Optional[str] = None) -> int:
+    """Write a local Minari dataset (an id or a directory; nothing is downloaded) to a dataset file.
+
+    Args:
+        source: Minari dataset id or directory.
+        out: the dataset file (appended if it exists).
+        task: task name of a foreign dataset; default: its env id, else its dataset id.
+    """
+    from tdmpc.dataset_minari import from_minari as import_
+
+    print(f"{out}: {import_(source, out, task)} episodes written")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    commands = {"convert": convert, "info": info, "to-minari": to_minari, "from-minari": from_minari}
+    return run_cli(lambda: tyro.extras.subcommand_cli_from_dict(commands, prog="python -m tdmpc.dataset", args=argv,
+                                                                 description=__doc__.splitlines()[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
