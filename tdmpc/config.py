@@ -337,12 +337,12 @@ def available_configs() -> list[str]:
 
 
 def find_config_file(name: str) -> Path:
-    """`--cfg a4000.json` finds the packaged configs/a4000.json; a path works as given; '.json' is optional."""
+    """`--cfg a4000.json` finds ./configs/a4000.json or the packaged one; a path works as given; '.json' is optional."""
     names = [name] if name.endswith(".json") else [name, name + ".json"]
-    for candidate in [Path(n) for n in names] + [CONFIG_DIR / n for n in names]:
+    for candidate in [d / n for d in (Path("."), Path("configs"), CONFIG_DIR) for n in names]:
         if candidate.is_file():
             return candidate
-    raise ConfigError(f"config file '{name}' not found (looked in . and {CONFIG_DIR}; "
+    raise ConfigError(f"config file '{name}' not found (looked in ., ./configs and {CONFIG_DIR}; "
                       f"available: {', '.join(available_configs())})")
 
 

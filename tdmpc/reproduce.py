@@ -233,10 +233,14 @@ def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: lis
 # --- Slurm ----------------------------------------------------------------------------
 
 def sweep_script() -> Path:
-    for base in (Path(__file__).resolve().parents[1], Path.cwd()):
-        if (base / "slurm" / "sweep.sh").is_file():
-            return base / "slurm" / "sweep.sh"
-    raise BadInput("--slurm needs slurm/sweep.sh from the repository; run from the repository root")
+    """./slurm/sweep.sh (a checkout, or a copy made by python -m tdmpc.slurm_scripts --copy .), else the
+    packaged one (its logs then go beside it)."""
+    from tdmpc.slurm_scripts import SCRIPTS
+
+    for script in (Path.cwd() / "slurm" / "sweep.sh", SCRIPTS / "sweep.sh"):
+        if script.is_file():
+            return script
+    raise BadInput("--slurm needs slurm/sweep.sh: run python -m tdmpc.slurm_scripts --copy . first")
 
 
 def submit_slurm(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: list[str]) -> int:

@@ -1,0 +1,148 @@
+"""The Python API: import tdmpc, tdmpc.train(...), Agent.from_checkpoint, act() on one observation, callbacks,
+env objects and factories, and wandb (against a stub of the wandb package)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+
+import tdmpc
+
+# A model and plan small enough to train a few hundred steps in seconds on one core.
+TINY = dict(model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2, num_samples=32,
+            num_elites=4, num_pi_trajs=2, iterations=2, batch_size=16, buffer_size=5000, seed_steps=200,
+            eval_freq=300, eval_episodes=2, log_every=100, save_every=300, steps=300, precision="fp32",
+            progress=False, tensorboard=False, device="cpu", threads=1)
+REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference-ms1" / "reference_checkpoint.pt"
+
+
+class Corridor(gym.Env):
+    """Walk right (reward x); ends at |x| >= 0.2 if it terminates; never declares whether it does."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, terminates: bool = False):
+        self.terminates, self.x, self.t, self.steps = terminates, 0.0, 0, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.x, self.t = 0.0, 0
+        return np.array([self.x, 0.0], np.float32), {}
+
+    def step(self, action):
+        self.x = float(np.clip(self.x + 0.1 * float(action[0]), -1, 1))
+        self.t += 1
+        self.steps += 1
+        done = self.terminates and abs(self.x) >= 0.2
+        return np.array([self.x, self.t / 100], np.float32), self.x, done, self.t >= 100, {}
+
+
+class DeclaredCorridor(Corridor):
+    metadata = {"episodic": True}
+
+
+def test_version_and_the_train_function_survive_importing_the_cli_module():
+    from importlib.metadata import version
+
+    assert tdmpc.__version__ == version("tdmpc")
+    from tdmpc.train import main  # the CLI module of the same name
+
+    assert callable(main) and callable(tdmpc.train) and tdmpc.train.__name__ == "train"
+    assert {"Agent", "Config", "train"} <= set(tdmpc.__all__)
+
+
+def test_train_from_python_returns_the_run_and_an_agent_that_acts_on_one_observation(tmp_path):
+    logs, evals = [], []
+    run_dir, agent = tdmpc.train(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=logs.append,
+                                 on_eval=evals.append, **TINY)
+    assert run_dir == tmp_path / "run" and (run_dir / "checkpoints" / "latest.pt").is_file()
+    assert [r["env_step"] for r in logs] == [100, 200, 300] and [r["env_step"] for r in evals] == [300]
+    assert "consistency_loss" in logs[-1] and np.isfinite(evals[0]["episode_return"])
+    obs = np.zeros(3, np.float32)
+    action = agent.act(obs)
+    assert action.shape == (1,) and np.all(np.abs(action) <= 1)
+    assert agent.act(np.zeros((4, 3), np.float32), eval_mode=True).shape == (4, 1)
+
+    loaded = tdmpc.Agent.from_checkpoint(run_dir / "checkpoints" / "latest.pt", device="cpu")
+    assert loaded.cfg.task == "Pendulum-v1" and loaded.act(obs, first_step=True).shape == (1,)
+
+
+def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues(tmp_path):
+    stop_at_first_log = lambda row: False  # noqa: E731
+    run_dir, _ = tdmpc.train(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=stop_at_first_log, **TINY)
+    import torch
+
+    ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert ck["train"]["env_step"] == 100 and not ck["train"]["finished"]
+    _, _ = tdmpc.train(run_dir=run_dir, resume=True)
+    ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert ck["train"]["env_step"] == 300 and ck["train"]["finished"]
+
+
+def test_an_env_object_trains_as_is_and_is_copied_for_more_envs_and_evaluation(tmp_path, capsys):
+    env = Corridor(terminates=True)
+    run_dir, agent = tdmpc.train(env=env, run_dir=tmp_path / "run", num_envs=2, **{**TINY, "seed_steps": 400,
+                                                                                     "steps": 400, "eval_freq": 400})
+    assert env.steps == 200  # the object itself was stepped (400 steps / 2 envs), its copies the rest
+    assert agent.cfg.task == "custom:Corridor"
+    assert agent.cfg.episodic is False  # it does not declare that it terminates
+    assert "ended an episode in a terminal state, but episodic is off" in capsys.readouterr().err
+
+
+def test_a_factory_and_what_an_env_declares(tmp_path):
+    _, agent = tdmpc.train(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
+    assert agent.cfg.episodic is True and agent.dims.episodic
+    _, agent = tdmpc.train(env=lambda: Corridor(), run_dir=tmp_path / "run2", episodic=True, **TINY)
+    assert agent.cfg.episodic is True  # a setting, whatever the env says
+
+
+def test_a_reference_checkpoint_needs_its_task():
+    with pytest.raises(ValueError, match="does not name its task"):
+        tdmpc.Agent.from_checkpoint(REFERENCE, device="cpu")
+    agent = tdmpc.Agent.from_checkpoint(REFERENCE, task="walker-walk", device="cpu", num_samples=64, num_elites=8,
+                                        num_pi_trajs=4)
+    assert agent.imported_from_reference and agent.act(np.zeros(24, np.float32)).shape == (6,)
+
+
+class WandbStub(types.ModuleType):
+    """What tdmpc calls of wandb, recorded."""
+
+    def __init__(self):
+        super().__init__("wandb")
+        self.inits: list[dict] = []
+        self.logged: list[dict] = []
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return types.SimpleNamespace(log=lambda data, step: self.logged.append({"step": step, **data}),
+                                     finish=lambda: None)
+
+    def Video(self, path, format):  # noqa: N802 - wandb's name
+        return ("video", Path(path).name, format)
+
+
+def test_wandb_gets_a_unique_id_per_run_kept_on_resume_its_options_and_videos(tmp_path, monkeypatch):
+    pytest.importorskip("imageio")
+    stub = WandbStub()
+    monkeypatch.setitem(sys.modules, "wandb", stub)
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_JOB_NAME", "sweep")
+    options = dict(wandb=True, wandb_entity="lab", wandb_project="p", wandb_tags=("a", "b"), **TINY)
+    stop = lambda row: row["env_step"] < 200  # noqa: E731 - stops at the log row of step 200
+    env = "InvertedPendulum-v5"  # renders through MuJoCo (classic control would need pygame)
+    a, _ = tdmpc.train(env=env, run_dir=tmp_path / "a", on_log=stop, **options)
+    tdmpc.train(run_dir=a, resume=True, save_video=True)
+    tdmpc.train(env=env, run_dir=tmp_path / "b", wandb_group="mine", **options)
+    first, resumed, other = stub.inits
+    assert first["id"] == resumed["id"] != other["id"] and first["resume"] == "allow"
+    assert (first["entity"], first["project"], first["tags"]) == ("lab", "p", ["a", "b"])
+    assert first["group"] == "sweep-4242" and other["group"] == "mine"
+    videos = [r for r in stub.logged if "eval/video" in r]
+    assert len(videos) == 1 and videos[0]["step"] == 300 and videos[0]["eval/video"][2] == "mp4"
+    assert any("train/consistency_loss" in r for r in stub.logged)

@@ -1,0 +1,59 @@
+"""The wheel works outside the checkout: configs, Slurm scripts, console scripts, no stray top-level names."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A fresh venv (seeing the system's torch, numpy, ... but not this checkout) with the wheel installed."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist",
+                    ROOT], check=True, capture_output=True, timeout=300)
+    wheel = next((tmp / "dist").glob("tdmpc-*.whl"))
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", tmp / "venv"], check=True, timeout=120)
+    subprocess.run([tmp / "venv" / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", wheel], check=True,
+                   capture_output=True, timeout=300)
+    return tmp
+
+
+def run(installed: Path, *cmd: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, cwd=installed,
+                          env={**env, "OMP_NUM_THREADS": "1", "PATH": f"{installed / 'venv' / 'bin'}:{env['PATH']}"})
+
+
+def test_the_wheel_holds_the_package_data_and_no_other_top_level_package(installed):
+    names = zipfile.ZipFile(next((installed / "dist").glob("tdmpc-*.whl"))).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"tdmpc"}, tops
+    for needed in ("tdmpc/configs/cpu.json", "tdmpc/configs/a4000.json", "tdmpc/slurm/train.sh",
+                   "tdmpc/slurm/sweep.sh", "tdmpc/planners/mppi.py", "tdmpc/py.typed", "tdmpc/csrc/fused_cpu.cpp",
+                   "tdmpc/data/dmc_published.csv"):
+        assert needed in names, needed
+
+
+def test_installed_commands_run_from_outside_the_checkout(installed):
+    py = installed / "venv" / "bin" / "python"
+    where = run(installed, py, "-c", "import tdmpc, tdmpc.planners; print(tdmpc.__file__, tdmpc.__version__)")
+    assert where.returncode == 0 and str(installed / "venv") in where.stdout, where.stderr
+    r = run(installed, installed / "venv" / "bin" / "tdmpc-train", "--cfg", "cpu.json", "--dry-run", "--task",
+            "Pendulum-v1", "--device", "cpu", "--run-dir", installed / "run")
+    assert r.returncode == 0, r.stderr
+    assert "dry run: Pendulum-v1" in r.stdout and "model size 1" in r.stdout
+    r = run(installed, py, "-m", "tdmpc.train", "--cfg", "nope.json")
+    assert r.returncode == 2 and "available: a4000.json" in r.stderr and "cpu.json" in r.stderr
+    scripts = run(installed, installed / "venv" / "bin" / "tdmpc-slurm")
+    assert scripts.returncode == 0 and Path(scripts.stdout.strip(), "train.sh").is_file()
+    copied = run(installed, py, "-m", "tdmpc.slurm_scripts", "--copy", installed / "mine")
+    assert copied.returncode == 0, copied.stderr
+    assert (installed / "mine" / "slurm" / "sweep.sh").is_file() and (installed / "mine" / "slurm" / "logs").is_dir()
