@@ -7,6 +7,7 @@ fused optimiser itself.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Callable
 
@@ -43,6 +44,7 @@ class Agent:
         self.discount = discount_for(episode_length, cfg)
         self.plan_dtype = resolve_dtype(cfg.precision, device)
         self.train_dtype = resolve_dtype(cfg.train_precision, device)
+        self.fp32_values = cfg.train_precision == "mixed"
         self.model = WorldModel(dims).to(device)
         self.model.eval()
         # Planning reads a frozen copy in the planning dtype, refreshed lazily after updates.
@@ -93,6 +95,13 @@ class Agent:
         return torch.autocast(self.device.type, dtype=self.train_dtype, enabled=self.train_dtype != torch.float32,
                               cache_enabled=not self.graphs)
 
+    def _values(self, z: Tensor) -> tuple[contextlib.AbstractContextManager, Tensor]:
+        """Where Q heads read latents in an update: with train_precision 'mixed', outside autocast and from fp32
+        latents (bf16 rounding there is as large as a per-step reward, RESULTS.md); otherwise as the rest."""
+        if self.fp32_values:
+            return torch.autocast(self.device.type, enabled=False), z.float()
+        return contextlib.nullcontext(), z
+
     @torch.inference_mode()
     def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None = None,
             eval_mode: bool = False, role: str | None = None) -> np.ndarray:
@@ -132,7 +141,10 @@ class Agent:
         rho = self._rho[:H]
         with torch.no_grad(), self._autocast():
             next_z = m.encode(batch.obs[1:])
-            next_q = m.q_value(next_z, m.pi(next_z).action, "min", target=True).squeeze(-1)
+            next_action = m.pi(next_z).action
+            values, z_in = self._values(next_z)
+            with values:
+                next_q = m.q_value(z_in, next_action, "min", target=True).squeeze(-1)
             td_target = batch.reward + self.discount * (1 - batch.terminated.float()) * next_q
 
         m.train()
@@ -144,7 +156,10 @@ class Agent:
             zs = torch.stack(zs)  # (H+1, B, L)
             consistency = F.mse_loss(zs[1:].float(), next_z.float(), reduction="none").mean((1, 2))
             reward_ce = m.two_hot.cross_entropy(m.reward(zs[:-1], batch.action), batch.reward).mean(1)
-            value_ce = m.two_hot.cross_entropy(m.Q(zs[:-1], batch.action), td_target.unsqueeze(0)).mean((0, 2))
+            values, z_in = self._values(zs[:-1])
+            with values:
+                q_logits = m.Q(z_in, batch.action)
+            value_ce = m.two_hot.cross_entropy(q_logits, td_target.unsqueeze(0)).mean((0, 2))
             losses = {
                 "consistency_loss": (rho * consistency).mean(),
                 "reward_loss": (rho * reward_ce).mean(),
@@ -171,7 +186,9 @@ class Agent:
         cfg, m = self.cfg, self.model
         with self._autocast():
             policy = m.pi(zs)
-            q = m.q_value(zs, policy.action, "avg", detach=True).float()
+            values, z_in = self._values(zs)
+            with values:
+                q = m.q_value(z_in, policy.action, "avg", detach=True).float()
         self._update_scale(q[0])
         loss = -(self._rho * (cfg.entropy_coef * policy.scaled_entropy + q / self.scale).mean((1, 2))).mean()
         loss.backward()

@@ -121,14 +121,14 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
         flops = count_flops(fn)
         res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": flops / 1e9,
                           "fraction_of_peak": flops / t / 1e9 / peak}
-    for train_precision in ("fp32", "bf16"):
+    for train_precision in ("fp32", "mixed", "bf16"):
         if train_precision != agent.cfg.train_precision:
             agent = make_agent(size, device, precision, train_precision=train_precision)
         batch = random_batch(agent)
         t = timeit(lambda: agent.update(batch), device, reps)
         flops = count_flops(lambda: agent.update(batch))
         res["update"][train_precision] = {"ms": t * 1e3, "gflop": flops / 1e9,
-                                          "fraction_of_peak": flops / t / 1e9 / peaks[train_precision]["peak"]}
+                                          "fraction_of_peak": flops / t / 1e9 / peaks["fp32" if train_precision == "fp32" else "bf16"]["peak"]}
     return res
 
 

@@ -187,8 +187,9 @@ class Config:
     """'auto' (CUDA when available), 'cpu', 'cuda' or 'cuda:N'."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
     """Acting and planning. 'auto': bf16 where the hardware runs it fast (CUDA, AVX512-BF16/AMX CPUs)."""
-    train_precision: Literal["fp32", "bf16"] = "fp32"
-    """Updates. bf16 autocast is 2-3x faster on bf16 CPUs but learned far worse on cartpole-swingup (RESULTS.md)."""
+    train_precision: Literal["fp32", "bf16", "mixed"] = "fp32"
+    """Updates. bf16 autocast is 2-3x faster on bf16 CPUs but learned far worse on cartpole-swingup (RESULTS.md);
+    mixed runs the Q heads, TD targets and value decoding in fp32 and the rest in bf16."""
     cuda_graphs: bool = True
     """Capture plan() and update() as CUDA graphs on CUDA (eager everywhere else)."""
     threads: Optional[int] = None

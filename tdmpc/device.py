@@ -27,10 +27,11 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
-    """'auto' picks bf16 where it is fast (CUDA, bf16-capable CPUs), else fp32."""
+    """The autocast dtype: 'auto' picks bf16 where it is fast (CUDA, bf16-capable CPUs), else fp32; 'mixed'
+    autocasts in bf16 (the agent keeps its value computations in fp32)."""
     if precision == "fp32":
         return torch.float32
-    if precision == "bf16":
+    if precision in ("bf16", "mixed"):
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32

@@ -93,7 +93,13 @@ def cuda_target(cfg: Config, capacity: int, label: str, device: torch.device | N
     else:
         dtype = torch.float32 if cfg.precision == "fp32" else torch.bfloat16
     # train_precision is never "auto", so its dtype does not depend on the device
-    return Target(label, capacity, True, dtype, resolve_dtype(cfg.train_precision, torch.device("cpu")))
+    return Target(label, capacity, True, dtype, update_dtype(cfg))
+
+
+def update_dtype(cfg: Config) -> torch.dtype:
+    """The dtype update activations are counted in: 'mixed' keeps its largest ones (the Q ensemble's) in fp32,
+    so it is counted as fp32, an upper bound. train_precision is never 'auto': no device is needed."""
+    return torch.float32 if cfg.train_precision == "mixed" else resolve_dtype(cfg.train_precision, torch.device("cpu"))
 
 
 def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None = None) -> Target:
@@ -107,7 +113,7 @@ def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None 
         return cuda_target(cfg, props.total_memory, props.name, device)
     cpu = torch.device("cpu")
     return Target("host memory (no CUDA device here)", None, False, resolve_dtype(cfg.precision, cpu),
-                  resolve_dtype(cfg.train_precision, cpu))
+                  update_dtype(cfg))
 
 
 # --- the estimate ----------------------------------------------------------------------

@@ -81,7 +81,7 @@ class DtypesSeen(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("train_precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("train_precision", ["fp32", "bf16", "mixed"])
 def test_train_precision_is_separate_from_planning_precision(train_precision):
     cfg = Config(model_size=1, precision="bf16", train_precision=train_precision, num_samples=32, num_elites=4,
                  num_pi_trajs=2, iterations=1, batch_size=8)
@@ -89,9 +89,17 @@ def test_train_precision_is_separate_from_planning_precision(train_precision):
     assert next(agent.plan_model.parameters()).dtype == torch.bfloat16
     H, B = cfg.horizon, cfg.batch_size
     batch = Batch(torch.randn(H + 1, B, 24), torch.rand(H, B, 6), torch.randn(H, B), torch.zeros(H, B, dtype=bool))
+    outputs: dict[str, set] = {"_Qs": set(), "_target_Qs": set(), "_dynamics": set(), "_pi": set()}
+    for name, dtypes in outputs.items():
+        getattr(agent.model, name).register_forward_hook(lambda mod, inp, out, d=dtypes: d.add(out.dtype))
     with DtypesSeen() as seen:
         agent.update(batch)
-    assert (torch.bfloat16 in seen.dtypes) == (train_precision == "bf16"), seen.dtypes
+    assert (torch.bfloat16 in seen.dtypes) == (train_precision != "fp32"), seen.dtypes
+    # mixed: the Q heads (online and target) compute in fp32, the world model's other parts in bf16
+    q_dtype = torch.bfloat16 if train_precision == "bf16" else torch.float32
+    rest = torch.float32 if train_precision == "fp32" else torch.bfloat16
+    assert outputs["_Qs"] == outputs["_target_Qs"] == {q_dtype}, outputs
+    assert outputs["_dynamics"] == outputs["_pi"] == {rest}, outputs
 
 
 def test_fused_next_and_reward_match_separate_heads():
