@@ -82,7 +82,7 @@ class Trainer:
         self.buffer = ReplayBuffer(cfg.buffer_size, cfg.num_envs, self.spec.obs_shape, self.spec.action_dim,
                                    cfg.horizon, obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32,
                                    device=device, storage=buffer_storage or device)
-        self.counters = Counters(next_eval=cfg.eval_freq, next_log=cfg.log_every, next_save=cfg.save_every)
+        self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
         self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
         self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         if init_from:

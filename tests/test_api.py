@@ -62,8 +62,8 @@ def test_train_from_python_returns_the_run_and_an_agent_that_acts_on_one_observa
     run_dir, agent = tdmpc.train(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=logs.append,
                                  on_eval=evals.append, **TINY)
     assert run_dir == tmp_path / "run" and (run_dir / "checkpoints" / "latest.pt").is_file()
-    assert [r["env_step"] for r in logs] == [100, 200, 300] and [r["env_step"] for r in evals] == [300]
-    assert "consistency_loss" in logs[-1] and np.isfinite(evals[0]["episode_return"])
+    assert [r["env_step"] for r in logs] == [100, 200, 300] and [r["env_step"] for r in evals] == [0, 300]
+    assert "consistency_loss" in logs[-1] and np.isfinite(evals[-1]["episode_return"])
     obs = np.zeros(3, np.float32)
     action = agent.act(obs)
     assert action.shape == (1,) and np.all(np.abs(action) <= 1)

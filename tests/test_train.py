@@ -47,7 +47,7 @@ def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
     assert [int(r["env_step"]) for r in rows] == list(range(100, 601, 100))
     assert "consistency_loss" in rows[-1] and rows[-1]["consistency_loss"] != ""
     evals = read_csv(run / "eval.csv")
-    assert [int(r["env_step"]) for r in evals] == [400, 600]
+    assert [int(r["env_step"]) for r in evals] == [0, 400, 600]  # the first at step 0, as the reference
     assert (run / "checkpoints" / "latest.pt").is_file()
     assert len(list((run / "checkpoints").glob("buffer_*.h5"))) == 1
     cfg = json.loads((run / "config.json").read_text())
