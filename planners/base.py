@@ -1,14 +1,17 @@
 """What a planner needs from a world model, and nothing more.
 
 Any object with these members can be planned with; `tdmpc.world_model.WorldModel`
-is one. A new planner depends only on this protocol.
+is one. A new planner depends only on this protocol. `task` is None for a single-task
+model, else task ids broadcast against the rows of the input (one per env and candidate).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Optional, Protocol, Union
 
 from torch import Tensor
+
+Task = Union[Tensor, int, None]
 
 
 class PolicyOutput(NamedTuple):
@@ -23,12 +26,12 @@ class LatentModel(Protocol):
     num_q: int
     episodic: bool
 
-    def encode(self, obs: Tensor) -> Tensor: ...
-    def next(self, z: Tensor, a: Tensor) -> Tensor: ...
-    def reward(self, z: Tensor, a: Tensor) -> Tensor: ...  # logits
-    def next_and_reward(self, z: Tensor, a: Tensor) -> tuple[Tensor, Tensor]: ...  # both, sharing their input
-    def termination(self, z: Tensor) -> Tensor: ...  # probability
-    def Q(self, z: Tensor, a: Tensor, heads: Tensor | None = None) -> Tensor: ...  # (heads, ..., bins) logits
-    def pi(self, z: Tensor) -> PolicyOutput: ...
+    def encode(self, obs: Tensor, task: Task = None) -> Tensor: ...
+    def next(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor: ...
+    def next_and_reward(self, z: Tensor, a: Tensor, task: Task = None) -> tuple[Tensor, Tensor]: ...  # (next, logits)
+    def termination(self, z: Tensor) -> Tensor: ...  # probability (single-task models)
+    def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Optional[Tensor] = None) -> Tensor: ...  # logits
+    def pi(self, z: Tensor, task: Task = None) -> PolicyOutput: ...
+    def action_mask(self, task: Task) -> Optional[Tensor]: ...  # (..., A) ones on each task's action dims
     def decode(self, logits: Tensor) -> Tensor: ...  # logits -> (..., 1) scalars
     def sample_heads(self) -> Tensor: ...  # indices of 2 random Q heads

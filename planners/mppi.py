@@ -2,7 +2,9 @@
 
 Buffers are allocated once, sized by N, so shapes are static (CUDA-graph friendly) and
 no memory is allocated per step beyond the network activations. The warm start (last
-plan's mean, shifted by one step) is kept per environment.
+plan's mean, shifted by one step) is kept per environment. With a multi-task model every
+environment may be a different task: its id picks its embedding, its action mask (applied
+to the samples, the mean and the std, as the reference does) and its discount.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ class MPPIConfig:
 
 class MPPI:
     def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
-                 discount: float, device: torch.device, chunk_rows: int | None = None):
-        """chunk_rows: candidates rolled out per model call. None does all N x S at once (GPUs);
+                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None):
+        """discount: one for every env, or a tensor of one per task id (multi-task models).
+        chunk_rows: candidates rolled out per model call. None does all N x S at once (GPUs);
         on a CPU, chunks that fit in cache keep batched planning compute-bound."""
         self.model, self.cfg, self.discount = model, cfg, discount
         self.chunk_envs = num_envs if chunk_rows is None else max(1, chunk_rows // cfg.num_samples)
@@ -54,15 +57,21 @@ class MPPI:
         self.value = torch.zeros(N, S, **kw)
         self.G = torch.zeros(N, S, 1, **kw)  # model return of each candidate
         self.alive = torch.ones(N, S, 1, **kw)  # 0 once the model predicts a termination
+        self.gamma = torch.full((N, 1, 1), float(discount) if not isinstance(discount, Tensor) else 0.0, **kw)
         self.z_final: Tensor | None = None  # latent after the horizon, in the model's dtype
 
     @torch.inference_mode()
-    def plan(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False) -> Tensor:
-        """obs (N, ...), first_step (N,) bool -> actions (N, A) in [-1, 1] on the model's device."""
+    def plan(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False, task: Tensor | None = None) -> Tensor:
+        """obs (N, ...), first_step (N,) bool, task (N,) ids or None -> actions (N, A) in [-1, 1]."""
         c, m = self.cfg, self.model
         H, P, E = c.horizon, c.num_pi_trajs, c.num_elites
-        z = m.encode(obs)
-        self._prior_trajectories(z)
+        rows = None if task is None else task.view(-1, 1)  # one id per env, for (N, candidates, ...) inputs
+        if isinstance(self.discount, Tensor):
+            assert task is not None, "per-task discounts need task ids"
+            self.gamma.copy_(self.discount[task].view(-1, 1, 1))
+        mask = m.action_mask(rows)  # (N, 1, A) or None
+        z = m.encode(obs, task)
+        self._prior_trajectories(z, rows, mask)
         self._warm_start(first_step)
 
         z = z.unsqueeze(1).expand(-1, c.num_samples - P, -1)
@@ -70,9 +79,12 @@ class MPPI:
             torch.randn(self.noise.shape, out=self.noise)
             sampled = self.mean.unsqueeze(2) + self.std.unsqueeze(2) * self.noise
             self.actions[:, :, P:] = sampled.clamp_(-1, 1)
+            if mask is not None:
+                self.actions.mul_(mask)
             for envs in self._chunks():
-                self._rollout(z[envs], self.actions[:, envs, P:], P, envs)
-                self.value[envs] = self._value(envs)
+                r = None if rows is None else rows[envs]
+                self._rollout(z[envs], self.actions[:, envs, P:], P, envs, r)
+                self.value[envs] = self._value(envs, r)
             value = self.value.nan_to_num_(0.0)  # (N, S)
             elite_value, elite_idx = torch.topk(value, E, dim=1)
             elite_actions = self.actions.gather(
@@ -82,6 +94,9 @@ class MPPI:
             self.mean.copy_((w * elite_actions).sum(2))
             var = (w * (elite_actions - self.mean.unsqueeze(2)).pow(2)).sum(2)
             self.std.copy_(var.sqrt().clamp_(c.min_std, c.max_std))
+            if mask is not None:
+                self.mean.mul_(mask.squeeze(1))
+                self.std.mul_(mask.squeeze(1))
 
         # Sample one elite per env from the softmax weights (Gumbel-max: no host sync).
         gumbel = -torch.log(-torch.log(torch.rand_like(score).clamp_(1e-20, 1.0)))
@@ -99,7 +114,7 @@ class MPPI:
         self.mean[-1] = 0
         self.std.fill_(self.cfg.max_std)
 
-    def _prior_trajectories(self, z: Tensor) -> None:
+    def _prior_trajectories(self, z: Tensor, rows: Tensor | None, mask: Tensor | None) -> None:
         """Roll the policy prior forward; its actions fill the first candidate columns.
 
         Their model return and final latent do not change across iterations, so they are
@@ -110,25 +125,26 @@ class MPPI:
         z = z.unsqueeze(1).expand(-1, P, -1)
         zt = z
         for t in range(self.cfg.horizon):
-            self.actions[t, :, :P] = self.model.pi(zt).action
+            action = self.model.pi(zt, rows).action
+            self.actions[t, :, :P] = action if mask is None else action * mask
             if t + 1 < self.cfg.horizon:
-                zt = self.model.next(zt, self.actions[t, :, :P])
-        self._rollout(z, self.actions[:, :, :P], 0, slice(None))
+                zt = self.model.next(zt, self.actions[t, :, :P], rows)
+        self._rollout(z, self.actions[:, :, :P], 0, slice(None), rows)
 
     def _chunks(self) -> list[slice]:
         return [slice(e, e + self.chunk_envs) for e in range(0, self.num_envs, self.chunk_envs)]
 
-    def _rollout(self, z: Tensor, actions: Tensor, col: int, envs: slice) -> None:
+    def _rollout(self, z: Tensor, actions: Tensor, col: int, envs: slice, rows: Tensor | None) -> None:
         """Model return, survival and final latent of candidates, into [envs, col:] of the buffers."""
         m = self.model
         n = actions.shape[2]
         G = torch.zeros(z.shape[:-1] + (1,), device=z.device)
         alive = torch.ones_like(G)
-        discount = 1.0
+        gamma, discount = self.gamma[envs], torch.ones_like(self.gamma[envs])
         for t in range(self.cfg.horizon):
-            z, reward = m.next_and_reward(z, actions[t])
+            z, reward = m.next_and_reward(z, actions[t], rows)
             G += discount * alive * m.decode(reward)
-            discount *= self.discount
+            discount = discount * gamma
             if m.episodic:
                 alive = alive * (m.termination(z) <= 0.5)
         self.G[envs, col:col + n] = G
@@ -137,8 +153,11 @@ class MPPI:
             self.z_final = torch.empty(self.G.shape[:2] + z.shape[-1:], dtype=z.dtype, device=z.device)
         self.z_final[envs, col:col + n] = z
 
-    def _value(self, envs: slice) -> Tensor:
+    def _value(self, envs: slice, rows: Tensor | None) -> Tensor:
         """Return over the horizon plus the discounted Q-value (2 random heads, averaged): (envs, S)."""
-        m, z = self.model, self.z_final[envs]
-        q = m.decode(m.Q(z, m.pi(z).action, m.sample_heads())).mean(0)
-        return (self.G[envs] + self.discount ** self.cfg.horizon * self.alive[envs] * q).squeeze(-1)
+        m = self.model
+        assert self.z_final is not None
+        z = self.z_final[envs]
+        q = m.decode(m.Q(z, m.pi(z, rows).action, rows, heads=m.sample_heads())).mean(0)
+        bootstrap = self.gamma[envs] ** self.cfg.horizon
+        return (self.G[envs] + bootstrap * self.alive[envs] * q).squeeze(-1)

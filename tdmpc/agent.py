@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -22,6 +22,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.cuda_graphs import CUDAGraphed
 from tdmpc.device import resolve_device, resolve_dtype
+from tdmpc.task_sets import task_set_name
 from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
 
@@ -37,11 +38,20 @@ def discount_for(episode_length: int, cfg: Config) -> float:
 
 
 class Agent:
-    def __init__(self, cfg: Config, dims: ModelDims, episode_length: int, device: torch.device):
+    def __init__(self, cfg: Config, dims: ModelDims, episode_length: int | Sequence[int], device: torch.device):
+        """episode_length: agent steps per episode; for a multi-task model, one per task of its task set
+        (each task gets its own discount, as in the reference)."""
         self.cfg, self.dims, self.device = cfg, dims, device
         self.episode_length = episode_length
         self.imported_from_reference = False  # set by from_checkpoint for a reference TD-MPC2 file
-        self.discount = discount_for(episode_length, cfg)
+        if dims.multitask:
+            lengths = list(episode_length) if isinstance(episode_length, Sequence) else [episode_length] * len(dims.tasks)
+            if len(lengths) != len(dims.tasks):
+                raise ValueError(f"{len(lengths)} episode lengths for a model of {len(dims.tasks)} tasks")
+            self.discount: float | Tensor = torch.tensor([discount_for(n, cfg) for n in lengths], device=device)
+        else:
+            assert isinstance(episode_length, int)
+            self.discount = discount_for(episode_length, cfg)
         self.plan_dtype = resolve_dtype(cfg.precision, device)
         self.train_dtype = resolve_dtype(cfg.train_precision, device)
         self.fp32_values = cfg.train_precision == "mixed"
@@ -55,6 +65,8 @@ class Agent:
         heads = [*m._dynamics.parameters(), *m._reward.parameters(), *m._Qs.parameters()]
         if m._termination is not None:
             heads += list(m._termination.parameters())
+        if dims.multitask:  # the task embedding trains with the world model, as in the reference
+            heads += list(m._task_emb.parameters())
         self.optim = torch.optim.Adam([
             {"params": list(m._encoder.parameters()), "lr": cfg.lr * cfg.enc_lr_scale},
             {"params": heads},
@@ -86,9 +98,32 @@ class Agent:
         key = (num_envs, role, eval_mode)
         if key not in self._plan_fns:
             planner = self.planner(num_envs, role)
-            fn = lambda obs, first: planner.plan(obs, first, eval_mode)  # noqa: E731
+            fn = lambda obs, first, *task: planner.plan(obs, first, eval_mode, *task)  # noqa: E731
             self._plan_fns[key] = CUDAGraphed(fn) if self.graphs else fn
         return self._plan_fns[key]
+
+    def task_ids(self, task: int | str | Sequence | np.ndarray | Tensor | None, n: int) -> Tensor | None:
+        """(n,) task ids on the device for a multi-task model (names or ids, one for all or one per row);
+        None for a single-task one. Out-of-range ids and unknown names are one-line ValueErrors."""
+        tasks = self.dims.tasks
+        if not tasks:
+            if task is not None:
+                raise ValueError("this is a single-task model: it takes no task")
+            return None
+        if task is None:
+            raise ValueError(f"a multi-task model needs the task of each observation (one of {len(tasks)}: "
+                             f"{', '.join(tasks[:4])}, ...)")
+        names = [task] if isinstance(task, str) else list(task) if isinstance(task, (list, tuple)) else None
+        if names is not None and all(isinstance(t, str) for t in names):
+            unknown = [t for t in names if t not in tasks]
+            if unknown:
+                raise ValueError(f"task '{unknown[0]}' is not in this model's task set ({task_set_name(tasks)})")
+            task = [tasks.index(t) for t in names]
+        ids = torch.as_tensor(task, dtype=torch.long).reshape(-1)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(tasks)):
+            raise ValueError(f"task id {int(ids.max()) if int(ids.max()) >= len(tasks) else int(ids.min())} is "
+                             f"out of range: this model has {len(tasks)} tasks (ids 0-{len(tasks) - 1})")
+        return ids.expand(n).to(self.device, non_blocking=True)
 
     def _autocast(self):
         # The autocast weight cache must be off while CUDA graphs capture.
@@ -104,11 +139,13 @@ class Agent:
 
     @torch.inference_mode()
     def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None = None,
-            eval_mode: bool = False, role: str | None = None) -> np.ndarray:
+            eval_mode: bool = False, role: str | None = None,
+            task: int | str | Sequence | np.ndarray | Tensor | None = None) -> np.ndarray:
         """Actions in [-1, 1] for one observation (-> (A,)) or a batch of N (-> (N, A)), as numpy.
 
         first_step marks envs whose episode just began (True for all at the first call of an
-        episode): their plan starts afresh instead of from the last plan's mean. Default: none."""
+        episode): their plan starts afresh instead of from the last plan's mean. Default: none.
+        task: a multi-task model's task of each observation (a name or id, or one per row)."""
         obs = torch.as_tensor(obs)
         single = obs.dim() == len(self.dims.obs_shape)
         obs = (obs.unsqueeze(0) if single else obs).to(self.device, non_blocking=True)
@@ -116,49 +153,58 @@ class Agent:
         first = torch.zeros(n, dtype=torch.bool) if first_step is None else \
             torch.as_tensor(first_step, dtype=torch.bool).reshape(-1).expand(n)
         first = first.to(self.device, non_blocking=True)
+        ids = self.task_ids(task, n)
         if self._plan_model_stale:
             sync_copy(self.plan_model, self.model)
             self._plan_model_stale = False
         if self.cfg.mpc:
-            a = self._plan_fn(obs.shape[0], role or ("eval" if eval_mode else "train"), eval_mode)(obs, first)
+            plan = self._plan_fn(n, role or ("eval" if eval_mode else "train"), eval_mode)
+            a = plan(obs, first) if ids is None else plan(obs, first, ids)
         else:
-            policy = self.plan_model.pi(self.plan_model.encode(obs))
+            policy = self.plan_model.pi(self.plan_model.encode(obs, ids), ids)
             a = policy.mean if eval_mode else policy.action
         actions = a.float().cpu().numpy()
         return actions[0] if single else actions
 
     # --- learning -----------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, Tensor]:
-        """One gradient step of the world model, then of the policy; metrics stay on the device."""
-        metrics = self._update_fn(batch.obs, batch.action, batch.reward, batch.terminated)
+        """One gradient step of the world model, then of the policy; metrics stay on the device.
+
+        A multi-task batch carries one task id per sub-trajectory: its embedding and its discount."""
+        if (batch.task is None) == self.dims.multitask:
+            raise ValueError("a multi-task model trains on batches with task ids, a single-task model without")
+        tensors = (batch.obs, batch.action, batch.reward, batch.terminated)
+        metrics = self._update_fn(*tensors) if batch.task is None else self._update_fn(*tensors, batch.task)
         self._plan_model_stale = True
         return metrics
 
-    def _update_tensors(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor) -> dict[str, Tensor]:
+    def _update_tensors(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
+                        task: Tensor | None = None) -> dict[str, Tensor]:
         cfg, m = self.cfg, self.model
-        batch = Batch(obs, action, reward, terminated)
+        batch = Batch(obs, action, reward, terminated, task)
         H = cfg.horizon
         rho = self._rho[:H]
+        discount = self.discount if task is None else self.discount[task]  # type: ignore[index]
         with torch.no_grad(), self._autocast():
-            next_z = m.encode(batch.obs[1:])
-            next_action = m.pi(next_z).action
+            next_z = m.encode(batch.obs[1:], task)
+            next_action = m.pi(next_z, task).action
             values, z_in = self._values(next_z)
             with values:
-                next_q = m.q_value(z_in, next_action, "min", target=True).squeeze(-1)
-            td_target = batch.reward + self.discount * (1 - batch.terminated.float()) * next_q
+                next_q = m.q_value(z_in, next_action, "min", task, target=True).squeeze(-1)
+            td_target = batch.reward + discount * (1 - batch.terminated.float()) * next_q
 
         m.train()
         with self._autocast():
-            z = m.encode(batch.obs[0])
+            z = m.encode(batch.obs[0], task)
             zs = [z]
             for t in range(H):
-                zs.append(m.next(zs[-1], batch.action[t]))
+                zs.append(m.next(zs[-1], batch.action[t], task))
             zs = torch.stack(zs)  # (H+1, B, L)
             consistency = F.mse_loss(zs[1:].float(), next_z.float(), reduction="none").mean((1, 2))
-            reward_ce = m.two_hot.cross_entropy(m.reward(zs[:-1], batch.action), batch.reward).mean(1)
+            reward_ce = m.two_hot.cross_entropy(m.reward(zs[:-1], batch.action, task), batch.reward).mean(1)
             values, z_in = self._values(zs[:-1])
             with values:
-                q_logits = m.Q(z_in, batch.action)
+                q_logits = m.Q(z_in, batch.action, task)
             value_ce = m.two_hot.cross_entropy(q_logits, td_target.unsqueeze(0)).mean((0, 2))
             losses = {
                 "consistency_loss": (rho * consistency).mean(),
@@ -175,20 +221,20 @@ class Agent:
         total.backward()
         grad_norm, skipped = self._step(self.optim)
 
-        pi_metrics = self._update_pi(zs.detach())
+        pi_metrics = self._update_pi(zs.detach(), task)
         m.soft_update_targets(cfg.tau)
         m.eval()
         return {**{k: v.detach() for k, v in losses.items()}, "total_loss": total.detach(), "grad_norm": grad_norm,
                 "skipped": skipped, **pi_metrics}
 
-    def _update_pi(self, zs: Tensor) -> dict[str, Tensor]:
+    def _update_pi(self, zs: Tensor, task: Tensor | None) -> dict[str, Tensor]:
         """Maximise Q of the prior's actions plus an entropy bonus, on detached latents."""
         cfg, m = self.cfg, self.model
         with self._autocast():
-            policy = m.pi(zs)
+            policy = m.pi(zs, task)
             values, z_in = self._values(zs)
             with values:
-                q = m.q_value(z_in, policy.action, "avg", detach=True).float()
+                q = m.q_value(z_in, policy.action, "avg", task, detach=True).float()
         self._update_scale(q[0])
         loss = -(self._rho * (cfg.entropy_coef * policy.scaled_entropy + q / self.scale).mean((1, 2))).mean()
         loss.backward()

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 
 from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config, from_dict, validate
+from tdmpc.task_sets import TASK_SETS, reference_info, task_set_name
 from tdmpc.world_model import ModelDims, WorldModel
 
 FORMAT = "tdmpc"
@@ -163,16 +164,35 @@ def _key_list(keys: list[str], n: int = 4) -> str:
     return f"{keys[:n]}{' ...' if len(keys) > n else ''} ({len(keys)} in all)"
 
 
+def _renumber_prerelease(sd: dict) -> dict:
+    """The reference's pre-release layout (its issue #23) nested each MLP as Sequential(Linear, LayerNorm,
+    activation, ...): `_dynamics.0.0.weight`, `_dynamics.0.1.weight` (its LayerNorm), `_dynamics.0.3.weight`,
+    and the state encoder shifted by one (`_encoder.state.1.weight`). Walking a module's tensors in index
+    order, a 2-D weight starts the next layer and a 1-D one right after it is that layer's LayerNorm."""
+    if "_dynamics.0.0.weight" not in sd:
+        return sd
+    if "_dynamics.0.weight" in sd:
+        raise CheckpointError("the state dict mixes the current layout ('_dynamics.0.weight') with the reference's "
+                              "pre-release one ('_dynamics.0.0.weight')")
+    out, done = {}, set()
+    for prefix, nested in (("_encoder.state.", ""), ("_dynamics.", "0."), ("_reward.", "0."),
+                           ("_termination.", "0."), ("_pi.", "0.")):
+        old = prefix + nested
+        index = sorted({int(m.group(1)) for k in sd if (m := re.fullmatch(re.escape(old) + r"(\d+)\.weight", k))})
+        layer = -1
+        for i in index:
+            normed = sd[f"{old}{i}.weight"].dim() == 1
+            layer += 0 if normed else 1
+            for name in ("weight", "bias"):
+                if f"{old}{i}.{name}" in sd:  # a missing one is reported by the key check, by its new name
+                    out[f"{prefix}{layer}.{'ln.' if normed else ''}{name}"] = sd[f"{old}{i}.{name}"]
+                    done.add(f"{old}{i}.{name}")
+    out.update({k: v for k, v in sd.items() if k not in done})
+    return out
+
+
 def _clean_reference(sd: dict, source: str) -> dict:
     """Tensors only: drop tensordict metadata, reject what we cannot import, with one line each."""
-    if any(isinstance(k, str) and k.startswith(("_task_emb.", "_action_masks")) for k in sd):
-        emb = sd.get("_task_emb.weight")
-        tasks = f" ({emb.shape[0]} tasks)" if isinstance(emb, torch.Tensor) and emb.dim() == 2 else ""
-        raise CheckpointError(f"{source}: multi-task reference checkpoints{tasks} are not supported "
-                              f"(found a task embedding / action masks); use a single-task checkpoint")
-    if nested := sorted(k for k in sd if isinstance(k, str) and re.match(r"_dynamics\.\d+\.\d+\.weight$", k)):
-        raise CheckpointError(f"{source}: this checkpoint uses the reference's pre-release layout "
-                              f"(nested layers such as '{nested[0]}'), which is not supported")
     out = {}
     for key, value in sd.items():
         if not isinstance(key, str) or key.rsplit(".", 1)[-1].startswith("__"):
@@ -198,13 +218,15 @@ def _scalar(sd: dict, key: str, default: float) -> float:
     return float(sd[key]) if key in sd and sd[key].numel() == 1 else default
 
 
-def _infer_dims(sd: dict, source: str) -> tuple[ModelDims, str]:
-    """Every size from tensor shapes; returns the dims and the encoder's key prefix."""
+def _infer_dims(sd: dict, source: str, tasks: tuple[str, ...] | None) -> tuple[ModelDims, str]:
+    """Every size from tensor shapes; returns the dims and the encoder's key prefix. A multi-task model's
+    task names are `tasks`, else those of the reference's set of its size (mt30, mt80)."""
+    num_tasks, task_dim = _shape(sd, "_task_emb.weight", 2, source) if "_task_emb.weight" in sd else (0, 0)
     if _layers(sd, "_encoder.state."):
         enc_prefix = "_encoder.state."
         enc = _layers(sd, enc_prefix)
         enc_dim, obs_dim = _shape(sd, f"{enc_prefix}{enc[0]}.weight", 2, source)
-        obs_shape: tuple[int, ...] = (obs_dim,)
+        obs_shape: tuple[int, ...] = (obs_dim - task_dim,)
         latent = _shape(sd, f"{enc_prefix}{enc[-1]}.weight", 2, source)[0]
         num_enc_layers, num_channels = len(enc), 32
     elif _layers(sd, "_encoder.rgb."):
@@ -220,21 +242,52 @@ def _infer_dims(sd: dict, source: str) -> tuple[ModelDims, str]:
     num_bins = _shape(sd, "_reward.2.weight", 2, source)[0]
     log_std_min = _scalar(sd, "log_std_min", -10.0)  # absent from early releases: the reference's bounds
     log_std_max = log_std_min + _scalar(sd, "log_std_dif", 12.0)
-    if dyn_in - latent < 1:
+    action_dim = dyn_in - latent - task_dim
+    if action_dim < 1:
         raise CheckpointError(f"{source}: '_dynamics.0.weight' has {dyn_in} inputs, not more than the latent "
-                              f"size {latent}: not a TD-MPC2 world model")
+                              f"size {latent}{f' and task dim {task_dim}' if task_dim else ''}: not a TD-MPC2 "
+                              f"world model")
+    names, action_dims = _task_set(sd, num_tasks, action_dim, source, tasks) if num_tasks else ((), ())
     # What the file does not store (vmin, vmax, simnorm_dim, dropout) takes the reference defaults.
     dims = dataclasses.replace(
-        ModelDims.from_config(Config(), obs_shape, dyn_in - latent, any(k.startswith("_termination.") for k in sd)),
+        ModelDims.from_config(Config(), obs_shape, action_dim, any(k.startswith("_termination.") for k in sd)),
         latent_dim=latent, mlp_dim=mlp_dim, enc_dim=enc_dim, num_enc_layers=num_enc_layers, num_q=num_q,
-        num_bins=num_bins, num_channels=num_channels, log_std_min=log_std_min, log_std_max=log_std_max)
+        num_bins=num_bins, num_channels=num_channels, log_std_min=log_std_min, log_std_max=log_std_max,
+        tasks=names, task_dim=task_dim, action_dims=action_dims)
     return dims, enc_prefix
 
 
+def _task_set(sd: dict, num_tasks: int, action_dim: int, source: str,
+              given: tuple[str, ...] | None) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """A multi-task model's task names and each task's action dims (from its action masks), checked
+    against the named set's own dims where those are known (mt30, mt80)."""
+    masks = sd.get("_action_masks")
+    if not isinstance(masks, torch.Tensor) or tuple(masks.shape) != (num_tasks, action_dim):
+        raise CheckpointError(f"{source}: a multi-task model needs '_action_masks' of shape {(num_tasks, action_dim)}")
+    action_dims = tuple(int(n) for n in masks.sum(1).round().long())
+    if given is None:
+        found = [name for name, names in TASK_SETS.items() if len(names) == num_tasks]
+        if not found:
+            raise CheckpointError(f"{source}: a multi-task model of {num_tasks} tasks, which is neither mt30 nor "
+                                  f"mt80: name its tasks in id order (--task-set a,b,c / task_set=...)")
+        given = TASK_SETS[found[0]]
+    if len(given) != num_tasks:
+        raise CheckpointError(f"{source}: the model has {num_tasks} task embeddings but the task set names "
+                              f"{len(given)} tasks ({task_set_name(given)})")
+    for i, name in enumerate(given):
+        info = reference_info(name)
+        if info is not None and info.action_dim != action_dims[i]:
+            raise CheckpointError(f"{source}: task {i} ({name}) acts on {action_dims[i]} dims in the model but "
+                                  f"{info.action_dim} in its task set: the task set does not match the checkpoint")
+    return tuple(given), action_dims
+
+
 def _reference_shapes(d: ModelDims, enc_prefix: str) -> dict[str, tuple[int, ...]]:
-    """Every key of a single-task reference state dict with these dims, and its shape."""
-    L, A, M = d.latent_dim, d.action_dim, d.mlp_dim
+    """Every key of a reference state dict with these dims, and its shape."""
+    L, A, M, T = d.latent_dim, d.action_dim, d.mlp_dim, d.task_dim
     shapes: dict[str, tuple[int, ...]] = {"log_std_min": (), "log_std_dif": ()}
+    if d.multitask:
+        shapes["_task_emb.weight"], shapes["_action_masks"] = (len(d.tasks), T), (len(d.tasks), A)
 
     def mlp(prefix: str, sizes: list[int], normed_last: bool, lead: tuple[int, ...] = ()) -> None:
         for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:])):
@@ -248,14 +301,14 @@ def _reference_shapes(d: ModelDims, enc_prefix: str) -> dict[str, tuple[int, ...
             shapes[f"{enc_prefix}{idx}.weight"] = (C, d.obs_shape[0] if i == 0 else C, k, k)
             shapes[f"{enc_prefix}{idx}.bias"] = (C,)
     else:
-        mlp(enc_prefix, [d.obs_shape[0], *max(d.num_enc_layers - 1, 1) * [d.enc_dim], L], True)
-    mlp("_dynamics.", [L + A, M, M, L], True)
-    mlp("_reward.", [L + A, M, M, d.num_bins], False)
+        mlp(enc_prefix, [d.obs_shape[0] + T, *max(d.num_enc_layers - 1, 1) * [d.enc_dim], L], True)
+    mlp("_dynamics.", [L + T + A, M, M, L], True)
+    mlp("_reward.", [L + T + A, M, M, d.num_bins], False)
     if d.episodic:
         mlp("_termination.", [L, M, M, 1], False)
-    mlp("_pi.", [L, M, M, 2 * A], False)
-    mlp("_Qs.params.", [L + A, M, M, d.num_bins], False, (d.num_q,))
-    mlp("_target_Qs_params.", [L + A, M, M, d.num_bins], False, (d.num_q,))
+    mlp("_pi.", [L + T, M, M, 2 * A], False)
+    mlp("_Qs.params.", [L + T + A, M, M, d.num_bins], False, (d.num_q,))
+    mlp("_target_Qs_params.", [L + T + A, M, M, d.num_bins], False, (d.num_q,))
     return shapes
 
 
@@ -268,7 +321,8 @@ def _check_reference_keys(sd: dict, dims: ModelDims, enc_prefix: str, source: st
     missing = [k for k in expected if k not in sd and k not in optional]
     unexpected = [k for k in sd if k not in expected and not k.startswith("_detach_Qs_params.")]
     inferred = (f"inferred obs {dims.obs_shape[0] if not dims.pixels else dims.obs_shape}, action "
-                f"{dims.action_dim}, latent {dims.latent_dim}, mlp {dims.mlp_dim}, num_q {dims.num_q}")
+                f"{dims.action_dim}, latent {dims.latent_dim}, mlp {dims.mlp_dim}, num_q {dims.num_q}"
+                + (f", {len(dims.tasks)} tasks of task dim {dims.task_dim}" if dims.multitask else ""))
     if missing or unexpected:
         parts = ([f"missing keys {_key_list(missing)}"] if missing else []) + \
                 ([f"unexpected keys {_key_list(unexpected)}"] if unexpected else [])
@@ -281,15 +335,17 @@ def _check_reference_keys(sd: dict, dims: ModelDims, enc_prefix: str, source: st
                               + ", ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
 
 
-def reference_to_ours(sd: dict, source: str = "checkpoint") -> tuple[ModelDims, dict]:
+def reference_to_ours(sd: dict, source: str = "checkpoint",
+                      tasks: tuple[str, ...] | None = None) -> tuple[ModelDims, dict]:
     """Map a reference state dict onto our key names and infer every size from tensor shapes.
 
-    Reads the current layout and the older flat Q-ensemble numbering; skips tensordict
-    metadata; rejects multi-task models; checks every key and shape against the layout the
-    inferred sizes imply, so a damaged file fails here with the reference's own key names.
+    Reads the current layout, the older flat Q-ensemble numbering and the pre-release nested
+    layout; skips tensordict metadata; single- and multi-task models (`tasks`: a multi-task model's
+    task names in id order, by default its size's reference set); checks every key and shape against
+    the layout the inferred sizes imply, so a damaged file fails here with the reference's own key names.
     """
-    sd = _unflatten_old_q_layout(_clean_reference(sd, source))
-    dims, enc_prefix = _infer_dims(sd, source)
+    sd = _renumber_prerelease(_unflatten_old_q_layout(_clean_reference(sd, source)))
+    dims, enc_prefix = _infer_dims(sd, source, tasks)
     _check_reference_keys(sd, dims, enc_prefix, source)
     ours = {}
     for key, value in sd.items():
@@ -323,11 +379,13 @@ def load_state_strict(model: torch.nn.Module, sd: dict, source: str) -> None:
     model.load_state_dict(sd)
 
 
-def load_reference(path: str | Path, map_location: str | torch.device = "cpu") -> WorldModel:
-    """A reference TD-MPC2 checkpoint ({"model": state_dict}) as our WorldModel."""
+def load_reference(path: str | Path, map_location: str | torch.device = "cpu",
+                   tasks: tuple[str, ...] | None = None) -> WorldModel:
+    """A reference TD-MPC2 checkpoint ({"model": state_dict}) as our WorldModel; `tasks` names a multi-task
+    model's tasks in id order (default: mt30 or mt80, by its number of tasks)."""
     obj = load_file(path)
     sd = obj.get("model", obj)
-    dims, ours = reference_to_ours(sd, source=str(path))
+    dims, ours = reference_to_ours(sd, source=str(path), tasks=tasks)
     model = WorldModel(dims)
     load_state_strict(model, ours, str(path))
     return model.to(map_location).eval()
@@ -351,7 +409,8 @@ def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool 
     path, overrides = Path(path), overrides or {}
     obj = load_file(path, mmap=mmap)
     if is_reference(obj):
-        dims, state = reference_to_ours(obj.get("model", obj), str(path))
+        given = tuple(overrides["task_set"]) if overrides.get("task_set") else None
+        dims, state = reference_to_ours(obj.get("model", obj), str(path), given)
         base = Config(**dims.config_values())
         return LoadedCheckpoint(validate(from_dict(overrides, base=base)), dims, {"model": state}, None, True)
     if obj.get("format") != FORMAT or "dims" not in obj:

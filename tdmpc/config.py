@@ -149,6 +149,10 @@ class Config:
     """Lower bound of the policy prior's log std."""
     log_std_max: float = 2.0
     """Upper bound of the policy prior's log std."""
+    task_set: tuple[str, ...] = ()
+    """A multi-task model's tasks, one embedding row each in id order. (): the tasks trained on (one: no embedding)."""
+    task_dim: Optional[int] = None
+    """Task embedding size of a multi-task model. None: the reference's (96 for 80 tasks or model size 1/317, else 64)."""
 
     # --- evaluation and output ---------------------------------------------------------
     eval_freq: int = 50_000
@@ -202,6 +206,12 @@ class Config:
         """The size fields: the model_size preset, with explicitly set fields winning."""
         preset = MODEL_SIZES.get(self.model_size or 0, {})
         return {n: v if (v := getattr(self, n)) is not None else preset.get(n) for n in SIZE_FIELDS}  # type: ignore[misc]
+
+    def embedding_dim(self, num_tasks: int) -> int:
+        """The task embedding size: task_dim, or the reference's choice (common/parser.py)."""
+        if self.task_dim is not None:
+            return self.task_dim
+        return 96 if num_tasks == 80 or self.model_size in (1, 317) else 64
 
     def for_task(self, spec: EnvSpec) -> Config:
         """A copy with the task-dependent fields filled in (None: the task's value), so that config.json
@@ -279,6 +289,10 @@ def validate(cfg: Config) -> Config:
         raise bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if cfg.threads is not None and cfg.threads < 1:
         raise bad("threads", "must be >= 1")
+    if cfg.task_dim is not None and cfg.task_dim < 1:
+        raise bad("task_dim", "must be >= 1")
+    if len(set(cfg.task_set)) != len(cfg.task_set):
+        raise bad("task_set", "names a task twice")
     for name in ("obs", "vectorization", "buffer_device", "precision", "train_precision"):
         allowed = typing.get_args(_field_types()[name])
         if getattr(cfg, name) not in allowed:

@@ -20,25 +20,29 @@ class CudaQuadratic:
 
     num_q, episodic = 2, False
 
-    def encode(self, obs):
+    def encode(self, obs, task=None):
         return obs
 
-    def next(self, z, a):
+    def next(self, z, a, task=None):
         return z
 
-    def next_and_reward(self, z, a):
+    def next_and_reward(self, z, a, task=None):
         return z, -((a - z) ** 2).sum(-1, keepdim=True)
 
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)
 
-    def Q(self, z, a, heads=None):
+    def Q(self, z, a, task=None, heads=None):
         return torch.zeros((2,) + z.shape[:-1] + (1,), device=z.device)
 
-    def pi(self, z):
+    def pi(self, z, task=None):
         from tdmpc.planners.base import PolicyOutput
         a = torch.rand_like(z) * 2 - 1
-        return PolicyOutput(a, a, torch.zeros_like(a), torch.zeros(z.shape[:-1] + (1,), device=z.device))
+        zero = torch.zeros(z.shape[:-1] + (1,), device=z.device)
+        return PolicyOutput(a, a, torch.zeros_like(a), zero, zero)
+
+    def action_mask(self, task):
+        return None
 
     def decode(self, logits):
         return logits

@@ -45,3 +45,64 @@ def test_every_output_matches_reference(ref):
         assert ours.shape == io[name].shape, name
         err = (ours - io[name]).abs().max().item()
         assert err < 1e-5, f"{name}: max abs error {err}"
+
+
+# --- the multi-task fixture (mt30, model size 1) ---------------------------------------------------
+MT30 = Path(__file__).parent / "fixtures" / "reference-mt30-ms1"
+
+
+@pytest.fixture(scope="module")
+def mt30():
+    import json
+
+    model = load_reference(MT30 / "reference_checkpoint.pt")
+    io = torch.load(MT30 / "reference_io.pt", weights_only=True)
+    return model, io, json.loads((MT30 / "reference_meta.json").read_text())
+
+
+def test_multitask_dims_are_inferred_and_the_task_set_is_mt30(mt30):
+    model, _, meta = mt30
+    d = model.dims
+    assert d.tasks == tuple(meta["tasks"]) and d.task_dim == meta["task_dim"] == 96
+    assert (d.obs_shape, d.action_dim, d.latent_dim, d.num_q) == ((24,), 6, 128, 2)
+    assert d.action_dims == tuple(meta["action_dims"])
+    assert model.num_learnable_params == 1_426_427
+
+
+@torch.no_grad()
+def test_every_multitask_output_matches_reference(mt30):
+    """Row i of every output with task[i]: the embedding after its max_norm rescale, the latents, heads,
+    and the masked policy with its entropy terms, from the reference's own eps draw."""
+    m, io, _ = mt30
+    task, obs, action = io["task"], io["obs"], io["action"]
+    z = m.encode(obs, task)
+    policy = m.pi(z, task, eps=io["pi_eps"])
+    ours = {"task_emb": m.task_vector(task, (16,)), "z": z, "z_next": m.next(z, action, task),
+            "reward_logits": m.reward(z, action, task), "reward": m.decode(m.reward(z, action, task)),
+            "pi_mean": policy.mean, "pi_log_std": policy.log_std, "pi_action": policy.action,
+            "pi_entropy": policy.entropy, "pi_scaled_entropy": policy.scaled_entropy,
+            "q_logits": m.Q(z, action, task), "q_target_logits": m.Q(z, action, task, target=True),
+            "q_values": m.decode(m.Q(z, action, task))}
+    assert set(ours) | {"task", "obs", "action", "pi_eps"} == set(io)
+    scaled = ours.pop("pi_scaled_entropy")
+    for key, value in ours.items():
+        torch.testing.assert_close(value, io[key], rtol=0, atol=1e-5, msg=key)
+    # The scaled entropy (values up to ~50) sums 6 log-stds and multiplies by the active dims: the reference's
+    # own fp32 value is 2.1e-5 from the same formula in float64 on the same weights, so 1e-5 absolute is below
+    # its rounding. Ours: at most 1.7e-5 absolute, 3.4e-7 relative (measured).
+    torch.testing.assert_close(scaled, io["pi_scaled_entropy"], rtol=1e-6, atol=2e-5, msg="pi_scaled_entropy")
+    # the fused planning path and a bf16-free planning copy agree with the separate heads
+    nxt, rew = m.next_and_reward(z, action, task)
+    torch.testing.assert_close(nxt, io["z_next"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(rew, io["reward_logits"], rtol=0, atol=1e-5)
+
+
+def test_embedding_rows_above_max_norm_are_rescaled_in_place(mt30):
+    m, io, meta = mt30
+    fresh = load_reference(MT30 / "reference_checkpoint.pt")
+    odd = torch.tensor([1, 3])
+    assert (fresh._task_emb.weight[odd].norm(dim=-1) > 1.4).all()  # as written: rows of norm 1.5 to 3
+    with torch.no_grad():
+        fresh.task_vector(odd, (2,))
+    norms = fresh._task_emb.weight[odd].norm(dim=-1)
+    torch.testing.assert_close(norms, torch.ones(2), rtol=0, atol=1e-5)

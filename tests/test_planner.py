@@ -6,33 +6,43 @@ from tdmpc.planners.mppi import MPPI, MPPIConfig
 
 
 class QuadraticModel:
-    """Latent = the target action a*; reward = -||a - a*||^2; Q = 0. The best action is a*."""
+    """Latent = the target action a*; reward = -||a - a*||^2; Q = 0. The best action is a*.
+
+    With `action_dims` it is a multi-task model: task t acts on its first action_dims[t] dims only."""
 
     num_q = 2
     episodic = False
 
-    def encode(self, obs):
+    def __init__(self, action_dims=None, A=None):
+        self.masks = None
+        if action_dims is not None:
+            self.masks = torch.tensor([[1.0] * n + [0.0] * (A - n) for n in action_dims])
+
+    def encode(self, obs, task=None):
         return obs
 
-    def next(self, z, a):
+    def next(self, z, a, task=None):
         return z
 
-    def reward(self, z, a):
+    def reward(self, z, a, task=None):
         return -((a - z) ** 2).sum(-1, keepdim=True)  # "logits" that decode() passes through
 
-    def next_and_reward(self, z, a):
+    def next_and_reward(self, z, a, task=None):
         return self.next(z, a), self.reward(z, a)
 
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,))
 
-    def Q(self, z, a, heads=None):
+    def Q(self, z, a, task=None, heads=None):
         return torch.zeros((2,) + z.shape[:-1] + (1,))
 
-    def pi(self, z):
+    def pi(self, z, task=None):
         a = torch.rand(z.shape[:-1] + (z.shape[-1],)) * 2 - 1
         zero = torch.zeros(z.shape[:-1] + (1,))
         return PolicyOutput(a, a, torch.zeros_like(a), zero, zero)
+
+    def action_mask(self, task):
+        return None if self.masks is None else self.masks[task]
 
     def decode(self, logits):
         return logits
@@ -117,3 +127,24 @@ def test_chunked_rollouts_plan_like_one_big_call():
         results.append(planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True))
     assert planner.chunk_envs == 2
     assert torch.allclose(results[0], results[1], atol=1e-6)
+
+
+def test_each_env_plans_for_its_own_task_with_its_mask_and_discount():
+    """Tasks with 1, 2 and 3 action dims: masked dims are exactly 0, the active ones find the optimum; the
+    return is discounted with each env's own task discount."""
+    N, A = 6, 3
+    model = QuadraticModel(action_dims=[1, 2, 3], A=A)
+    discounts = torch.tensor([0.5, 0.9, 0.99])
+    planner = MPPI(model, MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=discounts,
+                   device=torch.device("cpu"))
+    task = torch.tensor([0, 1, 2, 2, 1, 0])
+    target = torch.tensor([[0.5, -0.3, 0.2], [-0.2, 0.4, -0.6], [0.1, 0.7, -0.4]]).repeat(2, 1)
+    torch.manual_seed(0)
+    action = planner.plan(target, torch.ones(N, dtype=torch.bool), eval_mode=True, task=task)
+    mask = model.masks[task]
+    assert torch.equal(action * (1 - mask), torch.zeros_like(action))
+    assert ((action - target * mask).abs() * mask).max() < 0.1
+    assert torch.allclose(planner.gamma.view(-1), discounts[task])
+    # a perfect candidate of env e returns 0 at every step; the worst (all at -target) is discounted per task
+    worst = planner.G.min(1).values.view(-1)
+    assert (worst < 0).all()

@@ -62,6 +62,22 @@ def to_reference_layout(model: WorldModel) -> dict:
     return out
 
 
+def to_prerelease_layout(sd: dict) -> dict:
+    """The layout of the reference's first release (its issue #23): each MLP a Sequential of Linear,
+    LayerNorm and activation modules, nested one level down except the state encoder, which is shifted by
+    one; the Q ensemble flat, as in to_flat_q_layout."""
+    out = {}
+    for key, value in to_flat_q_layout(sd).items():
+        m = re.fullmatch(r"(_encoder\.state|_dynamics|_reward|_termination|_pi)\.(\d+)\.(ln\.)?(weight|bias)", key)
+        if m is None:
+            out[key] = value
+            continue
+        module, layer, ln, name = m.group(1), int(m.group(2)), m.group(3), m.group(4)
+        index = 3 * layer + (1 if ln else 0)
+        out[f"{module}.{index + 1}.{name}" if module == "_encoder.state" else f"{module}.0.{index}.{name}"] = value
+    return out
+
+
 def to_flat_q_layout(sd: dict) -> dict:
     """The older layout: `_Qs.params.{4 x layer + k}` and `_target_Qs.params.{n}`, no detach alias."""
     out = {}
@@ -78,12 +94,14 @@ def to_flat_q_layout(sd: dict) -> dict:
 
 
 @torch.no_grad()
-def outputs(m: WorldModel, obs: torch.Tensor, action: torch.Tensor) -> dict:
-    z = m.encode(obs)
-    out = {"z": z, "z_next": m.next(z, action), "reward_logits": m.reward(z, action),
-           "reward": m.decode(m.reward(z, action)), "pi_mean": m.pi(z).mean, "pi_log_std": m.pi(z).log_std,
-           "q_logits": m.Q(z, action), "q_target_logits": m.Q(z, action, target=True),
-           "q_values": m.decode(m.Q(z, action))}
+def outputs(m: WorldModel, obs: torch.Tensor, action: torch.Tensor, task: torch.Tensor | None = None) -> dict:
+    z = m.encode(obs, task)
+    eps = torch.randn(*z.shape[:-1], m.dims.action_dim, generator=torch.Generator().manual_seed(0))
+    pi = m.pi(z, task, eps=eps)
+    out = {"z": z, "z_next": m.next(z, action, task), "reward_logits": m.reward(z, action, task),
+           "reward": m.decode(m.reward(z, action, task)), "pi_mean": pi.mean, "pi_log_std": pi.log_std,
+           "pi_scaled_entropy": pi.scaled_entropy, "q_logits": m.Q(z, action, task),
+           "q_target_logits": m.Q(z, action, task, target=True), "q_values": m.decode(m.Q(z, action, task))}
     if m.episodic:
         out["termination"] = m.termination(z)
     return out
@@ -165,8 +183,8 @@ def test_earliest_files_without_targets_or_log_std_bounds_load():
 
 @pytest.mark.parametrize("change,needle", [
     (lambda sd: sd.update({"_task_emb.weight": torch.zeros(30, 96), "_action_masks": torch.ones(30, 6)}),
-     "multi-task reference checkpoints (30 tasks) are not supported"),
-    (lambda sd: sd.update({"_dynamics.0.0.weight": torch.zeros(3, 3)}), "pre-release layout"),
+     "not more than the latent size 128 and task dim 96"),  # an embedding the first layers have no room for
+    (lambda sd: sd.update({"_dynamics.0.0.weight": torch.zeros(3, 3)}), "mixes the current layout"),
     (lambda sd: sd.pop("_dynamics.0.weight"), "missing '_dynamics.0.weight'"),
     (lambda sd: sd.update({"_pi.2.weight": torch.zeros(10, 384)}), "'_pi.2.weight' (10, 384) (expected (12, 384))"),
     (lambda sd: sd.update({"_Qs.params.1.ln.bias": torch.zeros(3, 384)}), "'_Qs.params.1.ln.bias' (3, 384)"),
@@ -338,9 +356,9 @@ def _bad_checkpoint(kind: str, tmp_path: Path) -> tuple[Path, str, list[str]]:
     if kind == "task-dims":  # obs 24 / action 6, cartpole has obs 5 / action 1
         return REF, "cartpole-swingup", ["model is for obs (24,) / action dim 6", "'cartpole-swingup' has obs (5,) / "
                                                                                  "action dim 1"]
-    if kind == "multi-task":
+    if kind == "multi-task":  # a task embedding added to a single-task model: its first layers have no room
         sd["_task_emb.weight"], sd["_action_masks"] = torch.zeros(30, 96), torch.ones(30, 6)
-        return save_model(sd, path), "walker-walk", ["multi-task reference checkpoints", "not supported"]
+        return save_model(sd, path), "walker-walk", ["not more than the latent size 128 and task dim 96"]
     if kind == "unsafe":
         return unsafe_checkpoint(tmp_path)[0], "walker-walk", ["safe weights-only load refuses"]
     raise ValueError(kind)
@@ -361,3 +379,50 @@ def test_bad_checkpoint_is_one_line_and_exit_2(tmp_path, command, kind):
         assert not (tmp_path / "run").exists()  # nothing written before the input is known good
     assert_one_line_error(r, *needles)
     assert not (tmp_path / "code-ran").exists()
+
+
+def test_the_prerelease_nested_layout_loads_with_the_same_outputs(tmp_path):
+    ours = random_model(make_dims((24,), 6, episodic=True, **MODEL_SIZES[1]))
+    nested = to_prerelease_layout(to_reference_layout(ours))
+    assert "_dynamics.0.0.weight" in nested and "_dynamics.0.3.weight" in nested and "_encoder.state.1.weight" in nested
+    loaded = load_reference(save_model(nested, tmp_path / "old.pt"))
+    assert loaded.dims == ours.dims
+    obs, action = torch.randn(8, 24), torch.rand(8, 6) * 2 - 1
+    expected, got = outputs(ours, obs, action), outputs(loaded, obs, action)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=1e-6, msg=key)
+
+
+def test_an_mt80_model_of_size_5_is_imported_with_its_task_set(tmp_path):
+    """mt80 at model size 5 (task dim 96, obs padded to 39, 6 action dims): every size and the task set
+    inferred from the file, outputs equal on DMC and Meta-World tasks, and per-task masks in the policy."""
+    from tdmpc.task_sets import TASK_SETS, reference_info
+
+    tasks = TASK_SETS["mt80"]
+    dims = ModelDims.from_config(Config(model_size=5), (39,), 6, False, tasks,
+                                 tuple(reference_info(t).action_dim for t in tasks))
+    assert dims.task_dim == 96
+    ours = random_model(dims)
+    loaded = load_reference(save_model(to_reference_layout(ours), tmp_path / "mt80-5.pt"))
+    assert loaded.dims == dims and loaded.num_learnable_params == ours.num_learnable_params
+    task = torch.tensor([0, 7, 26, 30, 55, 79])  # walker-stand (6 dims), pendulum (1), reacher-three (3), Meta-World (4)
+    obs, action = torch.randn(6, 39), (torch.rand(6, 6) * 2 - 1) * loaded.action_mask(task)
+    expected, got = outputs(ours, obs, action, task), outputs(loaded, obs, action, task)
+    for key in expected:
+        torch.testing.assert_close(got[key], expected[key], rtol=0, atol=1e-5, msg=key)
+    active = torch.tensor([6, 1, 3, 4, 4, 4])
+    assert torch.equal((got["pi_mean"] != 0).sum(-1), active)  # masked dims: mean exactly 0
+    assert loaded.dims.tasks[30] == "mw-assembly" and loaded.dims.action_dims[30] == 4
+
+
+def test_a_multitask_checkpoint_whose_task_set_does_not_fit_is_one_line(tmp_path):
+    from tdmpc.task_sets import TASK_SETS
+
+    m30 = load_reference(Path(__file__).parent / "fixtures" / "reference-mt30-ms1" / "reference_checkpoint.pt")
+    sd = to_reference_layout(m30)
+    with pytest.raises(CheckpointError, match="names 3 tasks"):
+        reference_to_ours(sd, "mt30.pt", ("walker-walk", "cup-catch", "cheetah-run"))
+    swapped = list(TASK_SETS["mt30"])
+    swapped[0], swapped[4] = swapped[4], swapped[0]  # reacher-easy (2 dims) where walker-stand (6) was
+    with pytest.raises(CheckpointError, match="acts on 6 dims in the model but 2 in its task set"):
+        reference_to_ours(sd, "mt30.pt", tuple(swapped))

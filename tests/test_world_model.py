@@ -51,7 +51,7 @@ def test_ensemble_subset_matches_per_head_and_costs_only_those_heads():
     with FlopCounterMode(display=False) as all_flops:
         m.Q(z, a)
     with FlopCounterMode(display=False) as two_flops:
-        sub = m.Q(z, a, heads)
+        sub = m.Q(z, a, heads=heads)
     assert torch.allclose(sub, full[heads], atol=1e-5)
     assert two_flops.get_total_flops() * 5 == all_flops.get_total_flops() * 2
 
