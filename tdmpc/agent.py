@@ -22,7 +22,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.cuda_graphs import CUDAGraphed
 from tdmpc.device import resolve_device, resolve_dtype
-from tdmpc.task_sets import task_set_name
+from tdmpc.task_sets import TaskError, reference_info, task_set_name
 from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
 
@@ -104,25 +104,25 @@ class Agent:
 
     def task_ids(self, task: int | str | Sequence | np.ndarray | Tensor | None, n: int) -> Tensor | None:
         """(n,) task ids on the device for a multi-task model (names or ids, one for all or one per row);
-        None for a single-task one. Out-of-range ids and unknown names are one-line ValueErrors."""
+        None for a single-task one. Out-of-range ids and unknown names are one-line TaskErrors."""
         tasks = self.dims.tasks
         if not tasks:
             if task is not None:
-                raise ValueError("this is a single-task model: it takes no task")
+                raise TaskError("this is a single-task model: it takes no task")
             return None
         if task is None:
-            raise ValueError(f"a multi-task model needs the task of each observation (one of {len(tasks)}: "
-                             f"{', '.join(tasks[:4])}, ...)")
+            raise TaskError(f"a multi-task model needs the task of each observation (one of {len(tasks)}: "
+                            f"{', '.join(tasks[:4])}, ...)")
         names = [task] if isinstance(task, str) else list(task) if isinstance(task, (list, tuple)) else None
         if names is not None and all(isinstance(t, str) for t in names):
             unknown = [t for t in names if t not in tasks]
             if unknown:
-                raise ValueError(f"task '{unknown[0]}' is not in this model's task set ({task_set_name(tasks)})")
+                raise TaskError(f"task '{unknown[0]}' is not in this model's task set ({task_set_name(tasks)})")
             task = [tasks.index(t) for t in names]
         ids = torch.as_tensor(task, dtype=torch.long).reshape(-1)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(tasks)):
-            raise ValueError(f"task id {int(ids.max()) if int(ids.max()) >= len(tasks) else int(ids.min())} is "
-                             f"out of range: this model has {len(tasks)} tasks (ids 0-{len(tasks) - 1})")
+            raise TaskError(f"task id {int(ids.max()) if int(ids.max()) >= len(tasks) else int(ids.min())} is "
+                            f"out of range: this model has {len(tasks)} tasks (ids 0-{len(tasks) - 1})")
         return ids.expand(n).to(self.device, non_blocking=True)
 
     def _autocast(self):
@@ -288,7 +288,8 @@ class Agent:
         """Our own checkpoint format; extra holds training state (counters, RNGs...)."""
         checkpoint.save({"format": checkpoint.FORMAT, "version": checkpoint.VERSION,
                          "config": self.cfg.to_dict(), "dims": self.dims.to_dict(),
-                         "episode_length": self.episode_length, **self.state_dict(), **(extra or {})}, Path(path))
+                         "episode_length": self.episode_length if isinstance(self.episode_length, int)
+                         else list(self.episode_length), **self.state_dict(), **(extra or {})}, Path(path))
 
     def load(self, path: str | Path) -> dict:
         obj = checkpoint.load_file(path)
@@ -300,17 +301,25 @@ class Agent:
                         **overrides: object) -> "Agent":
         """An agent from one of our checkpoints or a reference TD-MPC2 one, ready to act.
 
-        A reference file does not name its task: pass `task`, whose episode length sets the
-        discount. `overrides` are Config fields (e.g. num_samples=256, mpc=False)."""
+        A single-task reference file does not name its task: pass `task`, whose episode length sets
+        the discount; a multi-task one acts on the task passed to act(). `overrides` are Config fields
+        (e.g. num_samples=256, mpc=False)."""
         from tdmpc.envs import episode_length  # the envs pull in gymnasium; acting needs them only here
 
         over = {**overrides, "device": device, **({"task": task} if task else {})}
         ck = checkpoint.read_checkpoint(path, over)
-        if ck.imported and task is None:
+        if ck.imported and task is None and not ck.dims.multitask:
             raise checkpoint.CheckpointError(f"{path}: a reference TD-MPC2 checkpoint does not name its task; "
                                              f"give the task it was trained on (--task walker-walk, or "
                                              f"task='walker-walk' from Python)")
-        length = ck.episode_length or episode_length(ck.cfg.task, ck.cfg.action_repeat)
+        length: int | Sequence[int]
+        if ck.episode_length is not None:
+            length = ck.episode_length
+        elif ck.dims.multitask:  # each task of the set: the reference's table, or its env
+            length = [info.episode_length if (info := reference_info(t)) else episode_length(t, ck.cfg.action_repeat)
+                      for t in ck.dims.tasks]
+        else:
+            length = episode_length(ck.cfg.task, ck.cfg.action_repeat)
         agent = cls(ck.cfg, ck.dims, length, resolve_device(device))
         agent.load_state_dict(ck.state, str(path))
         agent.imported_from_reference = ck.imported

@@ -46,7 +46,9 @@ BUFFER_FIELDS = ("obs", "action", "reward", "terminated", "first", "valid")
 class ReplayBuffer:
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], action_dim: int,
                  horizon: int, obs_dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 storage: torch.device | str | None = None):
+                 storage: torch.device | str | None = None, env_tasks: np.ndarray | None = None):
+        """env_tasks: the task id of each env (a multi-task model's); sampled batches then carry the task of
+        each sub-trajectory."""
         self.N, self.H = num_envs, horizon
         self.C = capacity // num_envs  # rows per env
         if self.C <= horizon + 1:
@@ -69,6 +71,7 @@ class ReplayBuffer:
         self.transitions = 0  # transitions stored since creation
         self._valid_host = np.zeros((N, C), dtype=bool)
         self._envs = torch.arange(N, device=self.storage)
+        self.env_tasks = None if env_tasks is None else torch.as_tensor(env_tasks, dtype=torch.long, device=self.storage)
         self._offsets = torch.arange(horizon + 1, device=self.storage)
 
     @property
@@ -134,14 +137,14 @@ class ReplayBuffer:
         rows = (flat % F).unsqueeze(1) + self._offsets  # (B, H+1)
         rows = torch.where(rows >= self.C, rows - self.C, rows)
         act_rows = rows[:, 1:]
-        batch = Batch(obs=self.obs[env, rows].transpose(0, 1), action=self.action[env, act_rows].transpose(0, 1),
-                      reward=self.reward[env, act_rows].transpose(0, 1),
-                      terminated=self.terminated[env, act_rows].transpose(0, 1))
+        parts = [self.obs[env, rows].transpose(0, 1), self.action[env, act_rows].transpose(0, 1),
+                 self.reward[env, act_rows].transpose(0, 1), self.terminated[env, act_rows].transpose(0, 1)]
+        if self.env_tasks is not None:
+            parts.append(self.env_tasks[env.squeeze(1)])
         if self.storage != self.device:
-            batch = Batch(*(t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda"
-                            else t.to(self.device) for t in (batch.obs, batch.action, batch.reward, batch.terminated)))
-        return Batch(batch.obs.contiguous(), batch.action.contiguous(), batch.reward.contiguous(),
-                     batch.terminated.contiguous())
+            parts = [t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
+                     for t in parts]
+        return Batch(*(t.contiguous() for t in parts))
 
     def end_episodes(self) -> None:
         """Drop in-flight episodes (at resume): the next row of every env must be a start()."""
@@ -157,6 +160,8 @@ class ReplayBuffer:
                     f.create_dataset(name, data=getattr(self, name)[:, :F].cpu().numpy())
                 f.create_dataset("ptr", data=self.ptr)
                 f.create_dataset("ep_step", data=self.ep_step)
+                if self.env_tasks is not None:
+                    f.create_dataset("env_tasks", data=self.env_tasks.cpu().numpy())
                 f.attrs.update(capacity_per_env=self.C, num_envs=self.N, horizon=self.H, filled=F,
                                transitions=self.transitions)
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config, from_dict, validate
-from tdmpc.task_sets import TASK_SETS, reference_info, task_set_name
+from tdmpc.task_sets import TASK_SETS, expand, reference_info, task_set_name
 from tdmpc.world_model import ModelDims, WorldModel
 
 FORMAT = "tdmpc"
@@ -398,7 +398,7 @@ class LoadedCheckpoint:
     cfg: Config
     dims: ModelDims
     state: dict  # our state-dict layout (model, and optimisers when present)
-    episode_length: int | None  # None for reference checkpoints: taken from the task
+    episode_length: int | list[int] | None  # None for reference checkpoints: taken from the task(s)
     imported: bool  # a reference TD-MPC2 checkpoint
 
 
@@ -412,13 +412,18 @@ def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool 
         given = tuple(overrides["task_set"]) if overrides.get("task_set") else None
         dims, state = reference_to_ours(obj.get("model", obj), str(path), given)
         base = Config(**dims.config_values())
+        if dims.multitask:  # the task it plays is chosen later; until then it names its set
+            base = dataclasses.replace(base, task=next((n for n, t in TASK_SETS.items() if t == dims.tasks),
+                                                       ",".join(dims.tasks)))
         return LoadedCheckpoint(validate(from_dict(overrides, base=base)), dims, {"model": state}, None, True)
     if obj.get("format") != FORMAT or "dims" not in obj:
         keys = [str(k) for k in list(obj)[:4]]
         raise CheckpointError(f"{path}: neither a tdmpc checkpoint nor a TD-MPC2 state dict "
                               f"(it holds keys {keys}{' ...' if len(obj) > 4 else ''})")
     cfg = validate(from_dict(overrides, base=from_dict(obj["config"], source=str(path))))
-    return LoadedCheckpoint(cfg, ModelDims.from_dict(obj["dims"]), obj, int(obj["episode_length"]), False)
+    length = obj["episode_length"]
+    return LoadedCheckpoint(cfg, ModelDims.from_dict(obj["dims"]), obj,
+                            [int(n) for n in length] if isinstance(length, (list, tuple)) else int(length), False)
 
 
 def check_dims_match(dims: ModelDims, obs_shape: tuple[int, ...], action_dim: int, task: str, source: str) -> None:
@@ -442,12 +447,18 @@ def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str])
     if "model_size" in given:  # the preset asked for stands
         given = given | set(SIZE_FIELDS)
     take = {name: value for name, value in theirs.items() if name not in given}
+    new_tasks: tuple[str, ...] = ()
+    if dims.multitask and "task_set" in take:  # tasks it was not trained on get new embedding rows
+        new_tasks = tuple(t for t in expand(cfg.task) if t not in dims.tasks)
+        take["task_set"] = dims.tasks + new_tasks
     sizes = {**cfg.sizes(), **{k: v for k, v in take.items() if k in SIZE_FIELDS}}
     preset = next((n for n, p in MODEL_SIZES.items() if p == sizes), None)
     model_size = cfg.model_size if "model_size" in given else preset
     new = validate(dataclasses.replace(cfg, **{**take, **sizes, "model_size": model_size}))
     shown = {k: take[k] for k in (*SIZE_FIELDS, "episodic") if k in take}
     shown.update({k: v for k, v in take.items() if k not in shown and v != getattr(cfg, k)})
+    if "task_set" in shown:
+        shown["task_set"] = task_set_name(dims.tasks) + (f" + new: {', '.join(new_tasks)}" if new_tasks else "")
     if not shown:
         return new, ""
     size = f" (model size {preset})" if preset and "model_size" not in given else ""
@@ -461,13 +472,24 @@ def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...]
     ck = read_checkpoint(path)
     check_dims_match(ck.dims, obs_shape, action_dim, task, str(path))
     ours, theirs = _architecture(model.dims), _architecture(ck.dims)
+    old = len(ck.dims.tasks)
+    extends = ck.dims.multitask and model.dims.tasks[:old] == ck.dims.tasks
+    if extends:  # new tasks appended: their embedding rows and masks stay as the model made them
+        for k in ("tasks", "action_dims"):
+            ours[k] = ours[k][:old]
     if ours != theirs:
         diffs = [f"{k}: checkpoint {theirs[k]}, config {ours.get(k)}" for k in theirs if theirs[k] != ours.get(k)]
         raise CheckpointError(f"{path}: architecture differs from this config ({', '.join(diffs[:4])}); drop "
                               f"those flags and --init-from takes the checkpoint's architecture")
-    load_state_strict(model, ck.state["model"], str(path))
+    state = dict(ck.state["model"])
+    if extends and len(model.dims.tasks) > old:
+        own = model.state_dict()
+        for key in ("_task_emb.weight", "_action_masks"):
+            state[key] = torch.cat([state[key], own[key][old:]])
+    load_state_strict(model, state, str(path))
     origin = "an imported reference TD-MPC2 checkpoint" if ck.imported else "a tdmpc checkpoint"
-    return f"initialised weights from {origin}: {path}"
+    added = f" (new embedding rows for {', '.join(model.dims.tasks[old:])})" if len(model.dims.tasks) > old else ""
+    return f"initialised weights from {origin}: {path}{added}"
 
 
 def _architecture(dims: ModelDims) -> dict:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Callable, Literal, Optional, TypeVar
 
 import tyro
 
+from tdmpc.task_sets import expand
+
 if TYPE_CHECKING:
     from tdmpc.envs import EnvSpec
 
@@ -42,7 +44,8 @@ class ConfigError(ValueError):
 class Config:
     # --- task -----------------------------------------------------------------------
     task: str = "walker-walk"
-    """DMC name (walker-walk, cup-catch, ...) or a gymnasium id (Pendulum-v1, pkg.mod:Env-v0)."""
+    """DMC name (walker-walk, cup-catch, ...) or a gymnasium id (Pendulum-v1, pkg.mod:Env-v0); several, separated
+    by commas, or mt30 train one multi-task model."""
     obs: Literal["state", "rgb"] = "state"
     """Observation type: state vectors, or 64x64 RGB frames (DMC)."""
     episodic: Optional[bool] = None
@@ -56,7 +59,7 @@ class Config:
     seed: int = 1
     """Seeds torch, numpy, the envs and evaluation."""
     num_envs: int = 1
-    """Parallel environments; the planner plans for all of them in one call."""
+    """Parallel environments (of each task, in a multi-task run); the planner plans for all of them in one call."""
     vectorization: Literal["sync", "async"] = "sync"
     """Step the envs in this process (sync) or one subprocess each (async: for slow simulators)."""
     seed_steps: Optional[int] = None
@@ -283,7 +286,7 @@ def validate(cfg: Config) -> Config:
             raise bad(name, "must be >= 2" if name == "num_q" else "must be >= 1")
     if cfg.sizes()["latent_dim"] % cfg.simnorm_dim:
         raise bad("simnorm_dim", f"must divide latent_dim ({cfg.sizes()['latent_dim']})")
-    if cfg.buffer_size < cfg.num_envs * (cfg.horizon + 2):
+    if cfg.buffer_size < cfg.num_envs * max(1, len(expand(cfg.task))) * (cfg.horizon + 2):
         raise bad("buffer_size", f"too small to hold a sub-trajectory of horizon {cfg.horizon} per env")
     if cfg.device not in ("auto", "cpu", "cuda") and not (cfg.device.startswith("cuda:") and cfg.device[5:].isdigit()):
         raise bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")

@@ -20,7 +20,8 @@ from tdmpc.agent import Agent
 from tdmpc.checkpoint import check_dims_match
 from tdmpc.cli import EXIT_ERROR, EXIT_OK, BadInput, run_cli
 from tdmpc.device import set_threads
-from tdmpc.envs import EnvSource, make_vector_env
+from tdmpc.task_sets import task_set_name
+from tdmpc.envs import EnvSource, make_task_envs, make_vector_env
 
 MAX_PARALLEL = 16
 
@@ -45,18 +46,27 @@ class EvalResult:
 def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: str = "state",
                  action_repeat: int | None = None, video: Path | None = None, video_fps: int = 30,
                  stop: Callable[[], bool] | None = None) -> EvalResult | None:
-    """Run `episodes` episodes without exploration noise, up to MAX_PARALLEL at a time.
+    """Run `episodes` episodes without exploration noise, up to MAX_PARALLEL at a time. A multi-task agent
+    plays task `env` (a name in its task set) with its padded observations and its embedding row.
 
     Returns None if `stop()` turns true meanwhile (a signal during a training-time eval)."""
     result = EvalResult([], [], [])
     frames: list[np.ndarray] = []
+    multitask = agent.dims.multitask
+    if multitask:
+        agent.task_ids(env, 1)  # a task outside the set is a one-line error before anything is built
     while len(result.returns) < episodes:
         n = min(MAX_PARALLEL, episodes - len(result.returns))
         record = video is not None and not frames
-        envs, _ = make_vector_env(env, n, seed=seed + len(result.returns), obs=obs, action_repeat=action_repeat,
-                                  render=record)
+        first_seed = seed + len(result.returns)
+        if multitask:
+            assert isinstance(env, str)
+            envs, _ = make_task_envs([env], n, seed=first_seed, obs_dim=agent.dims.obs_shape[0],
+                                     action_dim=agent.dims.action_dim, action_repeat=action_repeat, render=record)
+        else:
+            envs, _ = make_vector_env(env, n, seed=first_seed, obs=obs, action_repeat=action_repeat, render=record)
         try:
-            obs_, _ = envs.reset(seed=seed + len(result.returns))
+            obs_, _ = envs.reset(seed=first_seed)
             done = np.zeros(n, dtype=bool)
             ret, length, act_abs = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n)
             success = np.full(n, np.nan)
@@ -66,7 +76,7 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
             while not done.all():
                 if stop is not None and stop():
                     return None
-                action = agent.act(obs_, first, eval_mode=True, role=f"eval{n}")
+                action = agent.act(obs_, first, eval_mode=True, role=f"eval{n}", task=env if multitask else None)
                 obs_, reward, terminated, truncated, info = envs.step(action)
                 live = ~done
                 ret[live] += reward[live]
@@ -148,9 +158,15 @@ def evaluate(args: EvalArgs) -> int:
                                                 "num_pi_trajs") if getattr(args, k) is not None}
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, **overrides)
     cfg = agent.cfg
-    envs, spec = make_vector_env(cfg.task, 1, seed=args.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
-    envs.close()
-    check_dims_match(agent.dims, spec.obs_shape, spec.action_dim, spec.task, str(args.checkpoint))
+    if agent.dims.multitask:
+        if args.task is None or "," in args.task or args.task in ("mt30", "mt80"):
+            raise BadInput(f"{args.checkpoint} is a multi-task model: choose the task to evaluate with --task, one "
+                           f"of {task_set_name(agent.dims.tasks)}")
+        agent.task_ids(args.task, 1)
+    else:
+        envs, spec = make_vector_env(cfg.task, 1, seed=args.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
+        envs.close()
+        check_dims_match(agent.dims, spec.obs_shape, spec.action_dim, spec.task, str(args.checkpoint))
 
     set_threads(args.threads)
     torch.manual_seed(args.seed)  # the planner's samples: the same seed repeats the same evaluation

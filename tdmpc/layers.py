@@ -177,8 +177,11 @@ class _PixelScale(nn.Module):
 
 
 def init_weights(module: nn.Module) -> None:
-    """Truncated normal (std 0.02) weights and zero biases, as the reference initialises (convs keep torch's default)."""
+    """As the reference initialises: truncated normal (std 0.02) weights and zero biases, task embeddings
+    U(-0.02, 0.02) (convs keep torch's default)."""
     for m in module.modules():
         if isinstance(m, (nn.Linear, EnsembleLinear)):
             nn.init.trunc_normal_(m.weight, std=0.02)
             nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.uniform_(m.weight, -0.02, 0.02)

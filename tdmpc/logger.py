@@ -83,16 +83,22 @@ class RunLogger:
         self.train_csv.write(row)
         self._scalars("train", row)
 
-    def eval(self, row: dict, video: Path | None = None) -> None:
-        self.eval_csv.write(row)
-        self._scalars("eval", row)
+    def eval(self, rows: list[dict], video: Path | None = None) -> None:
+        """One evaluation: one row, or a multi-task run's row per task and their mean (the last)."""
+        for row in rows:
+            self.eval_csv.write(row)
+            prefix = f"eval/{row['task']}" if "task" in row and row["task"] != "mean" else "eval"
+            self._scalars(prefix, {k: v for k, v in row.items() if k != "task"})
+        step, mean = rows[-1]["env_step"], rows[-1]
         if self.wandb is not None and video is not None and video.is_file():
             import wandb
 
-            self.wandb.log({"eval/video": wandb.Video(str(video), format="mp4")}, step=row["env_step"])
-        self.last_eval = row["episode_return"]
-        self.message(f"eval  step {row['env_step']:>9,}  return {row['episode_return']:8.1f} "
-                       f"± {row['episode_return_std']:.1f}  ({row['episodes']} episodes)")
+            self.wandb.log({"eval/video": wandb.Video(str(video), format="mp4")}, step=step)
+        self.last_eval = mean["episode_return"]
+        per_task = "  (" + ", ".join(f"{r['task']} {r['episode_return']:.1f}" for r in rows[:-1]) + ")" \
+            if len(rows) > 1 else f" ± {mean['episode_return_std']:.1f}"
+        self.message(f"eval  step {step:>9,}  return {mean['episode_return']:8.1f}{per_task}  "
+                     f"({mean['episodes']} episodes)")
 
     def _scalars(self, prefix: str, row: dict) -> None:
         step = row["env_step"]

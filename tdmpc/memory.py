@@ -43,7 +43,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import nn
@@ -51,6 +51,9 @@ from torch import nn
 from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config, ConfigError
 from tdmpc.device import resolve_dtype
 from tdmpc.world_model import ModelDims, WorldModel, planning_copy
+
+if TYPE_CHECKING:
+    from tdmpc.multitask import TaskSetup
 
 MiB, GiB = 2**20, 2**30
 CUDA_CONTEXT = 500 * MiB  # CUDA runtime, cuBLAS/cuDNN kernels and workspaces: not seen by torch's allocator
@@ -227,10 +230,10 @@ def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype
     return fp32 + N * S * dims.latent_dim * _size(plan_dtype)
 
 
-def replay_buffer_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int) -> int:
+def replay_buffer_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, num_envs: int) -> int:
     """ReplayBuffer.nbytes: N x C rows of obs (fp32 state, uint8 pixels), action and reward (fp32),
     terminated, first and valid (bool)."""
-    rows = (cfg.buffer_size // cfg.num_envs) * cfg.num_envs
+    rows = (cfg.buffer_size // num_envs) * num_envs
     return rows * _row_bytes(cfg, obs_shape, action_dim)
 
 
@@ -296,20 +299,23 @@ def plan_activation_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtyp
 
 
 def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
-             buffer_on_device: bool = True) -> MemoryEstimate:
-    """Peak device memory of a run of `cfg` on `target` (the model is in the module docstring)."""
-    dims = ModelDims.from_config(cfg, tuple(obs_shape), action_dim, episodic)
+             buffer_on_device: bool = True, tasks: TaskSetup | None = None) -> MemoryEstimate:
+    """Peak device memory of a run of `cfg` on `target` (the model is in the module docstring); `tasks`:
+    a multi-task run's (its embedding, and num_envs envs of each task)."""
+    dims = ModelDims.from_config(cfg, tuple(obs_shape), action_dim, episodic,
+                                 *((tasks.task_set, tasks.action_dims) if tasks else ()))
+    num_envs = cfg.num_envs * (len(tasks.tasks) if tasks else 1)
     with torch.device("meta"):  # exact shapes, no memory, any model size
         model = WorldModel(dims)
         plan_model = planning_copy(model, target.dtype)
     target_q = list(model._target_Qs.parameters())
     in_target = {id(p) for p in target_q}
     learnable = [p for p in model.parameters() if p.requires_grad]
-    envs = [cfg.num_envs] + eval_sizes(cfg)  # one planner per (num_envs, role)
+    envs = [num_envs] + eval_sizes(cfg)  # one planner per (num_envs, role)
     plan_acts = [plan_activation_bytes(cfg, n, dims, target.dtype) for n in envs] if cfg.mpc else [0]
     gradients = _nbytes(_world_model_params(model))
     update = update_activation_bytes(cfg, dims, model, target.train_dtype)
-    buffer = replay_buffer_bytes(cfg, obs_shape, action_dim)
+    buffer = replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs)
     graphs = target.cuda and cfg.cuda_graphs
     dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
     rows = f"{buffer // _row_bytes(cfg, obs_shape, action_dim):,} x {_row_bytes(cfg, obs_shape, action_dim):,} B"
@@ -330,7 +336,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
         notes={"parameters": f"{sum(p.numel() for p in learnable) / 1e6:.2f}M learnable",
                "planning_copy": f"matmul weights in {dt}",
                "update_activations": f"batch {cfg.batch_size}, horizon {cfg.horizon}, {train_dt}",
-               "planner_buffers": f"{cfg.num_samples} samples; train {cfg.num_envs} env(s)"
+               "planner_buffers": f"{cfg.num_samples} samples; train {num_envs} env(s)"
                                   + (f", eval {'/'.join(map(str, eval_sizes(cfg)))}" if eval_sizes(cfg) else ""),
                "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",
                "cuda_graph_pools": "update() + one per planner" if graphs else ""})
@@ -479,7 +485,8 @@ class MemoryPlan:
 
 
 def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
-           fit: bool = False, resuming: bool = False, log: Callable[[str], None] | None = None) -> MemoryPlan:
+           fit: bool = False, resuming: bool = False, log: Callable[[str], None] | None = None,
+           tasks: TaskSetup | None = None) -> MemoryPlan:
     """Estimate `cfg` on `target`. buffer_device 'auto' moves the replay buffer to host memory
     when the whole does not fit; beyond that, walk LADDER until it fits, applying each step
     (fit=True, each one logged) or only listing them as advice. A user's settings change only
@@ -487,7 +494,7 @@ def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: b
     budget = target.budget
 
     def est(c: Config, on_device: bool) -> MemoryEstimate:
-        return estimate(c, obs_shape, action_dim, episodic, target, on_device)
+        return estimate(c, obs_shape, action_dim, episodic, target, on_device, tasks)
 
     on_device = cfg.buffer_device != "host" or not target.cuda  # without CUDA all of it is host memory
     given = est(cfg, on_device)
@@ -518,8 +525,8 @@ def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: b
 
 # --- a run's plan, decided once before it starts -------------------------------------------
 def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
-                 device: torch.device | None, gpu_mem: str | None = None, fit: bool = False,
-               resuming: bool = False) -> MemoryPlan:
+               device: torch.device | None, gpu_mem: str | None = None, fit: bool = False,
+               resuming: bool = False, tasks: TaskSetup | None = None) -> MemoryPlan:
     """The estimate for this run on this device (or a card of `gpu_mem`), with the replay buffer's place
     decided; with fit=True, lowered settings (each change printed). `plan.cfg` is the config to run."""
     try:
@@ -527,7 +534,7 @@ def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodi
     except ValueError as e:
         raise ConfigError(f"--gpu-mem: {e}") from None
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    return assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log)
+    return assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log, tasks=tasks)
 
 
 def buffer_storage(p: MemoryPlan, device: torch.device) -> torch.device:

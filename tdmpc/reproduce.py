@@ -31,7 +31,7 @@ import tyro
 
 from tdmpc.cli import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
 from tdmpc.envs.tasks import resolve_task
-from tdmpc.plot import Curve, draw, group_runs, read_run
+from tdmpc.plot import Curve, Series, draw, group_series, read_run
 
 TRAIN = [sys.executable, "-m", "tdmpc.train"]  # module-level so tests can swap in a fake trainer
 ALGORITHMS = {"tdmpc2": "TD-MPC2", "sac": "SAC", "dreamerv3": "DreamerV3"}
@@ -338,32 +338,21 @@ def find_runs(paths: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def _config(run_dir: Path) -> dict:
-    f = run_dir / "config.json"
-    return json.loads(f.read_text()) if f.is_file() else {}
-
-
-def seconds_per_100k(run_dir: Path) -> float | None:
-    """From the last eval row's `elapsed` (training seconds so far, over resumed sessions)."""
-    with open(run_dir / "eval.csv", newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("elapsed") and float(r["env_step"]) > 0]
-    return float(rows[-1]["elapsed"]) / float(rows[-1]["env_step"]) * 100_000 if rows else None
-
-
 def load_groups(run_dirs: list[Path]) -> list[Group]:
-    by_key: dict[tuple[str, str], list[Path]] = defaultdict(list)
+    """The evaluation series of the runs (one per task of a multi-task run), grouped by task and exp_name."""
+    by_key: dict[tuple[str, str], list[Series]] = defaultdict(list)
     for d in run_dirs:
-        task, _, steps, _ = read_run(d)
-        if len(steps) == 0:
-            print(f"skipping {d}: no evaluation yet", file=sys.stderr)
-            continue
-        by_key[(task, _config(d).get("exp_name", "default"))].append(d)
+        for series in read_run(d):
+            if len(series.steps) == 0:
+                print(f"skipping {d}: no evaluation yet", file=sys.stderr)
+                continue
+            by_key[(series.task, series.exp_name)].append(series)
     groups = []
-    for (task, exp_name), dirs in sorted(by_key.items()):
-        (curve,) = group_runs(dirs)  # plot.py groups by the same (task, exp_name)
-        curve.label = f"ours ({exp_name}), {len(dirs)} seed{'s' * (len(dirs) > 1)}"
+    for (task, exp_name), members in sorted(by_key.items()):
+        (curve,) = group_series(members)
+        curve.label = f"ours ({exp_name}), {len(members)} seed{'s' * (len(members) > 1)}"
         curve.style = {"marker": "o", "markersize": 3}  # eval points, visible even when there is one
-        secs = [s for s in map(seconds_per_100k, dirs) if s is not None]
+        secs = [s for s in (m.seconds_per_100k() for m in members) if s is not None]
         groups.append(Group(task, exp_name, curve, float(np.mean(secs)) if secs else None))
     return groups
 

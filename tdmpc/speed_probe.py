@@ -12,24 +12,26 @@ from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 
 
-def hours_left(agent: Agent, env_steps_left: int) -> tuple[float, float, float]:
+def hours_left(agent: Agent, env_steps_left: int, env_tasks: np.ndarray | None = None) -> tuple[float, float, float]:
     """(seconds per plan, seconds per update, hours for the steps left), timed on a copy of the agent
-    (its warm start, optimiser and RNG are left as they were)."""
+    (its warm start, optimiser and RNG are left as they were). env_tasks: a multi-task run's task of each env."""
     cfg, dims = agent.cfg, agent.dims
     probe = copy.deepcopy(agent)
-    obs = np.zeros((cfg.num_envs, *dims.obs_shape), dtype=np.float32 if cfg.obs == "state" else np.uint8)
+    num_envs = cfg.num_envs if env_tasks is None else len(env_tasks)
+    obs = np.zeros((num_envs, *dims.obs_shape), dtype=np.float32 if cfg.obs == "state" else np.uint8)
     H, B = cfg.horizon, cfg.batch_size
+    task = None if env_tasks is None else torch.as_tensor(env_tasks).repeat(B // num_envs + 1)[:B]
     batch = Batch(torch.zeros(H + 1, B, *dims.obs_shape), torch.zeros(H, B, dims.action_dim), torch.zeros(H, B),
-                  torch.zeros(H, B, dtype=torch.bool))
+                  torch.zeros(H, B, dtype=torch.bool), task)
     rng = torch.get_rng_state()
     timings = []
-    for fn in (lambda: probe.act(obs, role="timing"), lambda: probe.update(batch)):
+    for fn in (lambda: probe.act(obs, role="timing", task=env_tasks), lambda: probe.update(batch)):
         fn()
         t0 = time.perf_counter()
         fn()
         timings.append(time.perf_counter() - t0)
     torch.set_rng_state(rng)
     assert cfg.action_repeat is not None
-    vector_steps = max(env_steps_left, 0) / (cfg.num_envs * cfg.action_repeat)
+    vector_steps = max(env_steps_left, 0) / (num_envs * cfg.action_repeat)
     per_step = timings[0] + timings[1] * cfg.updates_per_round / cfg.update_every
     return timings[0], timings[1], vector_steps * per_step / 3600

@@ -38,6 +38,10 @@ DMC_EPISODE, METAWORLD_EPISODE = 500, 100  # agent steps
 TASK_SETS: dict[str, tuple[str, ...]] = {"mt30": tuple(DMC30), "mt80": tuple(DMC30) + METAWORLD50}
 
 
+class TaskError(ValueError):
+    """A task that cannot be used here; the message is one line."""
+
+
 @dataclass(frozen=True)
 class TaskInfo:
     """One task of a set: its own dims (before padding) and episode length in agent steps."""

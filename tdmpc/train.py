@@ -30,9 +30,10 @@ from tdmpc.buffer import ReplayBuffer
 from tdmpc.cli import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
 from tdmpc.config import Config, changed_fields, from_dict, load_json, parse_cli, save_json, validate
 from tdmpc.device import DeviceError, resolve_device, set_threads
-from tdmpc.envs import EnvSource, EnvSpec, env_rng_state, make_env, make_vector_env, set_env_rng_state
+from tdmpc.envs import EnvSource, EnvSpec, env_rng_state, make_env, make_task_envs, make_vector_env, set_env_rng_state
 from tdmpc.evaluate import run_episodes
 from tdmpc.logger import RunLogger
+from tdmpc.multitask import TaskSetup, model_dims, task_setup
 from tdmpc.world_model import ModelDims
 
 CPU_DEFAULT = "cpu.json"  # the config a machine without a GPU starts from when no --cfg is given
@@ -70,18 +71,22 @@ class Trainer:
         """buffer_storage: where the replay buffer lives (None: on `device`). env: what to train on (None:
         cfg.task); eval_env: what to evaluate on (None: the same)."""
         self.env, self.eval_env = env or cfg.task, eval_env or env or cfg.task
-        self.envs, self.spec = _make_envs(self.env, cfg)
+        self.tasks = task_setup(cfg) if env is None else None  # a multi-task model's tasks, None for one task
+        self.envs, self.spec = _make_envs(self.env, cfg, self.tasks)
         self.cfg = cfg = validate(cfg.for_task(self.spec))
         self.run_dir, self.device = run_dir, device
         self.on_log, self.on_eval = on_log, on_eval
         torch.manual_seed(cfg.seed)
         self.rng = np.random.default_rng(cfg.seed)
         assert cfg.episodic is not None
-        self.dims = ModelDims.from_config(cfg, self.spec.obs_shape, self.spec.action_dim, cfg.episodic)
-        self.agent = Agent(cfg, self.dims, self.spec.episode_length, device)
-        self.buffer = ReplayBuffer(cfg.buffer_size, cfg.num_envs, self.spec.obs_shape, self.spec.action_dim,
+        self.dims = model_dims(cfg, self.spec, self.tasks)  # the multi-task model's task set and masks too
+        self.agent = Agent(cfg, self.dims, self.tasks.episode_lengths if self.tasks else self.spec.episode_length,
+                           device)
+        self.env_tasks = None if self.tasks is None else self.tasks.env_tasks(cfg.num_envs)  # task id of each env
+        self.num_envs = self.envs.num_envs
+        self.buffer = ReplayBuffer(cfg.buffer_size, self.num_envs, self.spec.obs_shape, self.spec.action_dim,
                                    cfg.horizon, obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32,
-                                   device=device, storage=buffer_storage or device)
+                                   device=device, storage=buffer_storage or device, env_tasks=self.env_tasks)
         self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
         self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
         self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
@@ -100,13 +105,13 @@ class Trainer:
         self.metric_sum: dict[str, torch.Tensor] | None = None
         self.metric_count = 0
         self.ended_episodes: list[tuple[float, int]] = []  # (return, length) since the last log row
-        self.ep_return = np.zeros(cfg.num_envs)
-        self.ep_length = np.zeros(cfg.num_envs, dtype=np.int64)
+        self.ep_return = np.zeros(self.num_envs)
+        self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
         self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
         self.last_bar = 0.0
         self.warned_termination = False
         self.obs, _ = self.envs.reset(seed=None if resume else cfg.seed)
-        self.first = np.ones(cfg.num_envs, dtype=bool)
+        self.first = np.ones(self.num_envs, dtype=bool)
         self.buffer.start(torch.from_numpy(self.obs))
         set_threads(cfg.threads)
 
@@ -165,10 +170,10 @@ class Trainer:
         """One step of all N envs, its transitions into the buffer, then any updates due."""
         cfg, c = self.cfg, self.counters
         if c.env_step < cfg.seed_steps:  # type: ignore[operator]
-            action = self.rng.uniform(-1, 1, (cfg.num_envs, self.spec.action_dim)).astype(np.float32)
+            action = self.rng.uniform(-1, 1, (self.num_envs, self.spec.action_dim)).astype(np.float32)
         else:
             self.doing = "act"
-            action = self.agent.act(self.obs, self.first)
+            action = self.agent.act(self.obs, self.first, task=self.env_tasks)
         obs, reward, terminated, truncated, info = self.envs.step(action)
         done = terminated | truncated
         stored = obs
@@ -189,7 +194,7 @@ class Trainer:
             c.episodes += len(ended)
         self.obs, self.first = obs, done
         c.vector_steps += 1
-        c.env_step += cfg.num_envs * cfg.action_repeat  # type: ignore[operator]
+        c.env_step += self.num_envs * cfg.action_repeat  # type: ignore[operator]
 
         if c.env_step < cfg.seed_steps:  # type: ignore[operator]
             return
@@ -222,26 +227,32 @@ class Trainer:
         self.counters.updates += 1
 
     def evaluate(self) -> bool:
-        """Run the eval episodes; False if a stop signal arrived meanwhile (the eval is redone on resume)."""
+        """Run the eval episodes (of every task); False if a stop signal arrived meanwhile (redone on resume)."""
         cfg, c = self.cfg, self.counters
         if cfg.eval_episodes == 0:
             c.next_eval = _next_multiple(c.env_step, cfg.eval_freq)
             return True
-        video = self.run_dir / "videos" / f"step_{c.env_step:09d}.mp4" if cfg.save_video else None
         t0 = time.time()
         self.doing = "evaluation"
-        res = run_episodes(self.agent, self.eval_env, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1),
-                           obs=cfg.obs, action_repeat=cfg.action_repeat, video=video,
-                           stop=lambda: self.stop_reason is not None)
-        if res is None:
-            return False
-        row = {"env_step": c.env_step, **res.summary(), "eval_seconds": round(time.time() - t0, 1),
-               "elapsed": round(c.elapsed, 1)}
-        self.logger.eval(row, video)
+        rows = []
+        for task in self.tasks.tasks if self.tasks else (self.eval_env,):
+            name = f"_{task}" if self.tasks else ""
+            video = self.run_dir / "videos" / f"step_{c.env_step:09d}{name}.mp4" if cfg.save_video else None
+            res = run_episodes(self.agent, task, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1), obs=cfg.obs,
+                               action_repeat=cfg.action_repeat, video=video, stop=lambda: self.stop_reason is not None)
+            if res is None:
+                return False
+            rows.append(({"task": task} if self.tasks else {}) | res.summary())
+        if self.tasks:  # the tasks' mean, as the reference reports multi-task results
+            rows.append({"task": "mean", "episodes": sum(r["episodes"] for r in rows),
+                         **{k: float(np.mean([r[k] for r in rows])) for k in ("episode_return", "episode_length")}})
+        timing = {"eval_seconds": round(time.time() - t0, 1), "elapsed": round(c.elapsed, 1)}
+        rows = [{"env_step": c.env_step, **r, **timing} for r in rows]
+        self.logger.eval(rows, video)
         c.next_eval = _next_multiple(c.env_step, cfg.eval_freq)
         c.last_eval = c.env_step
         self.rate_mark = (time.time(), c.env_step, c.updates)  # keep eval time out of the step rate
-        self._callback(self.on_eval, row, "on_eval")
+        self._callback(self.on_eval, rows[-1], "on_eval")
         return True
 
     def _log(self) -> None:
@@ -354,13 +365,20 @@ class Trainer:
         self.buffer.end_episodes()  # the episode in flight at the stop is discarded, see README
 
 
-def _make_envs(env: EnvSource, cfg: Config) -> tuple[gym.vector.VectorEnv, EnvSpec]:
-    """Vector envs; async workers ignore SIGINT/SIGTERM so only the trainer handles a stop."""
+def _make_envs(env: EnvSource, cfg: Config, tasks: TaskSetup | None) -> tuple[gym.vector.VectorEnv, EnvSpec]:
+    """Vector envs (num_envs of each task of a multi-task run), and the spec the model is built for;
+    async workers ignore SIGINT/SIGTERM so only the trainer handles a stop."""
     ignored = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} \
         if cfg.vectorization == "async" else {}
+    asynchronous = cfg.vectorization == "async"
     try:
-        return make_vector_env(env, cfg.num_envs, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat,
-                               asynchronous=cfg.vectorization == "async")
+        if tasks is None:
+            return make_vector_env(env, cfg.num_envs, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat,
+                                   asynchronous=asynchronous)
+        envs, _ = make_task_envs(tasks.tasks, cfg.num_envs, seed=cfg.seed, obs_dim=tasks.obs_dim,
+                                 action_dim=tasks.action_dim, action_repeat=tasks.action_repeat,
+                                 asynchronous=asynchronous)
+        return envs, tasks.spec(cfg)
     finally:
         for s, h in ignored.items():
             signal.signal(s, h)
@@ -409,9 +427,9 @@ def train(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: s
     source: EnvSource = config.task if env is None else env
     eval_source: EnvSource = (lambda: copy.deepcopy(env)) if isinstance(env, gym.Env) else source
     device = resolve_device(config.device)
-    spec = _env_spec(source, config)
+    spec, tasks = _env_spec(source, config)
     plan = memory.assess_run(config.for_task(spec), spec.obs_shape, spec.action_dim, spec.episodic, device,
-                             resuming=resume)
+                             resuming=resume, tasks=tasks)
     if not plan.fits:
         raise BadInput(plan.error())
     path = Path(config.run_dir) if config.run_dir else runs.default_run_dir(config.for_task(spec))
@@ -425,12 +443,16 @@ def train(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: s
     return path, trainer.agent
 
 
-def _env_spec(env: EnvSource, cfg: Config) -> EnvSpec:
-    """The task's dims from one environment (closed at once, unless it is the user's own env object)."""
+def _env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
+    """What the model is built for: a multi-task run's padded dims, or the task's from one environment
+    (closed at once, unless it is the user's own env object)."""
+    tasks = task_setup(cfg) if isinstance(env, str) and env == cfg.task else None
+    if tasks is not None:
+        return tasks.spec(cfg), tasks
     built, spec = make_env(env, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
     if not isinstance(env, gym.Env):
         built.close()
-    return spec
+    return spec, None
 
 
 def _check_run_dir(path: Path, resume: bool) -> None:
@@ -505,13 +527,13 @@ def _main(argv: list[str]) -> int:
         if not args.dry_run:
             raise
         device = None  # a dry run still estimates (for --gpu-mem, or to say there is no GPU)
-    spec = _env_spec(cfg.task, cfg)
+    spec, tasks = _env_spec(cfg.task, cfg)
     run_dir = Path(args.resume) if args.resume else Path(cfg.run_dir) if cfg.run_dir \
         else runs.default_run_dir(cfg.for_task(spec))
     _check_run_dir(run_dir, bool(args.resume))
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     plan = memory.assess_run(cfg.for_task(spec), spec.obs_shape, spec.action_dim, spec.episodic, device,
-                             args.gpu_mem, args.fit_memory, resuming=bool(args.resume))
+                             args.gpu_mem, args.fit_memory, resuming=bool(args.resume), tasks=tasks)
     if plan.applied:
         cfg = dataclasses.replace(cfg, **{k: new for ch in plan.changes for k, (_, new) in ch.values.items()})
     if args.dry_run:
@@ -548,7 +570,7 @@ def _main(argv: list[str]) -> int:
 def _warn_if_slow(trainer: Trainer, limit_hours: float = 3.0) -> None:
     """A config sized for a GPU on a CPU takes days; say so before it starts."""
     c, cfg = trainer.counters, trainer.cfg
-    plan_s, update_s, hours = speed_probe.hours_left(trainer.agent, cfg.steps - c.env_step)
+    plan_s, update_s, hours = speed_probe.hours_left(trainer.agent, cfg.steps - c.env_step, trainer.env_tasks)
     if hours > limit_hours:
         trainer.logger.message(
             f"warning: on this CPU one plan takes {plan_s * 1e3:.0f} ms and one update {update_s * 1e3:.0f} ms, "

@@ -74,7 +74,7 @@ def test_exact_parts_equal_the_bytes_allocated(model_size):
 def test_pixel_buffer_bytes_equal_the_buffer():
     cfg = validate(Config(obs="rgb", buffer_size=999, num_envs=2))
     buf = ReplayBuffer(cfg.buffer_size, cfg.num_envs, (9, 64, 64), 6, cfg.horizon, obs_dtype=torch.uint8)
-    assert memory.replay_buffer_bytes(cfg, (9, 64, 64), 6) == buf.nbytes
+    assert memory.replay_buffer_bytes(cfg, (9, 64, 64), 6, cfg.num_envs) == buf.nbytes
 
 
 @pytest.mark.parametrize("text,expected", [("16GB", 16 * 10**9), ("16G", 16 * 10**9), ("16000MB", 16 * 10**9),
@@ -194,7 +194,7 @@ def test_oom_in_update_writes_checkpoint_exits_1_and_resume_continues(tmp_path, 
         return original(self, batch)
 
     monkeypatch.setattr(Agent, "update", update)
-    monkeypatch.setattr(speed_probe, "hours_left", lambda agent, steps: (0.0, 0.0, 0.0))  # it times updates too
+    monkeypatch.setattr(speed_probe, "hours_left", lambda agent, steps, tasks: (0.0, 0.0, 0.0))  # it times updates too
     assert train_main(["--cfg", str(cfg), "--run-dir", str(run)]) == 1
     err = capsys.readouterr().err
     assert "out of device memory in update at step 200" in err and "checkpoint written at step 200" in err

@@ -250,3 +250,25 @@ def test_bad_input_is_one_line_exit_2(argv, tmp_path, capsys):
     assert main([*argv, "--runs-root", str(tmp_path)] if "--" not in argv else argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "\n" not in err, err
+
+
+def test_a_multitask_run_gathers_as_one_curve_per_task_at_its_own_env_steps(tmp_path):
+    """A 2-task run's eval.csv has a row per task and the mean; each task is compared at its own env steps
+    (half the run's), beside the single-task runs of the same task."""
+    run = tmp_path / "mt" / "seed1"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"task": "cup-catch,cartpole-swingup", "seed": 1,
+                                                 "exp_name": "default"}))
+    with open(run / "eval.csv", "w", newline="") as f:
+        f.write("env_step,task,episodes,episode_return,episode_return_std,episode_length,eval_seconds,elapsed\n")
+        for step, cup, cart in ((100_000, 400.0, 300.0), (200_000, 970.0, 850.0)):
+            for task, ret in (("cup-catch", cup), ("cartpole-swingup", cart), ("mean", (cup + cart) / 2)):
+                f.write(f"{step},{task},10,{ret},5.0,500,3.0,{step * 0.05}\n")
+    single = fake_run(tmp_path / "single" / "cup-catch" / "seed1", "cup-catch", 1, [(50_000, 600.0), (100_000, 960.0)])
+    rows = reproduce.gather([run, single], tmp_path / "out")
+    checks = {(r.task, r.exp_name): r for r in rows if r.check}
+    mt = checks[("cup-catch", "default, multi-task")]
+    assert mt.env_step == 100_000 and mt.ours == 970.0 and mt.check == "PASS"  # 200k in all = 100k per task
+    assert checks[("cartpole-swingup", "default, multi-task")].ours == 850.0
+    assert checks[("cup-catch", "default")].ours == 960.0
+    assert mt.sec_per_100k == pytest.approx(200_000 * 0.05 / 100_000 * 100_000)  # both tasks' steps took it

@@ -12,8 +12,9 @@ import sys
 if sys.platform == "linux":
     os.environ.setdefault("MUJOCO_GL", "egl")
 
-from tdmpc.envs.make import EnvSource, EnvSpec, env_rng_state, make_env, make_vector_env, set_env_rng_state  # noqa: E402
+from tdmpc.envs.make import (EnvSource, EnvSpec, env_rng_state, make_env, make_task_envs, make_vector_env,  # noqa: E402
+                             set_env_rng_state)
 from tdmpc.envs.tasks import TaskError, UnknownTaskError, episode_length  # noqa: E402
 
-__all__ = ["EnvSource", "EnvSpec", "TaskError", "UnknownTaskError", "env_rng_state", "episode_length", "make_env", "make_vector_env",
+__all__ = ["EnvSource", "EnvSpec", "TaskError", "UnknownTaskError", "env_rng_state", "episode_length", "make_env", "make_task_envs", "make_vector_env",
            "set_env_rng_state"]

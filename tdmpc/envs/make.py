@@ -5,13 +5,13 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Union
+from typing import Any, Callable, Sequence, Union
 
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 from gymnasium.wrappers import (AddRenderObservation, FlattenObservation, FrameStackObservation, RescaleAction,
-                                TimeLimit, TransformObservation)
+                                TimeLimit, TransformAction, TransformObservation)
 
 from tdmpc.envs.tasks import DEFAULT_EPISODE_STEPS, Task, TaskError, resolve_task
 from tdmpc.envs.wrappers import ActionRepeat, SeedAndRNGState
@@ -101,7 +101,6 @@ def make_vector_env(
             return first
         return copy.deepcopy(env) if isinstance(env, gym.Env) else env()
 
-    autoreset = gym.vector.AutoresetMode.SAME_STEP
     if asynchronous:
         if isinstance(env, gym.Env):
             raise TaskError("an env object cannot be stepped in subprocesses; pass a picklable factory or use "
@@ -110,18 +109,57 @@ def make_vector_env(
             first.close()
         first = None
         fns = [functools.partial(_wrap_built, env, task, seed + i, obs, repeat, render) for i in range(num_envs)]
-        # Workers start from a fresh forkserver process, not from a fork of this one: a forked
-        # EGL context (after any render here) hangs them, and forked torch threads can too.
-        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset, context="forkserver")
     else:
-        envs = gym.vector.SyncVectorEnv([functools.partial(lambda i: _wrap(raw(i), task, seed + i, obs, repeat), i)
-                                         for i in range(num_envs)], autoreset_mode=autoreset)
-        first = envs.envs[0]
-    envs.action_space.seed(seed)
+        fns = [functools.partial(lambda i: _wrap(raw(i), task, seed + i, obs, repeat), i) for i in range(num_envs)]
+    envs = _vector(fns, asynchronous, seed)
+    if not asynchronous:
+        first = envs.envs[0]  # type: ignore[attr-defined]
     if task.episodic is None and first is None:  # what an env declares is read off one built here
         first = _make_named(task, obs, False, RENDER_SIZE) if isinstance(env, str) else env()  # type: ignore[operator]
         first.close()
     return envs, _spec(task, first, envs.single_observation_space, envs.single_action_space, repeat)
+
+
+def make_task_envs(
+    tasks: Sequence[str],
+    envs_per_task: int,
+    *,
+    seed: int,
+    obs_dim: int,
+    action_dim: int,
+    action_repeat: int | None = None,
+    asynchronous: bool = False,
+    render: bool = False,
+) -> tuple[gym.vector.VectorEnv, list[EnvSpec]]:
+    """Envs for the tasks of a multi-task model, in one vector env: envs_per_task of tasks[0] first, then
+    of tasks[1], ... (sub-env i is seeded with seed + i). Every task's observations are zero-padded to
+    obs_dim and it reads the first of its own action dims of an action_dim action (as the reference's
+    multi-task wrapper). Returns the envs and each task's own (unpadded) spec."""
+    checked = [_check(t, "state", action_repeat) for t in tasks]
+    specs, fns = [], []
+    for t, (task, repeat, _) in zip(tasks, checked):
+        probe = _wrap(_make_named(task, "state", False, RENDER_SIZE), task, None, "state", repeat)
+        spec = _spec(task, probe, probe.observation_space, probe.action_space, repeat)
+        probe.close()
+        if spec.obs_shape[0] > obs_dim or spec.action_dim > action_dim:
+            raise TaskError(f"task {t!r} has obs dim {spec.obs_shape[0]} / action dim {spec.action_dim}, more than "
+                            f"the model's {obs_dim} / {action_dim}")
+        specs.append(spec)
+        fns += [functools.partial(_wrap_built, t, task, seed + len(fns) + j, "state", repeat, render,
+                                  (obs_dim, action_dim)) for j in range(envs_per_task)]
+    return _vector(fns, asynchronous, seed), specs
+
+
+def _vector(fns: list[Callable[[], gym.Env]], asynchronous: bool, seed: int) -> gym.vector.VectorEnv:
+    autoreset = gym.vector.AutoresetMode.SAME_STEP
+    if asynchronous:
+        # Workers start from a fresh forkserver process, not from a fork of this one: a forked
+        # EGL context (after any render here) hangs them, and forked torch threads can too.
+        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset, context="forkserver")
+    else:
+        envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset)
+    envs.action_space.seed(seed)
+    return envs
 
 
 def env_rng_state(envs: gym.vector.VectorEnv) -> list[dict[str, Any]]:
@@ -168,14 +206,16 @@ def _make_named(task: Task, obs: str, render: bool, render_size: tuple[int, int]
     return _gym_env(task.name, render, render_size)
 
 
-def _wrap_built(env: EnvSource, task: Task, seed: int, obs: str, repeat: int, render: bool) -> gym.Env:
-    """A sub-env built in an async worker."""
+def _wrap_built(env: EnvSource, task: Task, seed: int, obs: str, repeat: int, render: bool,
+                pad_to: tuple[int, int] | None = None) -> gym.Env:
+    """A sub-env built where it runs (in this process, or an async worker)."""
     raw = _make_named(task, obs, render, RENDER_SIZE) if isinstance(env, str) else env()  # type: ignore[operator]
-    return _wrap(raw, task, seed, obs, repeat)
+    return _wrap(raw, task, seed, obs, repeat, pad_to)
 
 
-def _wrap(built: gym.Env, task: Task, seed: int | None, obs: str, repeat: int) -> gym.Env:
-    """Our wrappers around a raw env, innermost first."""
+def _wrap(built: gym.Env, task: Task, seed: int | None, obs: str, repeat: int,
+          pad_to: tuple[int, int] | None = None) -> gym.Env:
+    """Our wrappers around a raw env, innermost first; pad_to: (obs dim, action dim) of a multi-task model."""
     pixels = obs == "rgb"
     problem = _action_space_problem(task.name, built.action_space)
     if problem:
@@ -191,9 +231,20 @@ def _wrap(built: gym.Env, task: Task, seed: int | None, obs: str, repeat: int) -
     built = TimeLimit(built, task.env_steps // repeat)
     if pixels:
         built = _stacked_frames(built)
+    if pad_to is not None:
+        built = _padded(built, *pad_to)
     built = SeedAndRNGState(built, seed)
     built.action_space.seed(seed)
     return built
+
+
+def _padded(env: gym.Env, obs_dim: int, action_dim: int) -> gym.Env:
+    """Observations zero-padded at the end to obs_dim; of an action_dim action, the env reads its own first dims."""
+    own_obs, own_action = env.observation_space.shape[0], env.action_space.shape[0]  # type: ignore[index]
+    obs_space = spaces.Box(-np.inf, np.inf, (obs_dim,), np.float32)
+    env = TransformObservation(env, lambda o: np.pad(o, (0, obs_dim - own_obs)), obs_space)
+    action_space = spaces.Box(-1.0, 1.0, (action_dim,), np.float32)
+    return TransformAction(env, lambda a: a[:own_action], action_space)
 
 
 def _stacked_frames(env: gym.Env) -> gym.Env:

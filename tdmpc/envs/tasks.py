@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
+from tdmpc.task_sets import TaskError
+
 # gymnasium's own tasks whose step() never returns terminated=True (read off gymnasium 1.4's
 # source): they only end at their time limit, so a termination head would learn nothing. Every
 # other gymnasium task can terminate; a user's env says so itself (metadata["episodic"]).
@@ -31,10 +33,6 @@ _HOW_TASKS_ARE_NAMED = (
     "gymnasium id like Pendulum-v1, HalfCheetah-v5 or my_module:MyEnv-v0"
 )
 _VERSIONED = re.compile(r"-v\d+$")
-
-
-class TaskError(ValueError):
-    """A task that cannot be used here; the message is one line."""
 
 
 class UnknownTaskError(TaskError):
