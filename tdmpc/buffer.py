@@ -79,6 +79,11 @@ class ReplayBuffer:
         return int(self._valid_host.sum())
 
     @property
+    def saved_bytes(self) -> int:
+        """About what save() writes: the filled columns of every row field."""
+        return self.nbytes * self.filled // self.C
+
+    @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.obs, self.action, self.reward, self.terminated,
                                                            self.first, self.valid))
@@ -110,22 +115,27 @@ class ReplayBuffer:
         self._set_valid(envs, rows, False)
         self.ep_step[envs] = 0
 
-    def add(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor) -> None:
-        """One step of all N envs: obs is what each action led to (the final obs if the episode ended)."""
-        envs = np.arange(self.N)
-        if (self.ep_step < 0).any():
+    def add(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
+            keep: np.ndarray | None = None) -> None:
+        """One step of the N envs: obs is what each action led to (the final obs if the episode ended).
+        keep: which envs' transitions to store (the others are dropped; their episodes must restart)."""
+        envs = np.arange(self.N) if keep is None else np.flatnonzero(keep)
+        if len(envs) == 0:
+            return
+        if (self.ep_step[envs] < 0).any():
             raise RuntimeError("ReplayBuffer.add() before start(): begin each env's episode first")
+        pick = slice(None) if keep is None else torch.as_tensor(envs)
         e, r, rows = self._rows(envs)
-        self.obs[e, r] = obs.to(self.storage, self.obs.dtype)
-        self.action[e, r] = action.to(self.storage, torch.float32)
-        self.reward[e, r] = reward.to(self.storage, torch.float32)
-        self.terminated[e, r] = terminated.to(self.storage, torch.bool)
+        self.obs[e, r] = obs[pick].to(self.storage, self.obs.dtype)
+        self.action[e, r] = action[pick].to(self.storage, torch.float32)
+        self.reward[e, r] = reward[pick].to(self.storage, torch.float32)
+        self.terminated[e, r] = terminated[pick].to(self.storage, torch.bool)
         self.first[e, r] = False
         self._set_valid(envs, rows, False)
-        self.ep_step += 1
-        ready = self.ep_step >= self.H
+        self.ep_step[envs] += 1
+        ready = self.ep_step[envs] >= self.H
         self._set_valid(envs[ready], (rows[ready] - self.H) % self.C, True)
-        self.transitions += self.N
+        self.transitions += len(envs)
 
     def sample(self, batch_size: int) -> Batch:
         """B sub-trajectories of H+1 observations, uniform over valid starts, time-major."""
@@ -168,19 +178,45 @@ class ReplayBuffer:
         atomic_write(Path(path), write)
 
     def load(self, path: Path) -> None:
-        with h5py.File(path, "r") as f:
-            a = f.attrs
-            if (a["capacity_per_env"], a["num_envs"], a["horizon"]) != (self.C, self.N, self.H):
-                raise ValueError(f"buffer file '{path}' was written for capacity/env {a['capacity_per_env']}, "
-                                 f"{a['num_envs']} envs, horizon {a['horizon']}; this run has "
-                                 f"{self.C}, {self.N}, {self.H}")
-            F = int(a["filled"])
-            for name in BUFFER_FIELDS:
-                if name == "first" and name not in f:  # saved before episode starts were recorded
-                    continue
-                getattr(self, name)[:, :F] = torch.from_numpy(f[name][...]).to(self.storage)
-            self.ptr[:] = f["ptr"][...]
-            self.ep_step[:] = f["ep_step"][...]
-            self.filled, self.transitions = F, int(a["transitions"])
+        """Restore a saved buffer; a file that is missing, not HDF5, truncated, laid out for another run or
+        holding non-finite values is a one-line BufferFileError naming it and what is wrong."""
+        path = Path(path)
+        if not path.is_file():
+            raise BufferFileError(f"{path}: the replay buffer file is missing")
+        try:
+            with h5py.File(path, "r") as f:
+                a = f.attrs
+                if (a["capacity_per_env"], a["num_envs"], a["horizon"]) != (self.C, self.N, self.H):
+                    raise BufferFileError(f"{path}: written for capacity/env {a['capacity_per_env']}, "
+                                          f"{a['num_envs']} envs, horizon {a['horizon']}; this run has "
+                                          f"{self.C}, {self.N}, {self.H}")
+                F = int(a["filled"])
+                if not 0 <= F <= self.C:
+                    raise BufferFileError(f"{path}: 'filled' is {F}, outside 0..{self.C}")
+                for name in BUFFER_FIELDS:
+                    if name == "first" and name not in f:  # saved before episode starts were recorded
+                        continue
+                    target = getattr(self, name)
+                    if f[name].shape != (self.N, F, *target.shape[2:]):
+                        raise BufferFileError(f"{path}: '{name}' has shape {f[name].shape}, expected "
+                                              f"{(self.N, F, *target.shape[2:])}")
+                    target[:, :F] = torch.from_numpy(f[name][...]).to(self.storage)
+                self.ptr[:] = f["ptr"][...]
+                self.ep_step[:] = f["ep_step"][...]
+                self.filled, self.transitions = F, int(a["transitions"])
+        except BufferFileError:
+            raise
+        except (OSError, KeyError, ValueError, TypeError) as e:  # h5py's errors for damaged or foreign files
+            first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+            raise BufferFileError(f"{path}: not a readable replay buffer file ({first})") from None
+        for name in ("obs", "action", "reward"):
+            values = getattr(self, name)[:, :F]
+            if values.is_floating_point() and not torch.isfinite(values).all():
+                env, row = (~torch.isfinite(values)).reshape(self.N, F, -1).any(-1).nonzero()[0].tolist()
+                raise BufferFileError(f"{path}: non-finite values in '{name}' (env {env}, row {row})")
         self._valid_host[:] = False
         self._valid_host[:, :F] = self.valid[:, :F].cpu().numpy()
+
+
+class BufferFileError(ValueError):
+    """A saved replay buffer that cannot be restored; the message is one line naming the file."""

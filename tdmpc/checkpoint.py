@@ -6,6 +6,7 @@ Every load uses `torch.load(weights_only=True)`: a checkpoint can never run code
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
 import tempfile
@@ -32,14 +33,21 @@ class CheckpointError(ValueError):
 def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     """Write via `write(tmp_path)` to a temp file in the same directory, fsync, then rename.
 
-    A crash at any point leaves either the old file or the new one, never half of one.
+    A crash at any point leaves either the old file or the new one, never half of one. A write that
+    fails leaves no temp file, and is an OSError naming the file (torch.save reports a write cut short
+    by a full disk as a RuntimeError).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        write(Path(tmp))
+        try:
+            write(Path(tmp))
+        except RuntimeError as e:
+            if "unexpected pos" not in str(e) and "write" not in str(e).lower():
+                raise
+            raise OSError(errno.ENOSPC, f"the write of {path} was cut short (is the disk full?)") from None
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

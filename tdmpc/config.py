@@ -203,6 +203,9 @@ class Config:
     """CPU threads for torch. None: the cores other processes leave idle (give 1 to each of several runs)."""
     debug: bool = False
     """Expensive checks (NaN scans) in the hot paths."""
+    nonfinite_data: Literal["error", "drop"] = "error"
+    """NaN or inf from an env: stop, naming the env, step and field ('error'), or skip the transition and restart
+    that env's episode ('drop')."""
 
     # --- derived -------------------------------------------------------------------
     def sizes(self) -> dict[str, int]:
@@ -296,7 +299,7 @@ def validate(cfg: Config) -> Config:
         raise bad("task_dim", "must be >= 1")
     if len(set(cfg.task_set)) != len(cfg.task_set):
         raise bad("task_set", "names a task twice")
-    for name in ("obs", "vectorization", "buffer_device", "precision", "train_precision"):
+    for name in ("obs", "vectorization", "buffer_device", "precision", "train_precision", "nonfinite_data"):
         allowed = typing.get_args(_field_types()[name])
         if getattr(cfg, name) not in allowed:
             raise bad(name, f"must be one of {list(allowed)}")

@@ -39,12 +39,15 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
 
 
 def set_threads(requested: int | None) -> int:
-    """Set torch's CPU threads: `requested`, or by default all cores less those other processes keep busy
-    (OpenMP threads spin, so two processes each using every core run several times slower than with
-    their share each). Says so when it chose fewer than all cores. Returns the count."""
+    """Set torch's CPU threads: `requested`; else OMP_NUM_THREADS when set (Slurm jobs set it); else all
+    cores less those other processes keep busy (OpenMP threads spin, so two processes each using every
+    core run several times slower than with their share each), saying so when that is fewer than all
+    cores. Returns the count."""
     import os
     import sys
 
+    if requested is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        requested = max(1, int(os.environ["OMP_NUM_THREADS"]))
     if requested is None:
         cores = os.cpu_count() or 1
         busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0

@@ -4,16 +4,31 @@
     <run_dir>/train.csv, eval.csv
     <run_dir>/checkpoints/latest.pt and buffer_<step>.h5
     <run_dir>/wandb_id           the run's wandb id, kept across resumes and requeues
+    <run_dir>/.lock              held (flock) by the one process writing the run
+
+A damaged file is never deleted: it is renamed <name>.damaged and the error says how to go on.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import socket
 import sys
 import time
 import uuid
 from pathlib import Path
+from typing import IO
 
 from tdmpc.config import Config, ConfigError, from_dict, read_json
+
+
+class RunDirError(ValueError):
+    """The run directory cannot be used as asked (held by another process, unwritable); one line."""
+
+
+class DiskError(OSError):
+    """A write that failed or would fail for lack of space or permission; one line with the free space."""
 
 
 def checkpoint_path(run_dir: Path) -> Path:
@@ -24,23 +39,133 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / cfg.task.replace(":", "_") / f"seed{cfg.seed}" / time.strftime("%Y%m%d-%H%M%S")
 
 
-def saved_config(run_dir: Path) -> Config:
-    """The config a run was started with (for --resume); fields added to Config since are said, one line each."""
+def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
+    """The config a run was started with (for --resume); fields added to Config since are said, one line each.
+
+    A damaged config.json is a one-line error with the way out: from_checkpoint=True takes the config the
+    checkpoint holds (the damaged file is kept as config.json.damaged)."""
     path = run_dir / "config.json"
-    if not checkpoint_path(run_dir).is_file() or not path.is_file():
-        raise ConfigError(f"--resume {run_dir}: no run to continue there (need config.json and checkpoints/latest.pt)")
-    raw = read_json(path)
-    cfg = from_dict(raw, source=str(path))
+    if not checkpoint_path(run_dir).is_file():
+        raise ConfigError(f"--resume {run_dir}: no run to continue there (no checkpoints/latest.pt)")
+    if from_checkpoint:
+        return _config_from_checkpoint(run_dir)
+    try:
+        raw = read_json(path, "the run's config") if path.is_file() else None
+        cfg = from_dict(raw, source=str(path)) if raw is not None else None
+    except ConfigError as e:
+        raise ConfigError(f"{e}; resume with the config the checkpoint holds: --resume {run_dir} "
+                          f"--config-from-checkpoint") from None
+    if cfg is None:
+        raise ConfigError(f"{path} is missing; resume with the config the checkpoint holds: --resume {run_dir} "
+                          f"--config-from-checkpoint")
     for name in sorted(set(cfg.to_dict()) - set(raw)):
         print(f"resume: {path} has no '{name}' (added to tdmpc since the run started); using the default "
               f"{getattr(cfg, name)!r}", file=sys.stderr)
     return cfg
 
 
+def _config_from_checkpoint(run_dir: Path) -> Config:
+    from tdmpc.checkpoint import load_file  # the checkpoint module imports the model
+
+    obj = load_file(checkpoint_path(run_dir), mmap=True)
+    if not isinstance(obj.get("config"), dict):
+        raise ConfigError(f"{checkpoint_path(run_dir)} holds no config to resume with")
+    cfg = from_dict(obj["config"], source=str(checkpoint_path(run_dir)))
+    damaged = set_aside_damaged(run_dir / "config.json")
+    print(f"resume: the config comes from {checkpoint_path(run_dir)}"
+          + (f"; the damaged config.json is kept as {damaged.name}" if damaged else ""), file=sys.stderr)
+    return cfg
+
+
+def set_aside_damaged(path: Path) -> Path | None:
+    """Rename a damaged file to <name>.damaged (numbered if taken); never delete it."""
+    if not path.exists():
+        return None
+    target, n = path.with_name(path.name + ".damaged"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged{n}")
+    path.rename(target)
+    return target
+
+
+class RunDirLock:
+    """One writer per run directory: an flock on <run_dir>/.lock, which the kernel releases when its holder
+    exits or dies (kill -9, OOM killer, node failure of a local disk), so a stale lock never blocks."""
+
+    def __init__(self, run_dir: Path):
+        self.path, self.file = run_dir / ".lock", None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            f: IO[str] = open(self.path, "a+")
+        except OSError as e:
+            raise RunDirError(f"cannot use the run directory {self.path.parent}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise RunDirError(f"the run directory {self.path.parent} is in use by {holder}; one process writes a run "
+                              f"at a time (wait for it, stop it, or choose another --run-dir)") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        self.file = f
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing releases the flock
+            self.file = None
+
+
+def remove_stale_temp_files(run_dir: Path) -> list[Path]:
+    """Temp files of writes a killed process left (.latest.pt.*.tmp, .buffer_*.h5.*.tmp); call with the lock held."""
+    stale = sorted((run_dir / "checkpoints").glob(".*.tmp")) if (run_dir / "checkpoints").is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def free_bytes(path: Path) -> int:
+    """Free space where `path` is (or would be) written."""
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    return shutil.disk_usage(existing).free
+
+
+def ensure_space(path: Path, needed: int, what: str) -> None:
+    """Refuse a write that would not fit (HDF5 and torch.save fail badly on a full disk), with 5% + 16 MB slack."""
+    free = free_bytes(path.parent)
+    if free < needed * 1.05 + (16 << 20):
+        raise DiskError(f"not enough space to write {what} {path}: it needs about {fmt_size(needed)}, "
+                        f"{fmt_size(free)} are free on {path.parent}")
+
+
+def fmt_size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def check_fresh(run_dir: Path) -> None:
+    """A fresh start never takes over a directory that holds a run."""
+    if checkpoint_path(run_dir).exists():
+        raise RunDirError(f"run directory {run_dir} already holds a run; continue it with --resume {run_dir} "
+                          f"or choose another --run-dir")
+
+
 def set_aside_unfinished(run_dir: Path) -> None:
     """A fresh start in a directory that an earlier session left without a checkpoint (a node
     failure, say): move its files into no-checkpoint-<time>/, so no step appears twice in
     train.csv and nothing is deleted."""
+    check_fresh(run_dir)
     names = ("train.csv", "eval.csv", "config.json", "tb", "checkpoints", "videos", "wandb_id")
     leftovers = [p for p in run_dir.glob("*") if p.name in names] if run_dir.is_dir() else []
     if not leftovers:

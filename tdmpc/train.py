@@ -26,7 +26,7 @@ import torch
 
 from tdmpc import checkpoint, memory, run_dir as runs, speed_probe
 from tdmpc.agent import Agent
-from tdmpc.buffer import ReplayBuffer
+from tdmpc.buffer import BufferFileError, ReplayBuffer
 from tdmpc.cli import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
 from tdmpc.config import Config, changed_fields, from_dict, load_json, parse_cli, save_json, validate
 from tdmpc.device import DeviceError, resolve_device, set_threads
@@ -45,6 +45,10 @@ class TrainingDiverged(RuntimeError):
     """Most updates produce non-finite gradients; continuing would waste the allocation."""
 
 
+class NonFiniteData(RuntimeError):
+    """An env returned NaN or inf; the message names the env, the step and the field."""
+
+
 @dataclass
 class Counters:
     """Where a run is; saved in every checkpoint so a resume continues from the same step."""
@@ -54,6 +58,7 @@ class Counters:
     episodes: int = 0
     updates: int = 0
     pretrain_updates_left: int = -1  # updates on the seed data still to do; -1 until seeding ends
+    refill_until: int = 0  # a run resumed without its replay buffer acts, without updates, up to this step
     next_eval: int = 0
     next_log: int = 0
     next_save: int = 0
@@ -67,9 +72,17 @@ class Trainer:
 
     def __init__(self, cfg: Config, run_dir: Path, device: torch.device, buffer_storage: torch.device | None = None,
                  resume: bool = False, init_from: str | None = None, env: EnvSource | None = None,
-                 eval_env: EnvSource | None = None, on_log: Callback | None = None, on_eval: Callback | None = None):
+                 eval_env: EnvSource | None = None, on_log: Callback | None = None, on_eval: Callback | None = None,
+                 no_buffer: bool = False):
         """buffer_storage: where the replay buffer lives (None: on `device`). env: what to train on (None:
-        cfg.task); eval_env: what to evaluate on (None: the same)."""
+        cfg.task); eval_env: what to evaluate on (None: the same). no_buffer: resume without the saved
+        replay buffer (it refills by acting)."""
+        self.lock = runs.RunDirLock(run_dir)  # one writer per run directory, before anything is written
+        self.lock.acquire()
+        for stale in runs.remove_stale_temp_files(run_dir):
+            print(f"removed {stale}, left by a write that was killed", file=sys.stderr)
+        if not resume:
+            runs.set_aside_unfinished(run_dir)
         self.env, self.eval_env = env or cfg.task, eval_env or env or cfg.task
         self.tasks = task_setup(cfg) if env is None else None  # a multi-task model's tasks, None for one task
         self.envs, self.spec = _make_envs(self.env, cfg, self.tasks)
@@ -94,9 +107,12 @@ class Trainer:
             print(checkpoint.init_weights(self.agent.model, init_from, self.spec.obs_shape, self.spec.action_dim,
                                           self.spec.task), file=sys.stderr)
         if resume:
-            self._restore(checkpoint.load_file(self.checkpoint_path))
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_json(cfg, run_dir / "config.json")
+            self._restore(checkpoint.load_file(self.checkpoint_path), no_buffer)
+        try:
+            save_json(cfg, run_dir / "config.json")
+        except OSError as e:
+            raise runs.RunDirError(f"cannot write {run_dir / 'config.json'}: {e.strerror or e} "
+                                   f"({runs.fmt_size(runs.free_bytes(run_dir))} free); choose another --run-dir") from None
         self.logger = RunLogger(run_dir, cfg, cfg.steps, self.counters.env_step)
         if resume:
             self.logger.train_csv.truncate_after(self.counters.env_step)
@@ -109,11 +125,12 @@ class Trainer:
         self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
         self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
         self.last_bar = 0.0
-        self.warned_termination = False
+        self.warned_termination = self.warned_nonfinite = False
         self.obs, _ = self.envs.reset(seed=None if resume else cfg.seed)
         self.first = np.ones(self.num_envs, dtype=bool)
         self.buffer.start(torch.from_numpy(self.obs))
         set_threads(cfg.threads)
+        self._warn_if_disk_short()
 
     @property
     def checkpoint_path(self) -> Path:
@@ -126,6 +143,11 @@ class Trainer:
         try:
             try:
                 return self._loop()
+            except NonFiniteData as e:  # the bad transition was not stored: the run is consistent
+                self.save()
+                self.logger.message(f"error: {e}; checkpoint written at step {self.counters.env_step:,} "
+                                    f"(resume with --resume {self.run_dir} --nonfinite-data drop)")
+                return EXIT_ERROR
             except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or an error it caused (a graph capture)
                 oom = _out_of_memory_error(e)
                 if oom is None:
@@ -137,6 +159,7 @@ class Trainer:
                 signal.signal(s, h)
             self.logger.close()
             self.envs.close()
+            self.lock.release()
 
     def _loop(self) -> int:
         cfg, c = self.cfg, self.counters
@@ -182,21 +205,26 @@ class Trainer:
             for i in np.flatnonzero(done):
                 stored[i] = info["final_obs"][i]
             self._note_terminations(terminated)
+        bad = ~(np.isfinite(stored.reshape(len(stored), -1)).all(1) & np.isfinite(reward))
+        if bad.any():  # one vectorised check on host data: no device sync
+            obs, reward, terminated, done = self._nonfinite(bad, stored, reward, obs, terminated, done)
+            stored = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), obs, stored)
+        keep = ~bad
         self.buffer.add(torch.from_numpy(stored), torch.from_numpy(action),
-                        torch.from_numpy(reward.astype(np.float32)), torch.from_numpy(terminated))
+                        torch.from_numpy(reward.astype(np.float32)), torch.from_numpy(terminated), keep)
         self.ep_return += reward
         self.ep_length += 1
         if done.any():
             ended = np.flatnonzero(done)
             self.buffer.start(torch.from_numpy(obs[ended]), ended)
-            self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i])) for i in ended]
+            self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i])) for i in ended if keep[i]]
             self.ep_return[ended], self.ep_length[ended] = 0, 0
             c.episodes += len(ended)
         self.obs, self.first = obs, done
         c.vector_steps += 1
         c.env_step += self.num_envs * cfg.action_repeat  # type: ignore[operator]
 
-        if c.env_step < cfg.seed_steps:  # type: ignore[operator]
+        if c.env_step < cfg.seed_steps or c.env_step < c.refill_until:  # type: ignore[operator]
             return
         if c.pretrain_updates_left < 0:  # seeding just ended: pretrain on the seed data
             c.pretrain_updates_left = c.vector_steps // cfg.update_every * cfg.updates_per_round
@@ -303,6 +331,33 @@ class Trainer:
                                 f"so the world model learns no termination head (values still stop there). If the "
                                 f"task can terminate, train with --episodic")
 
+    def _nonfinite(self, bad: np.ndarray, stored: np.ndarray, reward: np.ndarray, obs: np.ndarray,
+                   terminated: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """NaN or inf from an env: named at its source ('error'), or the transition dropped and the env's
+        episode restarted ('drop'). Returns obs, reward, terminated and done with the dropped envs reset."""
+        i = int(np.flatnonzero(bad)[0])
+        field = "reward" if not np.isfinite(reward[i]) else "observation"
+        task = self.spec.task if self.tasks is None or self.env_tasks is None else self.tasks.task_set[self.env_tasks[i]]
+        where = f"env {i} ({task}) returned a non-finite {field} at env step {self.counters.env_step:,}"
+        if self.cfg.nonfinite_data == "error":
+            raise NonFiniteData(f"{where}; pass --nonfinite-data drop to skip such transitions")
+        if not self.warned_nonfinite:
+            self.warned_nonfinite = True
+            self.logger.message(f"note: {where}; dropped (--nonfinite-data drop), its episode restarts")
+        fresh, _ = self.envs.reset(options={"reset_mask": bad})
+        obs = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), fresh, obs)
+        return obs, np.where(bad, 0.0, reward), terminated & ~bad, done | bad
+
+    def _warn_if_disk_short(self) -> None:
+        """A checkpoint and a full buffer, twice (old and new coexist while a write is made atomic)."""
+        params = sum(p.numel() * p.element_size() for p in self.agent.model.parameters())
+        needed = 2 * (4 * params + (self.buffer.nbytes if self.cfg.save_buffer else 0))
+        free = runs.free_bytes(self.checkpoint_path.parent)
+        if free < needed:
+            self.logger.message(f"warning: {runs.fmt_size(free)} are free on {self.run_dir}, and checkpoints with the "
+                                f"full replay buffer need about {runs.fmt_size(needed)}; free some space or pass "
+                                f"--no-save-buffer")
+
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_reason = f"signal {signal.Signals(signum).name}"
         if signum == signal.SIGINT:  # a second Ctrl-C aborts at once
@@ -333,23 +388,36 @@ class Trainer:
 
     # --- checkpoints ----------------------------------------------------------------
     def save(self) -> None:
-        """Buffer first (new file name), then latest.pt naming it: a crash leaves a consistent pair."""
+        """Buffer first (new file name), then latest.pt naming it: a crash leaves a consistent pair. A write
+        that cannot be made (full or read-only disk) is refused before it starts where it can be foreseen,
+        leaves no partial file, and is a one-line DiskError saying where the last good checkpoint is."""
         c = self.counters
         buffer_file = None
         ckpt_dir = self.checkpoint_path.parent
-        if self.cfg.save_buffer:
-            buffer_file = f"buffer_{c.env_step:010d}.h5"
-            self.buffer.save(ckpt_dir / buffer_file)
-        rng = {"torch": torch.get_rng_state(), "numpy": self.rng.bit_generator.state,
-               "envs": env_rng_state(self.envs)}
-        if self.device.type == "cuda":
-            rng["cuda"] = torch.cuda.get_rng_state(self.device)
-        self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(c), "rng": rng, "buffer_file": buffer_file})
+        try:
+            if self.cfg.save_buffer:
+                buffer_file = f"buffer_{c.env_step:010d}.h5"
+                runs.ensure_space(ckpt_dir / buffer_file, self.buffer.saved_bytes, "the replay buffer")
+                self.buffer.save(ckpt_dir / buffer_file)
+            rng = {"torch": torch.get_rng_state(), "numpy": self.rng.bit_generator.state,
+                   "envs": env_rng_state(self.envs)}
+            if self.device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state(self.device)
+            state_bytes = sum(t.numel() * t.element_size() for t in self.agent.model.state_dict().values())
+            runs.ensure_space(self.checkpoint_path, 4 * state_bytes, "the checkpoint")  # weights and Adam states
+            self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(c), "rng": rng,
+                                                   "buffer_file": buffer_file})
+        except OSError as e:
+            last = f"the last good checkpoint is {self.checkpoint_path}" if self.checkpoint_path.is_file() \
+                else "no checkpoint was written yet"
+            what = str(e) if isinstance(e, runs.DiskError) else \
+                f"could not write in {ckpt_dir}: {e.strerror or e} ({runs.fmt_size(runs.free_bytes(ckpt_dir))} free)"
+            raise runs.DiskError(f"{what}; {last}") from None
         for old in ckpt_dir.glob("buffer_*.h5"):
             if old.name != buffer_file:
                 old.unlink()
 
-    def _restore(self, obj: dict) -> None:
+    def _restore(self, obj: dict, no_buffer: bool) -> None:
         self.agent.load_state_dict(obj, str(self.checkpoint_path))
         saved = obj["train"]
         saved.setdefault("pretrain_updates_left", saved.pop("burst_left", -1))  # its name before 0.2
@@ -360,8 +428,21 @@ class Trainer:
             torch.cuda.set_rng_state(rng["cuda"], self.device)
         self.rng.bit_generator.state = rng["numpy"]
         set_env_rng_state(self.envs, rng["envs"])
-        if obj.get("buffer_file"):
-            self.buffer.load(self.checkpoint_path.parent / obj["buffer_file"])
+        buffer_file = obj.get("buffer_file")
+        if buffer_file and not no_buffer:
+            path = self.checkpoint_path.parent / buffer_file
+            try:
+                self.buffer.load(path)
+            except BufferFileError as e:
+                kept = runs.set_aside_damaged(path)
+                raise BufferFileError(f"{e}{f'; kept as {kept.name}' if kept else ''}. Resume without it: --resume "
+                                      f"{self.run_dir} --no-buffer (weights, optimisers and counters are restored, "
+                                      f"the buffer refills by acting)") from None
+        elif self.counters.env_step >= (self.cfg.seed_steps or 0):  # no buffer to resume with: refill it first
+            self.counters.refill_until = self.counters.env_step + (self.cfg.seed_steps or 0)
+            why = "--no-buffer" if buffer_file else "the checkpoint holds no replay buffer (--no-save-buffer)"
+            print(f"resume: {why}: acting without updates until step {self.counters.refill_until:,} to refill the "
+                  f"replay buffer", file=sys.stderr)
         self.buffer.end_episodes()  # the episode in flight at the stop is discarded, see README
 
 
@@ -433,7 +514,8 @@ def train(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: s
     if not plan.fits:
         raise BadInput(plan.error())
     path = Path(config.run_dir) if config.run_dir else runs.default_run_dir(config.for_task(spec))
-    _check_run_dir(path, resume)
+    if not resume:
+        runs.check_fresh(path)
     trainer = Trainer(dataclasses.replace(config, run_dir=str(path)), path, device,
                       memory.buffer_storage(plan, device), resume=resume,
                       init_from=str(init_from) if init_from else None, env=source, eval_env=eval_source,
@@ -455,12 +537,6 @@ def _env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
     return spec, None
 
 
-def _check_run_dir(path: Path, resume: bool) -> None:
-    if not resume and runs.checkpoint_path(path).exists():
-        raise BadInput(f"run directory {path} already holds a run; continue it with --resume {path} "
-                       f"or choose another --run-dir")
-
-
 # --- the command line ----------------------------------------------------------------
 
 @dataclass
@@ -470,6 +546,10 @@ class TrainArgs:
     cpu.json on a machine without a GPU, else the reference settings."""
     resume: Optional[str] = None
     """Continue the run in this directory from its latest checkpoint (flags override its config.json)."""
+    no_buffer: bool = False
+    """With --resume: leave the saved replay buffer (damaged or missing, say) aside and refill it by acting."""
+    config_from_checkpoint: bool = False
+    """With --resume: take the config the checkpoint holds (when config.json is damaged or missing)."""
     init_from: Optional[str] = None
     """Start from these weights: a tdmpc checkpoint or a reference TD-MPC2 one."""
     dry_run: bool = False
@@ -489,7 +569,7 @@ def base_config(args: TrainArgs) -> Config:
     """What the flags override: the run's own config.json (--resume), a --cfg file, or the default for
     this machine (base_note says which)."""
     if args.resume:
-        return runs.saved_config(Path(args.resume))
+        return runs.saved_config(Path(args.resume), args.config_from_checkpoint)
     if args.cfg:
         return load_json(args.cfg)
     return load_json(CPU_DEFAULT) if not torch.cuda.is_available() else Config()
@@ -513,7 +593,11 @@ def _main(argv: list[str]) -> int:
     args, cfg, base, given = parse_cli(TrainArgs, argv, base_config, prog="python -m tdmpc.train",
                                        description=__doc__.splitlines()[0])
     if args.resume:
-        for name, (old, new) in changed_fields(base, cfg).items():
+        changed = changed_fields(base, cfg)
+        if "num_envs" in changed:
+            raise BadInput(f"--num-envs cannot change on --resume: the replay buffer is laid out for the run's "
+                           f"{base.num_envs} env(s)")
+        for name, (old, new) in changed.items():
             print(f"resume: {name} changed from {old!r} to {new!r} by the command line", file=sys.stderr)
         if args.init_from:
             print(f"resume: --init-from {args.init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
@@ -530,7 +614,8 @@ def _main(argv: list[str]) -> int:
     spec, tasks = _env_spec(cfg.task, cfg)
     run_dir = Path(args.resume) if args.resume else Path(cfg.run_dir) if cfg.run_dir \
         else runs.default_run_dir(cfg.for_task(spec))
-    _check_run_dir(run_dir, bool(args.resume))
+    if not args.resume:
+        runs.check_fresh(run_dir)  # early, before the memory plan; the trainer checks again under the lock
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir))
     plan = memory.assess_run(cfg.for_task(spec), spec.obs_shape, spec.action_dim, spec.episodic, device,
                              args.gpu_mem, args.fit_memory, resuming=bool(args.resume), tasks=tasks)
@@ -545,10 +630,8 @@ def _main(argv: list[str]) -> int:
     if args.dry_run:
         return EXIT_OK
     assert device is not None
-    if not args.resume:
-        runs.set_aside_unfinished(run_dir)
     trainer = Trainer(cfg, run_dir, device, memory.buffer_storage(plan, device), resume=bool(args.resume),
-                      init_from=args.init_from)
+                      init_from=args.init_from, no_buffer=args.no_buffer)
     for line in (base_note(args), memory.summary_line(plan), init_note):  # the input is known good now
         if line:
             print(line, file=sys.stderr)

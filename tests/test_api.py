@@ -13,11 +13,10 @@ import pytest
 
 import tdmpc
 
-# A model and plan small enough to train a few hundred steps in seconds on one core.
-TINY = dict(model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2, num_samples=32,
-            num_elites=4, num_pi_trajs=2, iterations=2, batch_size=16, buffer_size=5000, seed_steps=200,
-            eval_freq=300, eval_episodes=2, log_every=100, save_every=300, steps=300, precision="fp32",
-            progress=False, tensorboard=False, device="cpu", threads=1)
+from helpers import TINY as TINY_RUN
+
+# The tiny run of the CLI tests, trained to 300 env steps with an evaluation at the end.
+TINY = {**{k: v for k, v in TINY_RUN.items() if k != "task"}, "eval_freq": 300, "save_every": 300, "steps": 300}
 REFERENCE = Path(__file__).resolve().parent / "fixtures" / "reference-ms1" / "reference_checkpoint.pt"
 
 

@@ -1,15 +1,25 @@
-"""Crashes, killed processes, damaged files: what a run survives, tested with real processes and files."""
+"""Crashes, killed processes, damaged files, full and read-only disks, a second process, bad env data:
+what a run survives, tested with real processes and real files (issue: nothing hangs, loses a run or
+ends in a traceback)."""
 
 from __future__ import annotations
 
 import os
+import random
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+
+from helpers import TINY, one_line_error, read_csv, run_module, run_train, tiny_json
 
 PY = sys.executable
 
@@ -17,6 +27,20 @@ PY = sys.executable
 def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
 
+
+def start_train(*args, log: Path) -> subprocess.Popen:
+    return subprocess.Popen([PY, "-m", "tdmpc.train", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=open(log, "w"), env=_env())
+
+
+def wait_for(predicate, timeout: float = 120.0) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+# --- 1. the fused kernels' build lock ----------------------------------------------------------------
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the fused kernels are built on Linux only")
 def test_a_build_lock_held_by_a_killed_process_never_blocks_the_next(tmp_path):
@@ -46,3 +70,292 @@ def test_a_build_lock_held_by_a_killed_process_never_blocks_the_next(tmp_path):
                            capture_output=True, text=True, timeout=120, env=_env(TDMPC_BUILD_DIR=str(tmp_path)))
     assert again.stdout.strip() == "True" and "building" not in again.stderr, again.stderr
     assert time.time() - t0 < 290
+
+
+# --- 2. one writer per run directory -----------------------------------------------------------------
+
+def test_two_trainers_or_two_resumes_of_one_run_never_both_run(tmp_path):
+    cfg = tiny_json(tmp_path, steps=1_000_000, save_every=100, eval_episodes=0)
+    run = tmp_path / "run"
+    a = start_train("--cfg", cfg, "--run-dir", run, log=tmp_path / "a.log")
+    b = start_train("--cfg", cfg, "--run-dir", run, log=tmp_path / "b.log")  # at the same instant
+    wait_for(lambda: a.poll() is not None or b.poll() is not None)
+    loser, winner = (a, b) if a.poll() is not None else (b, a)
+    err = (tmp_path / ("a.log" if loser is a else "b.log")).read_text()
+    assert loser.returncode == 2 and f"in use by pid {winner.pid} on {socket.gethostname()}" in err, err
+    assert len([ln for ln in err.splitlines() if ln.startswith("error: ")]) == 1 and "Traceback" not in err
+    wait_for(lambda: (run / "checkpoints" / "latest.pt").is_file())
+    r = run_train("--resume", run)  # a resume while the run is going
+    assert "is in use by pid" in one_line_error(r)
+    os.kill(winner.pid, signal.SIGKILL)  # its lock dies with it: stale locks never block
+    winner.wait()
+    c = start_train("--resume", run, log=tmp_path / "c.log")
+    d = start_train("--resume", run, log=tmp_path / "d.log")
+    wait_for(lambda: c.poll() is not None or d.poll() is not None)
+    refused, going = (c, d) if c.poll() is not None else (d, c)
+    assert refused.returncode == 2
+    going.send_signal(signal.SIGTERM)
+    assert going.wait(timeout=120) == 3
+    steps = [int(r["env_step"]) for r in read_csv(run / "train.csv")]
+    assert steps == sorted(set(steps))  # no step logged twice
+
+
+# --- 3. damaged files --------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A short run with a checkpoint and its buffer at step 300."""
+    tmp = tmp_path_factory.mktemp("finished")
+    run = tmp / "run"
+    r = run_train("--cfg", tiny_json(tmp, steps=300, save_every=300, eval_episodes=0), "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    return run
+
+
+def copy_run(run: Path, to: Path) -> Path:
+    shutil.copytree(run, to, ignore=shutil.ignore_patterns(".lock"))
+    return to
+
+
+def damage(path: Path, kind: str) -> None:
+    if kind == "missing":
+        path.unlink()
+    elif kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif kind == "random":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    elif kind == "list":
+        path.write_text("[1, 2, 3]\n")
+    else:
+        raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["truncated", "random", "missing", "nan"])
+def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path, finished_run, kind):
+    run = copy_run(finished_run, tmp_path / "run")
+    (buffer,) = (run / "checkpoints").glob("buffer_*.h5")
+    latest = (run / "checkpoints" / "latest.pt").read_bytes()
+    if kind == "nan":
+        import h5py
+
+        with h5py.File(buffer, "r+") as f:
+            f["reward"][0, 5] = np.nan
+    else:
+        damage(buffer, kind)
+    r = run_train("--resume", run, "--steps", 400)
+    line = one_line_error(r)
+    assert str(buffer) in line and f"--resume {run} --no-buffer" in line
+    assert ("non-finite values in 'reward' (env 0, row 5)" in line) if kind == "nan" else True
+    assert ((run / "checkpoints" / (buffer.name + ".damaged")).is_file()) == (kind != "missing")
+    assert (run / "checkpoints" / "latest.pt").read_bytes() == latest  # nothing the user had is changed
+    r = run_train("--resume", run, "--steps", 400, "--no-buffer")
+    assert r.returncode == 0, r.stderr
+    assert "--no-buffer: acting without updates until step 500 to refill the replay buffer" in r.stderr
+    ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    assert ck["train"]["env_step"] == 400 and ck["train"]["refill_until"] == 500
+    assert (run / "checkpoints" / (buffer.name + ".damaged")).is_file() == (kind != "missing")  # still kept
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "random", "list", "missing"])
+def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(tmp_path, finished_run, kind):
+    run = copy_run(finished_run, tmp_path / "run")
+    damage(run / "config.json", kind)
+    r = run_train("--resume", run, "--steps", 400)
+    line = one_line_error(r)
+    assert "config.json" in line and f"--resume {run} --config-from-checkpoint" in line
+    r = run_train("--resume", run, "--steps", 400, "--config-from-checkpoint")
+    assert r.returncode == 0, r.stderr
+    assert (run / "config.json.damaged").exists() == (kind != "missing")
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] == 400
+
+
+def test_temp_files_of_killed_writes_are_removed_at_the_next_start(tmp_path, finished_run):
+    run = copy_run(finished_run, tmp_path / "run")
+    stale = [run / "checkpoints" / ".latest.pt.x1y2.tmp", run / "checkpoints" / ".buffer_0000000300.h5.z3.tmp"]
+    for path in stale:
+        path.write_bytes(b"\0" * 1000)
+    r = run_train("--resume", run, "--steps", 400)
+    assert r.returncode == 0, r.stderr
+    assert not any(p.exists() for p in stale) and all(f"removed {p}" in r.stderr for p in stale)
+
+
+# --- 4. full and read-only disks ------------------------------------------------------------------
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real filesystem of 64 MB (tmpfs), for full- and read-only-disk tests (needs root, as CI has)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (root needed): {r.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_full_disk_stops_with_one_line_and_the_last_checkpoint_intact(tmp_path, small_disk, finished_run):
+    run = copy_run(finished_run, small_disk / "run")
+    filler = small_disk / "filler"
+    free = shutil.disk_usage(small_disk).free
+    with open(filler, "wb") as f:  # leave 8 MB: less than a write's 16 MB margin
+        f.write(b"\0" * (free - (8 << 20)))
+    before = (run / "checkpoints" / "latest.pt").read_bytes()
+    r = run_train("--resume", run, "--steps", 400)
+    line = one_line_error(r, code=1)
+    assert "not enough space to write the replay buffer" in line and "MB are free on" in line
+    assert f"the last good checkpoint is {run / 'checkpoints' / 'latest.pt'}" in line
+    assert (run / "checkpoints" / "latest.pt").read_bytes() == before
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["buffer_0000000300.h5", "latest.pt"]
+    filler.unlink()  # space again: the run goes on from its last good checkpoint
+    r = run_train("--resume", run, "--steps", 400)
+    assert r.returncode == 0, r.stderr
+
+
+def test_a_short_disk_is_said_before_the_run(tmp_path, small_disk):
+    cfg = tiny_json(tmp_path, steps=50, buffer_size=3_000_000, eval_episodes=0)  # a 3M-row buffer: ~75 MB
+    r = run_train("--cfg", cfg, "--run-dir", small_disk / "run")
+    assert r.returncode == 0, r.stderr
+    assert "warning:" in r.stderr and "checkpoints with the full replay buffer need about" in r.stderr
+
+
+def test_a_read_only_disk_is_one_line_and_evaluate_prints_before_its_report(tmp_path, small_disk, finished_run):
+    run = copy_run(finished_run, small_disk / "run")
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    r = run_train("--resume", run, "--steps", 400)
+    assert "Read-only file system" in one_line_error(r)
+    r = run_module("tdmpc.evaluate", "--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", 1, "--no-mpc",
+                   "--device", "cpu")
+    assert "Pendulum-v1: return" in r.stdout  # the result first
+    line = one_line_error(r, code=1)
+    assert "the report could not be written" in line and "--report PATH" in line
+
+
+# --- 5. kill -9 at any moment ----------------------------------------------------------------------
+
+def test_kill_9_at_random_moments_then_resume_twenty_times(tmp_path):
+    """Killed in start-up, seeding, updates, evaluation or a checkpoint write, each time the run resumes
+    from its last complete checkpoint; at the end it finishes with every step logged once."""
+    cfg = tiny_json(tmp_path, steps=2400, save_every=40, log_every=40, eval_freq=600, eval_episodes=1)
+    run = tmp_path / "run"
+    rng = random.Random(0)
+    for i in range(20):
+        resume = (run / "checkpoints" / "latest.pt").is_file()
+        args = ["--resume", run] if resume else ["--cfg", cfg, "--run-dir", run]
+        p = start_train(*args, log=tmp_path / f"kill{i}.log")
+        time.sleep(rng.uniform(0.2, 3.5))
+        p.kill()
+        p.wait()
+        log = (tmp_path / f"kill{i}.log").read_text()
+        assert "Traceback" not in log and "error" not in log, log
+    r = run_train("--resume", run, timeout=600) if (run / "checkpoints" / "latest.pt").is_file() \
+        else run_train("--cfg", cfg, "--run-dir", run, timeout=600)
+    assert r.returncode == 0, r.stderr
+    steps = [int(x["env_step"]) for x in read_csv(run / "train.csv")]
+    assert steps == sorted(set(steps)) and steps[-1] == 2400
+    assert not list((run / "checkpoints").glob(".*.tmp"))
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["finished"]
+
+
+# --- 6. NaN or inf from an env ---------------------------------------------------------------------
+
+NAN_ENV = textwrap.dedent('''
+    import gymnasium as gym
+    import numpy as np
+
+    class Spiky(gym.Env):
+        """A point that moves with the action; at its 150th step the observation (or reward) is NaN."""
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        field = "obs"
+
+        def __init__(self):
+            self.steps, self.x = 0, 0.0
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.x = 0.0
+            return np.array([self.x, 1.0], np.float32), {}
+
+        def step(self, action):
+            self.steps += 1
+            self.x = float(np.clip(self.x + 0.1 * action[0], -1, 1))
+            obs, reward = np.array([self.x, 1.0], np.float32), -abs(self.x)
+            if self.steps == 150:
+                obs, reward = (obs * np.nan, reward) if self.field == "obs" else (obs, np.inf)
+            return obs, reward, False, False, {}
+
+    class SpikyReward(Spiky):
+        field = "reward"
+
+    gym.register("Spiky-v0", entry_point=Spiky, max_episode_steps=100)
+    gym.register("SpikyReward-v0", entry_point=SpikyReward, max_episode_steps=100)
+''')
+
+
+@pytest.mark.parametrize("env,field", [("Spiky-v0", "observation"), ("SpikyReward-v0", "reward")])
+def test_nonfinite_data_from_an_env_is_named_at_its_source_or_dropped(tmp_path, env, field):
+    (tmp_path / "spiky.py").write_text(NAN_ENV)
+    env_vars = _env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
+    cfg = tiny_json(tmp_path, task=f"spiky:{env}", steps=300, seed_steps=100, eval_episodes=0)
+    run = tmp_path / "run"
+    r = run_train("--cfg", cfg, "--run-dir", run, env=env_vars)
+    line = one_line_error(r, code=1)
+    assert f"env 0 (spiky:{env}) returned a non-finite {field} at env step 149" in line
+    assert "--nonfinite-data drop" in line and "checkpoint written at step 149" in r.stderr
+    r = run_train("--resume", run, "--nonfinite-data", "drop", env=env_vars)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = run_train("--cfg", cfg, "--run-dir", tmp_path / "dropped", "--nonfinite-data", "drop", env=env_vars)
+    assert r.returncode == 0, r.stderr
+    assert f"returned a non-finite {field} at env step 149; dropped" in r.stderr
+
+
+# --- 7. threads and seeds --------------------------------------------------------------------------
+
+def test_evaluate_with_a_seed_repeats_exactly(finished_run, tmp_path):
+    ckpt = finished_run / "checkpoints" / "latest.pt"
+    returns = []
+    for seed in (3, 3, 4):
+        r = run_module("tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 2, "--seed", seed, "--threads", 1,
+                       "--device", "cpu", "--report", tmp_path / f"r{len(returns)}.json")
+        assert r.returncode == 0, r.stderr
+        import json
+
+        returns.append(json.loads((tmp_path / f"r{len(returns)}.json").read_text())["returns"])
+    assert returns[0] == returns[1] and returns[0] != returns[2]
+
+
+# --- 8. the small ones -------------------------------------------------------------------------------
+
+def test_seed_steps_0_and_a_resume_that_changes_num_envs_are_one_line(tmp_path, finished_run):
+    assert "'seed_steps'" in one_line_error(run_train("--cfg", tiny_json(tmp_path), "--seed-steps", 0,
+                                                      "--run-dir", tmp_path / "r"))
+    run = copy_run(finished_run, tmp_path / "run")
+    assert "--num-envs cannot change on --resume" in one_line_error(run_train("--resume", run, "--num-envs", 2))
+
+
+def test_the_progress_bar_redraws_during_pretraining_and_a_resumed_eta_counts_this_session(tmp_path):
+    from tdmpc.config import Config
+    from tdmpc.logger import RunLogger
+
+    log = RunLogger(tmp_path, Config(tensorboard=False), total_steps=1000, start_step=500)
+    redraws = []
+    log.bar.refresh = lambda *a, **k: redraws.append(1)  # type: ignore[method-assign]
+    log.progress(500, 0.0, 10.0)  # pretraining updates: no env step since the last call
+    assert redraws == [1]
+    time.sleep(0.2)
+    log.progress(510, 50.0, 5.0)
+    d = log.bar.format_dict
+    rate = (d["n"] - d["initial"]) / d["elapsed"]
+    assert 20 < rate < 100  # this session's 10 steps over its ~0.2 s, not 510 steps
+    log.close()
+
+
+def test_a_custom_env_without_render_modes_starts_without_warnings(tmp_path):
+    (tmp_path / "spiky.py").write_text(NAN_ENV.replace("if self.steps == 150", "if False"))
+    cfg = tiny_json(tmp_path, task="spiky:Spiky-v0", steps=100, seed_steps=100, eval_episodes=1)
+    r = run_train("--cfg", cfg, "--run-dir", tmp_path / "run",
+                  env=_env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"))
+    assert r.returncode == 0, r.stderr
+    assert "render_mode" not in r.stderr and "WARN" not in r.stderr, r.stderr

@@ -17,26 +17,7 @@ from tdmpc.config import Config, validate
 from tdmpc.device import resolve_device
 from tdmpc.train import Trainer
 
-TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2,
-            num_samples=32, num_elites=4, num_pi_trajs=2, iterations=2, horizon=3, batch_size=16,
-            buffer_size=5000, seed_steps=200, eval_freq=400, eval_episodes=2, log_every=100, save_every=400,
-            steps=600, precision="fp32", progress=False, tensorboard=False, device="cpu", threads=1)
-
-
-def tiny_json(tmp_path, **over):
-    path = tmp_path / "tiny.json"
-    path.write_text(json.dumps({**TINY, **over}))
-    return path
-
-
-def run_train(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "tdmpc.train", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
-
-
-def read_csv(path):
-    with open(path, newline="") as f:
-        return list(csv.DictReader(f))
+from helpers import TINY, read_csv, run_train, tiny_json  # noqa: E402
 
 
 def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):

@@ -1,0 +1,41 @@
+"""What several test files share: a model and plan small enough to train in seconds, and running the CLIs."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2,
+            num_samples=32, num_elites=4, num_pi_trajs=2, iterations=2, horizon=3, batch_size=16,
+            buffer_size=5000, seed_steps=200, eval_freq=400, eval_episodes=2, log_every=100, save_every=400,
+            steps=600, precision="fp32", progress=False, tensorboard=False, device="cpu", threads=1)
+
+
+def tiny_json(tmp_path: Path, **over) -> Path:
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps({**TINY, **over}))
+    return path
+
+
+def run_module(module: str, *args, timeout: int = 240, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, **popen)
+
+
+def run_train(*args, timeout: int = 240, **popen) -> subprocess.CompletedProcess:
+    return run_module("tdmpc.train", *args, timeout=timeout, **popen)
+
+
+def read_csv(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def one_line_error(r: subprocess.CompletedProcess, code: int = 2) -> str:
+    """The error line of a CLI that failed as documented: exit `code`, one line starting 'error: '."""
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.startswith("error: ")]
+    assert r.returncode == code and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    return lines[0]
