@@ -22,6 +22,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.cuda_graphs import CUDAGraphed
 from tdmpc.device import resolve_device, resolve_dtype
+from tdmpc.distributed import SINGLE, Shard
 from tdmpc.task_sets import TaskError, reference_info, task_set_name
 from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
@@ -38,10 +39,12 @@ def discount_for(episode_length: int, cfg: Config) -> float:
 
 
 class Agent:
-    def __init__(self, cfg: Config, dims: ModelDims, episode_length: int | Sequence[int], device: torch.device):
+    def __init__(self, cfg: Config, dims: ModelDims, episode_length: int | Sequence[int], device: torch.device,
+                 shard: Shard = SINGLE):
         """episode_length: agent steps per episode; for a multi-task model, one per task of its task set
-        (each task gets its own discount, as in the reference)."""
-        self.cfg, self.dims, self.device = cfg, dims, device
+        (each task gets its own discount, as in the reference). shard: this process's rank in data-parallel
+        training (tdmpc.distributed), whose updates then average gradients over the ranks."""
+        self.cfg, self.dims, self.device, self.shard = cfg, dims, device, shard
         self.episode_length = episode_length
         self.imported_from_reference = False  # set by from_checkpoint for a reference TD-MPC2 file
         if dims.multitask:
@@ -79,8 +82,8 @@ class Agent:
         self._quantiles = torch.tensor([0.05, 0.95], device=device)
         self.planner_cfg = MPPIConfig.from_config(cfg, dims.action_dim)
         self._planners: dict[tuple[int, str], MPPI] = {}
-        # On CUDA, plan() and update() replay as CUDA graphs (static shapes, no host syncs).
-        self.graphs = device.type == "cuda" and cfg.cuda_graphs
+        # On CUDA, plan() and update() replay as CUDA graphs (static shapes, no host syncs); not across ranks.
+        self.graphs = device.type == "cuda" and cfg.cuda_graphs and shard.world == 1
         self._plan_fns: dict[tuple[int, str, bool], Callable] = {}
         self._update_fn: Callable = CUDAGraphed(self._update_tensors) if self.graphs else self._update_tensors
 
@@ -187,7 +190,7 @@ class Agent:
         discount = self.discount if task is None else self.discount[task]  # type: ignore[index]
         with torch.no_grad(), self._autocast():
             next_z = m.encode(batch.obs[1:], task)
-            next_action = m.pi(next_z, task).action
+            next_action = m.pi(next_z, task, eps=self._noise(next_z.shape[:-1])).action
             values, z_in = self._values(next_z)
             with values:
                 next_q = m.q_value(z_in, next_action, "min", task, target=True).squeeze(-1)
@@ -231,17 +234,24 @@ class Agent:
         """Maximise Q of the prior's actions plus an entropy bonus, on detached latents."""
         cfg, m = self.cfg, self.model
         with self._autocast():
-            policy = m.pi(zs, task)
+            policy = m.pi(zs, task, eps=self._noise(zs.shape[:-1]))
             values, z_in = self._values(zs)
             with values:
                 q = m.q_value(z_in, policy.action, "avg", task, detach=True).float()
-        self._update_scale(q[0])
+        self._update_scale(self.shard.gather(q[0]))  # the global batch's percentiles
         loss = -(self._rho * (cfg.entropy_coef * policy.scaled_entropy + q / self.scale).mean((1, 2))).mean()
         loss.backward()
         grad_norm, skipped = self._step(self.pi_optim)
         return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped,
                 "pi_entropy": policy.entropy.mean().detach(), "pi_scaled_entropy": policy.scaled_entropy.mean().detach(),
                 "pi_scale": self.scale.clone()}
+
+    def _noise(self, rows: torch.Size) -> Tensor:
+        """N(0, 1) policy noise for batch rows (T, B): drawn for the global batch and sliced for this rank, so
+        the ranks together draw what one process would."""
+        T, B = rows
+        draw = torch.randn(T, B * self.shard.world, self.dims.action_dim, device=self.device)
+        return self.shard.rows(draw, B, 1)
 
     @torch.no_grad()
     def _update_scale(self, q: Tensor) -> None:
@@ -261,6 +271,7 @@ class Agent:
 
         Returns the gradient norm and 1.0 if the step was skipped (both on the device)."""
         params = [p for g in optim.param_groups for p in g["params"] if p.grad is not None]
+        self.shard.average([p.grad for p in params])  # data-parallel ranks step with the global batch's gradient
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip_norm, foreach=True)
         found_inf = (~torch.isfinite(grad_norm)).float()
         optim.found_inf = found_inf

@@ -74,6 +74,14 @@ class Config:
     """Replay capacity in transitions, shared by all envs."""
     buffer_device: Literal["auto", "device", "host"] = "auto"
     """Where the replay buffer lives. 'auto': on the training device when it fits, else pinned host memory."""
+    dataset: tuple[str, ...] = ()
+    """Train offline from these dataset files (HDF5, the README's schema): no env is stepped but to evaluate, and
+    steps, eval_freq, save_every and log_every count updates."""
+    dataset_stream: Literal["auto", "memory", "stream"] = "auto"
+    """Offline data in host memory, or streamed from disk in windows with prefetching. 'auto': streamed when the
+    data would take more than half of the free host memory."""
+    save_data: Optional[str] = None
+    """Append every finished episode of an online run to this dataset file, at each checkpoint."""
 
     # --- losses and optimisation ---------------------------------------------------------
     lr: float = 3e-4
@@ -299,7 +307,10 @@ def validate(cfg: Config) -> Config:
         raise bad("task_dim", "must be >= 1")
     if len(set(cfg.task_set)) != len(cfg.task_set):
         raise bad("task_set", "names a task twice")
-    for name in ("obs", "vectorization", "buffer_device", "precision", "train_precision", "nonfinite_data"):
+    if cfg.dataset and cfg.save_data:
+        raise bad("save_data", "keeps the episodes of an online run; an offline run (dataset) has none")
+    for name in ("obs", "vectorization", "buffer_device", "precision", "train_precision", "nonfinite_data",
+                 "dataset_stream"):
         allowed = typing.get_args(_field_types()[name])
         if getattr(cfg, name) not in allowed:
             raise bad(name, f"must be one of {list(allowed)}")

@@ -73,11 +73,16 @@ class _ValidStarts:
 
 
 class DatasetSampler:
-    """Base of the two samplers: reads segments of rows into windows and samples from a window."""
+    """Base of the two samplers: reads segments of rows into windows and samples from a window.
+
+    Start indices come from the sampler's own generator (seeded; its state goes into checkpoints). With
+    `shard` (rank, world size) every rank draws the same world x batch indices and takes its own slice:
+    the ranks' batches together are exactly the batch of one process with the same seed."""
 
     def __init__(self, info: DatasetInfo, horizon: int, device: torch.device | str = "cpu",
-                 storage: torch.device | str | None = None):
+                 storage: torch.device | str | None = None, seed: int = 0, shard: tuple[int, int] = (0, 1)):
         self.info, self.H = info, horizon
+        self.shard = shard
         self.device = torch.device(device)
         self.storage = torch.device(storage) if storage is not None else self.device
         self.multitask = len(info.schema.tasks) > 1
@@ -86,6 +91,8 @@ class DatasetSampler:
         self._valid = [_ValidStarts(file, horizon) for file in info.files]
         self._offsets = torch.arange(horizon + 1, device=self.storage)
         self._h5: list[h5py.File] = []
+        self.generator = torch.Generator(device=self.storage)
+        self.generator.manual_seed(seed)
 
     def _segments(self, rows_per_segment: int | None) -> list[_Segment]:
         """Each file cut into segments of whole chunks (None: one per file); those without valid starts left out."""
@@ -136,7 +143,9 @@ class DatasetSampler:
         self._h5 = []
 
     def _sample(self, w: _Window, batch_size: int) -> Batch:
-        j = torch.randint(w.num_starts, (batch_size,), device=self.storage)
+        rank, world = self.shard
+        j = torch.randint(w.num_starts, (batch_size * world,), device=self.storage, generator=self.generator)
+        j = j[rank * batch_size:(rank + 1) * batch_size]
         rows = w.starts[j] + self._offsets[:, None]  # (H+1, B)
         act = rows[1:]
         batch = Batch(w.rows["obs"][rows], w.rows["action"][act], w.rows["reward"][act], w.rows["terminated"][act],
@@ -146,13 +155,17 @@ class DatasetSampler:
     def sample(self, batch_size: int) -> Batch:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Release the files (and a streaming sampler's prefetch thread)."""
+        self._close_files()
+
 
 class InMemoryDataset(DatasetSampler):
     """Every row in memory: host tensors (pinned when sampling for a GPU) or device tensors (`storage`)."""
 
     def __init__(self, info: DatasetInfo, horizon: int, device: torch.device | str = "cpu",
-                 storage: torch.device | str | None = None):
-        super().__init__(info, horizon, device, storage)
+                 storage: torch.device | str | None = None, seed: int = 0, shard: tuple[int, int] = (0, 1)):
+        super().__init__(info, horizon, device, storage, seed, shard)
         self._open()
         try:
             self._window = self._load(self._segments(None))
@@ -180,8 +193,9 @@ class StreamingDataset(DatasetSampler):
 
     def __init__(self, info: DatasetInfo, horizon: int, window_rows: int = 1 << 18, swap_every: int = 1024,
                  device: torch.device | str = "cpu", storage: torch.device | str | None = None, seed: int = 0,
-                 deterministic: bool = False):
-        super().__init__(info, horizon, device, storage)
+                 deterministic: bool = False, shard: tuple[int, int] = (0, 1)):
+        super().__init__(info, horizon, device, storage, seed, shard)
+        deterministic = deterministic or shard[1] > 1  # every rank must sample from the same window
         if window_rows < 1 or swap_every < 1:
             raise ValueError(f"window_rows ({window_rows}) and swap_every ({swap_every}) must be positive")
         self.window_rows, self.swap_every, self.deterministic = window_rows, swap_every, deterministic

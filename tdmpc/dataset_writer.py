@@ -101,6 +101,24 @@ class DatasetWriter:
         self.episodes += written[0]
         return written[0]
 
+    def truncate(self, episodes: int) -> None:
+        """Keep the first `episodes` of the file (atomically, as a commit): a run resumed from a checkpoint
+        drops the episodes appended after it, which it will play again."""
+        if episodes >= self.episodes:
+            return
+
+        def write(tmp: Path) -> None:
+            shutil.copyfile(self.path, tmp)
+            with h5py.File(tmp, "a") as f:
+                rows = int(f["episode_start"][episodes]) if episodes else 0
+                for name in ROW_FIELDS:
+                    f[name].resize(rows, axis=0)
+                for name in EPISODE_FIELDS:
+                    f[name].resize(episodes, axis=0)
+
+        atomic_write(self.path, write)
+        self.episodes = episodes
+
     def _create(self, f: h5py.File) -> None:
         chunk = self.schema.chunk_rows()
         for name, (shape, dtype) in self.schema.row_fields().items():
@@ -183,3 +201,35 @@ def _append(f: h5py.File, episodes: list[Episode]) -> None:
         old = R if name in ROW_FIELDS else E
         ds.resize(old + len(values), axis=0)
         ds[old:] = values
+
+
+class EpisodeRecorder:
+    """The finished episodes of an online run's envs, held for a DatasetWriter (train --save-data). An episode
+    enters when it ends; those in flight at a checkpoint are dropped at a resume, as by the replay buffer."""
+
+    def __init__(self, writer: DatasetWriter, env_tasks: np.ndarray):
+        self.writer, self.env_tasks = writer, env_tasks
+        n = len(env_tasks)
+        self.obs: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.action: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.reward: list[list[float]] = [[] for _ in range(n)]
+
+    def start(self, obs: np.ndarray, envs: np.ndarray) -> None:
+        """Episodes begin in `envs` with these first observations."""
+        for i, e in enumerate(envs):
+            self.obs[e], self.action[e], self.reward[e] = [obs[i].copy()], [], []
+
+    def add(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, keep: np.ndarray) -> None:
+        """One step of every env in `keep`: the action taken, its reward and the observation it led to."""
+        for e in np.flatnonzero(keep):
+            self.obs[e].append(obs[e].copy())
+            self.action[e].append(action[e].copy())
+            self.reward[e].append(float(reward[e]))
+
+    def end(self, envs: np.ndarray, terminated: np.ndarray) -> None:
+        """The episodes of `envs` ended (terminated or cut by a time limit): they join the held ones."""
+        for e in envs:
+            if self.action[e]:
+                self.writer.add_episode(np.stack(self.obs[e]), np.stack(self.action[e]), np.array(self.reward[e]),
+                                        bool(terminated[e]), not terminated[e], int(self.env_tasks[e]))
+            self.obs[e], self.action[e], self.reward[e] = [], [], []

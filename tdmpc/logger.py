@@ -60,31 +60,37 @@ def _fmt(v):
 
 
 class RunLogger:
-    def __init__(self, run_dir: Path, cfg: Config, total_steps: int, start_step: int = 0):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: Path, cfg: Config, total_steps: int, start_step: int = 0, writes: bool = True):
+        """writes=False: a data-parallel rank other than 0, which logs nothing (rank 0 speaks for the run)."""
+        self.run_dir, self.writes = run_dir, writes
         self.train_csv = CSVLog(run_dir / "train.csv")
         self.eval_csv = CSVLog(run_dir / "eval.csv")
         self.tb = None
-        if cfg.tensorboard:
+        if cfg.tensorboard and writes:
             try:
                 from torch.utils.tensorboard import SummaryWriter
                 self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step or None)
             except ImportError:
                 pass  # tensorboard is optional
-        self.wandb = _wandb_run(run_dir, cfg) if cfg.wandb else None
+        self.wandb = _wandb_run(run_dir, cfg) if cfg.wandb and writes else None
         tty = sys.stderr.isatty()
         # The rate over the whole session (smoothing 0), from the step it started at: a resumed run's ETA
         # counts only this session's steps, and the pretraining updates (no env steps) do not freeze it.
         self.bar = tqdm(total=total_steps, file=sys.stderr, initial=start_step, unit="step", dynamic_ncols=True,
-                        disable=not cfg.progress, mininterval=0.5 if tty else 60, smoothing=0, desc=cfg.task)
+                        disable=not (cfg.progress and writes), mininterval=0.5 if tty else 60, smoothing=0,
+                        desc=cfg.task)
         self.last_eval: float | None = None
 
     def train(self, row: dict) -> None:
+        if not self.writes:
+            return
         self.train_csv.write(row)
         self._scalars("train", row)
 
     def eval(self, rows: list[dict], video: Path | None = None) -> None:
         """One evaluation: one row, or a multi-task run's row per task and their mean (the last)."""
+        if not self.writes:
+            return
         for row in rows:
             self.eval_csv.write(row)
             prefix = f"eval/{row['task']}" if "task" in row and row["task"] != "mean" else "eval"
@@ -122,7 +128,8 @@ class RunLogger:
 
     def message(self, text: str) -> None:
         """Human-readable lines go to stderr, with the progress bar, so stdout stays clean."""
-        tqdm.write(text, file=sys.stderr)
+        if self.writes:
+            tqdm.write(text, file=sys.stderr)
 
     def close(self) -> None:
         self.bar.close()

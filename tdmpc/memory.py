@@ -311,11 +311,11 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     target_q = list(model._target_Qs.parameters())
     in_target = {id(p) for p in target_q}
     learnable = [p for p in model.parameters() if p.requires_grad]
-    envs = [num_envs] + eval_sizes(cfg)  # one planner per (num_envs, role)
+    envs = ([] if cfg.dataset else [num_envs]) + eval_sizes(cfg)  # one planner per (num_envs, role)
     plan_acts = [plan_activation_bytes(cfg, n, dims, target.dtype) for n in envs] if cfg.mpc else [0]
     gradients = _nbytes(_world_model_params(model))
     update = update_activation_bytes(cfg, dims, model, target.train_dtype)
-    buffer = replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs)
+    buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs)  # offline: no buffer
     graphs = target.cuda and cfg.cuda_graphs
     dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
     rows = f"{buffer // _row_bytes(cfg, obs_shape, action_dim):,} x {_row_bytes(cfg, obs_shape, action_dim):,} B"
@@ -328,7 +328,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
         planner_buffers=sum(planner_buffer_bytes(cfg, n, dims, target.dtype) for n in envs) if cfg.mpc else 0,
         replay_buffer=buffer if buffer_on_device else 0,
         update_activations=update,
-        planner_activations=max(plan_acts),
+        planner_activations=max(plan_acts, default=0),
         cuda_graph_pools=(gradients + update + sum(plan_acts)) if graphs else 0,
         cuda_context=CUDA_CONTEXT if target.cuda else 0,
         host_buffer=0 if buffer_on_device else buffer,

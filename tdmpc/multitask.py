@@ -41,8 +41,17 @@ class TaskSetup:
         return max(i.action_dim for i in self.infos)
 
     @property
+    def obs_dims(self) -> tuple[int, ...]:
+        return tuple(i.obs_dim for i in self.infos)
+
+    @property
     def action_dims(self) -> tuple[int, ...]:
         return tuple(i.action_dim for i in self.infos)
+
+    def action_masks(self, env_tasks: np.ndarray) -> np.ndarray:
+        """(envs, action_dim) ones on each env's own action dims: random seed actions are zero past them, as
+        the policy's and the planner's are."""
+        return (np.arange(self.action_dim) < np.array(self.action_dims)[env_tasks][:, None]).astype(np.float32)
 
     @property
     def episode_lengths(self) -> tuple[int, ...]:

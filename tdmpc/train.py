@@ -24,16 +24,20 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from tdmpc import checkpoint, memory, run_dir as runs, speed_probe
+from tdmpc import checkpoint, distributed, memory, run_dir as runs, speed_probe
 from tdmpc.agent import Agent
 from tdmpc.buffer import BufferFileError, ReplayBuffer
 from tdmpc.cli import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
-from tdmpc.config import Config, changed_fields, from_dict, load_json, parse_cli, save_json, validate
+from tdmpc.config import Config, ConfigError, changed_fields, from_dict, load_json, parse_cli, save_json, validate
 from tdmpc.device import DeviceError, resolve_device, set_threads
 from tdmpc.envs import EnvSource, EnvSpec, env_rng_state, make_env, make_task_envs, make_vector_env, set_env_rng_state
 from tdmpc.evaluate import run_episodes
 from tdmpc.logger import RunLogger
 from tdmpc.multitask import TaskSetup, model_dims, task_setup
+from tdmpc.offline import offline_spec, open_offline
+from tdmpc.dataset_sampler import DatasetSampler
+from tdmpc.dataset_writer import DatasetWriter, EpisodeRecorder
+from tdmpc.distributed import SINGLE, Shard
 from tdmpc.world_model import ModelDims
 
 CPU_DEFAULT = "cpu.json"  # the config a machine without a GPU starts from when no --cfg is given
@@ -73,19 +77,31 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: Path, device: torch.device, buffer_storage: torch.device | None = None,
                  resume: bool = False, init_from: str | None = None, env: EnvSource | None = None,
                  eval_env: EnvSource | None = None, on_log: Callback | None = None, on_eval: Callback | None = None,
-                 no_buffer: bool = False):
+                 no_buffer: bool = False, shard: Shard = SINGLE):
         """buffer_storage: where the replay buffer lives (None: on `device`). env: what to train on (None:
         cfg.task); eval_env: what to evaluate on (None: the same). no_buffer: resume without the saved
-        replay buffer (it refills by acting)."""
+        replay buffer (it refills by acting). shard: this process's rank in data-parallel (offline) training:
+        rank 0 evaluates, logs and writes the run."""
+        self.shard = shard
         self.lock = runs.RunDirLock(run_dir)  # one writer per run directory, before anything is written
-        self.lock.acquire()
-        for stale in runs.remove_stale_temp_files(run_dir):
-            print(f"removed {stale}, left by a write that was killed", file=sys.stderr)
-        if not resume:
-            runs.set_aside_unfinished(run_dir)
+        if shard.main:
+            self.lock.acquire()
+            for stale in runs.remove_stale_temp_files(run_dir):
+                print(f"removed {stale}, left by a write that was killed", file=sys.stderr)
+            if not resume:
+                runs.set_aside_unfinished(run_dir)
         self.env, self.eval_env = env or cfg.task, eval_env or env or cfg.task
-        self.tasks = task_setup(cfg) if env is None else None  # a multi-task model's tasks, None for one task
-        self.envs, self.spec = _make_envs(self.env, cfg, self.tasks)
+        self.envs: gym.vector.VectorEnv | None = None
+        self.data: DatasetSampler | None = None  # offline training's data, in place of envs and a replay buffer
+        if cfg.dataset:
+            offline = open_offline(cfg, device, cfg.seed, (shard.rank, shard.world))
+            self.data, self.tasks, self.spec = offline.sampler, offline.tasks, offline.spec
+        else:
+            if shard.world > 1:
+                raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass "
+                                  "--dataset")
+            self.tasks = task_setup(cfg) if env is None else None  # a multi-task model's tasks, None for one task
+            self.envs, self.spec = _make_envs(self.env, cfg, self.tasks)
         self.cfg = cfg = validate(cfg.for_task(self.spec))
         self.run_dir, self.device = run_dir, device
         self.on_log, self.on_eval = on_log, on_eval
@@ -94,27 +110,35 @@ class Trainer:
         assert cfg.episodic is not None
         self.dims = model_dims(cfg, self.spec, self.tasks)  # the multi-task model's task set and masks too
         self.agent = Agent(cfg, self.dims, self.tasks.episode_lengths if self.tasks else self.spec.episode_length,
-                           device)
-        self.env_tasks = None if self.tasks is None else self.tasks.env_tasks(cfg.num_envs)  # task id of each env
-        self.num_envs = self.envs.num_envs
-        self.buffer = ReplayBuffer(cfg.buffer_size, self.num_envs, self.spec.obs_shape, self.spec.action_dim,
-                                   cfg.horizon, obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32,
-                                   device=device, storage=buffer_storage or device, env_tasks=self.env_tasks)
+                           device, shard)
         self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
         self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
         self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
+        self.num_envs = 0 if self.envs is None else self.envs.num_envs
+        self.env_tasks = None if self.tasks is None or self.envs is None else self.tasks.env_tasks(cfg.num_envs)
+        self.buffer = None if self.envs is None else ReplayBuffer(
+            cfg.buffer_size, self.num_envs, self.spec.obs_shape, self.spec.action_dim, cfg.horizon,
+            obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32, device=device,
+            storage=buffer_storage or device, env_tasks=self.env_tasks)
+        self.recorder = None if not cfg.save_data or not shard.main else EpisodeRecorder(DatasetWriter(
+            cfg.save_data, self.spec.obs_shape, self.spec.action_dim, self.tasks.task_set if self.tasks else (cfg.task,),
+            cfg.obs, cfg.action_repeat or 1, f"tdmpc.train --save-data, run {run_dir}",  # type: ignore[arg-type]
+            *((self.tasks.obs_dims, self.tasks.action_dims) if self.tasks else ())),
+            self.env_tasks if self.env_tasks is not None else np.zeros(self.num_envs, dtype=np.int64))
         if init_from:
             print(checkpoint.init_weights(self.agent.model, init_from, self.spec.obs_shape, self.spec.action_dim,
                                           self.spec.task), file=sys.stderr)
         if resume:
             self._restore(checkpoint.load_file(self.checkpoint_path), no_buffer)
-        try:
-            save_json(cfg, run_dir / "config.json")
-        except OSError as e:
-            raise runs.RunDirError(f"cannot write {run_dir / 'config.json'}: {e.strerror or e} "
-                                   f"({runs.fmt_size(runs.free_bytes(run_dir))} free); choose another --run-dir") from None
-        self.logger = RunLogger(run_dir, cfg, cfg.steps, self.counters.env_step)
-        if resume:
+        if shard.main:
+            try:
+                save_json(cfg, run_dir / "config.json")
+            except OSError as e:
+                raise runs.RunDirError(f"cannot write {run_dir / 'config.json'}: {e.strerror or e} "
+                                       f"({runs.fmt_size(runs.free_bytes(run_dir))} free); choose another "
+                                       f"--run-dir") from None
+        self.logger = RunLogger(run_dir, cfg, cfg.steps, self.counters.env_step, writes=shard.main)
+        if resume and shard.main:
             self.logger.train_csv.truncate_after(self.counters.env_step)
             self.logger.eval_csv.truncate_after(self.counters.env_step)
         # Per-log-interval statistics: metric sums stay on the device until a log row is written.
@@ -126,11 +150,13 @@ class Trainer:
         self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
         self.last_bar = 0.0
         self.warned_termination = self.warned_nonfinite = False
-        self.obs, _ = self.envs.reset(seed=None if resume else cfg.seed)
-        self.first = np.ones(self.num_envs, dtype=bool)
-        self.buffer.start(torch.from_numpy(self.obs))
+        if self.envs is not None:
+            self.obs, _ = self.envs.reset(seed=None if resume else cfg.seed)
+            self.first = np.ones(self.num_envs, dtype=bool)
+            self._start_episodes(np.arange(self.num_envs))
         set_threads(cfg.threads)
-        self._warn_if_disk_short()
+        if shard.main:
+            self._warn_if_disk_short()
 
     @property
     def checkpoint_path(self) -> Path:
@@ -158,14 +184,18 @@ class Trainer:
             for s, h in handlers.items():
                 signal.signal(s, h)
             self.logger.close()
-            self.envs.close()
+            for resource in (self.envs, self.data):
+                if resource is not None:
+                    resource.close()
+            if self.recorder is not None:
+                self.recorder.writer.close()
             self.lock.release()
 
     def _loop(self) -> int:
         cfg, c = self.cfg, self.counters
         t_start = time.time() - c.elapsed
         self.rate_mark = (time.time(), c.env_step, c.updates)
-        while c.env_step < cfg.steps and self.stop_reason is None:
+        while c.env_step < cfg.steps and not self._stopping():
             if c.env_step >= c.next_eval and not self.evaluate():
                 break
             self.step()
@@ -186,14 +216,28 @@ class Trainer:
             return EXIT_REQUEUE
         c.finished = True
         self.save()
-        self.logger.message(f"finished {c.env_step:,} env steps in {c.elapsed / 60:.1f} min; results in {self.run_dir}")
+        unit = "updates" if self.data is not None else "env steps"
+        self.logger.message(f"finished {c.env_step:,} {unit} in {c.elapsed / 60:.1f} min; results in {self.run_dir}")
         return EXIT_OK
 
+    def _stopping(self) -> bool:
+        """A stop signal or callback; with several ranks, one that reached any rank stops them all together."""
+        if self.shard.any(self.stop_reason is not None, self.device) and self.stop_reason is None:
+            self.stop_reason = "a stop on another rank"
+        return self.stop_reason is not None
+
     def step(self) -> None:
-        """One step of all N envs, its transitions into the buffer, then any updates due."""
+        """One step of all N envs, its transitions into the buffer, then any updates due; offline, one update
+        (steps count updates)."""
         cfg, c = self.cfg, self.counters
+        if self.envs is None:
+            self.update()
+            c.env_step += 1
+            return
         if c.env_step < cfg.seed_steps:  # type: ignore[operator]
             action = self.rng.uniform(-1, 1, (self.num_envs, self.spec.action_dim)).astype(np.float32)
+            if self.tasks is not None and self.env_tasks is not None:
+                action *= self.tasks.action_masks(self.env_tasks)
         else:
             self.doing = "act"
             action = self.agent.act(self.obs, self.first, task=self.env_tasks)
@@ -210,13 +254,18 @@ class Trainer:
             obs, reward, terminated, done = self._nonfinite(bad, stored, reward, obs, terminated, done)
             stored = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), obs, stored)
         keep = ~bad
+        assert self.buffer is not None
         self.buffer.add(torch.from_numpy(stored), torch.from_numpy(action),
                         torch.from_numpy(reward.astype(np.float32)), torch.from_numpy(terminated), keep)
+        if self.recorder is not None:
+            self.recorder.add(stored, action, reward, keep)
         self.ep_return += reward
         self.ep_length += 1
         if done.any():
             ended = np.flatnonzero(done)
-            self.buffer.start(torch.from_numpy(obs[ended]), ended)
+            if self.recorder is not None:
+                self.recorder.end(ended[keep[ended]], terminated)
+            self._start_episodes(ended, obs[ended])
             self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i])) for i in ended if keep[i]]
             self.ep_return[ended], self.ep_length[ended] = 0, 0
             c.episodes += len(ended)
@@ -239,10 +288,20 @@ class Trainer:
             for _ in range(cfg.updates_per_round):
                 self.update()
 
+    def _start_episodes(self, envs: np.ndarray, obs: np.ndarray | None = None) -> None:
+        """Episodes begin in `envs` (with these first observations; default: the current ones)."""
+        first = self.obs[envs] if obs is None else obs
+        assert self.buffer is not None
+        self.buffer.start(torch.from_numpy(first), envs)
+        if self.recorder is not None:
+            self.recorder.start(first, envs)
+
     def update(self) -> None:
         """One gradient step on a sampled batch; its metrics are summed on the device until the next log row."""
         self.doing = "update"
-        metrics = self.agent.update(self.buffer.sample(self.cfg.batch_size))
+        source = self.data if self.data is not None else self.buffer
+        assert source is not None
+        metrics = self.agent.update(source.sample(self.cfg.batch_size))
         if self.cfg.debug:
             bad = [k for k, v in metrics.items() if not torch.isfinite(v).all()]
             if bad:
@@ -259,6 +318,10 @@ class Trainer:
         cfg, c = self.cfg, self.counters
         if cfg.eval_episodes == 0:
             c.next_eval = _next_multiple(c.env_step, cfg.eval_freq)
+            return True
+        if not self.shard.main:  # rank 0 evaluates; the others wait for it
+            self.shard.barrier()
+            c.next_eval, c.last_eval = _next_multiple(c.env_step, cfg.eval_freq), c.env_step
             return True
         t0 = time.time()
         self.doing = "evaluation"
@@ -281,6 +344,7 @@ class Trainer:
         c.last_eval = c.env_step
         self.rate_mark = (time.time(), c.env_step, c.updates)  # keep eval time out of the step rate
         self._callback(self.on_eval, rows[-1], "on_eval")
+        self.shard.barrier()
         return True
 
     def _log(self) -> None:
@@ -351,7 +415,7 @@ class Trainer:
     def _warn_if_disk_short(self) -> None:
         """A checkpoint and a full buffer, twice (old and new coexist while a write is made atomic)."""
         params = sum(p.numel() * p.element_size() for p in self.agent.model.parameters())
-        needed = 2 * (4 * params + (self.buffer.nbytes if self.cfg.save_buffer else 0))
+        needed = 2 * (4 * params + (self.buffer.nbytes if self.cfg.save_buffer and self.buffer is not None else 0))
         free = runs.free_bytes(self.checkpoint_path.parent)
         if free < needed:
             self.logger.message(f"warning: {runs.fmt_size(free)} are free on {self.run_dir}, and checkpoints with the "
@@ -380,7 +444,7 @@ class Trainer:
         target = memory.detect_target(self.cfg, self.device)
         estimate, flags = memory.out_of_memory_report(
             self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
-            self.buffer.storage.type == "cuda", self.device)
+            self.buffer is not None and self.buffer.storage.type == "cuda", self.device)
         self.logger.message(f"error: out of device memory in {self.doing} at step {c.env_step:,} ({what}); {saved}.\n"
                             f"{estimate}\nadvice: resume with lower settings: python -m tdmpc.train --resume "
                             f"{self.run_dir} {flags} (--dry-run shows the breakdown)")
@@ -391,22 +455,30 @@ class Trainer:
         """Buffer first (new file name), then latest.pt naming it: a crash leaves a consistent pair. A write
         that cannot be made (full or read-only disk) is refused before it starts where it can be foreseen,
         leaves no partial file, and is a one-line DiskError saying where the last good checkpoint is."""
+        if not self.shard.main:  # rank 0 writes the run
+            return
         c = self.counters
         buffer_file = None
         ckpt_dir = self.checkpoint_path.parent
         try:
-            if self.cfg.save_buffer:
+            if self.cfg.save_buffer and self.buffer is not None:
                 buffer_file = f"buffer_{c.env_step:010d}.h5"
                 runs.ensure_space(ckpt_dir / buffer_file, self.buffer.saved_bytes, "the replay buffer")
                 self.buffer.save(ckpt_dir / buffer_file)
-            rng = {"torch": torch.get_rng_state(), "numpy": self.rng.bit_generator.state,
-                   "envs": env_rng_state(self.envs)}
+            if self.recorder is not None:  # the finished episodes, before the checkpoint that counts them
+                self.recorder.writer.commit()
+            rng: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": self.rng.bit_generator.state}
+            if self.envs is not None:
+                rng["envs"] = env_rng_state(self.envs)
+            if self.data is not None:
+                rng["sampler"] = self.data.generator.get_state()
             if self.device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state(self.device)
             state_bytes = sum(t.numel() * t.element_size() for t in self.agent.model.state_dict().values())
             runs.ensure_space(self.checkpoint_path, 4 * state_bytes, "the checkpoint")  # weights and Adam states
-            self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(c), "rng": rng,
-                                                   "buffer_file": buffer_file})
+            self.agent.save(self.checkpoint_path, {
+                "train": dataclasses.asdict(c), "rng": rng, "buffer_file": buffer_file,
+                "data_episodes": self.recorder.writer.episodes if self.recorder is not None else None})
         except OSError as e:
             last = f"the last good checkpoint is {self.checkpoint_path}" if self.checkpoint_path.is_file() \
                 else "no checkpoint was written yet"
@@ -427,7 +499,14 @@ class Trainer:
         if "cuda" in rng and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"], self.device)
         self.rng.bit_generator.state = rng["numpy"]
+        if self.data is not None:
+            if "sampler" in rng:
+                self.data.generator.set_state(rng["sampler"])
+            return
+        assert self.envs is not None and self.buffer is not None
         set_env_rng_state(self.envs, rng["envs"])
+        if self.recorder is not None and obj.get("data_episodes") is not None:
+            self.recorder.writer.truncate(obj["data_episodes"])  # appended after this checkpoint: played again
         buffer_file = obj.get("buffer_file")
         if buffer_file and not no_buffer:
             path = self.checkpoint_path.parent / buffer_file
@@ -528,6 +607,8 @@ def train(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: s
 def _env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
     """What the model is built for: a multi-task run's padded dims, or the task's from one environment
     (closed at once, unless it is the user's own env object)."""
+    if cfg.dataset:
+        return offline_spec(cfg)
     tasks = task_setup(cfg) if isinstance(env, str) and env == cfg.task else None
     if tasks is not None:
         return tasks.spec(cfg), tasks
@@ -550,6 +631,9 @@ class TrainArgs:
     """With --resume: leave the saved replay buffer (damaged or missing, say) aside and refill it by acting."""
     config_from_checkpoint: bool = False
     """With --resume: take the config the checkpoint holds (when config.json is damaged or missing)."""
+    auto_resume: Optional[str] = None
+    """Resume the run in this directory if it holds a checkpoint, else start one there: one command for every
+    (re)start of a job (torchrun restarts, requeued jobs)."""
     init_from: Optional[str] = None
     """Start from these weights: a tdmpc checkpoint or a reference TD-MPC2 one."""
     dry_run: bool = False
@@ -568,6 +652,8 @@ class TrainArgs:
 def base_config(args: TrainArgs) -> Config:
     """What the flags override: the run's own config.json (--resume), a --cfg file, or the default for
     this machine (base_note says which)."""
+    if args.auto_resume and runs.checkpoint_path(Path(args.auto_resume)).is_file():
+        args.resume = args.auto_resume
     if args.resume:
         return runs.saved_config(Path(args.resume), args.config_from_checkpoint)
     if args.cfg:
@@ -592,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args, cfg, base, given = parse_cli(TrainArgs, argv, base_config, prog="python -m tdmpc.train",
                                        description=__doc__.splitlines()[0])
+    if args.auto_resume and not args.resume:
+        cfg = dataclasses.replace(cfg, run_dir=args.auto_resume)
     if args.resume:
         changed = changed_fields(base, cfg)
         if "num_envs" in changed:
@@ -605,8 +693,9 @@ def _main(argv: list[str]) -> int:
     init_note = ""
     if args.init_from:
         cfg, init_note = checkpoint.architecture_from_checkpoint(cfg, args.init_from, given)
+    shard = distributed.from_environment()  # torchrun / srun ranks, or a single process
     try:
-        device: torch.device | None = resolve_device(cfg.device)
+        device: torch.device | None = resolve_device(distributed.device_for(shard, cfg.device))
     except DeviceError:
         if not args.dry_run:
             raise
@@ -631,11 +720,11 @@ def _main(argv: list[str]) -> int:
         return EXIT_OK
     assert device is not None
     trainer = Trainer(cfg, run_dir, device, memory.buffer_storage(plan, device), resume=bool(args.resume),
-                      init_from=args.init_from, no_buffer=args.no_buffer)
+                      init_from=args.init_from, no_buffer=args.no_buffer, shard=shard)
     for line in (base_note(args), memory.summary_line(plan), init_note):  # the input is known good now
-        if line:
+        if line and shard.main:
             print(line, file=sys.stderr)
-    if device.type == "cpu":
+    if device.type == "cpu" and trainer.envs is not None:
         _warn_if_slow(trainer)
     c = trainer.counters
     if c.finished and c.env_step >= trainer.cfg.steps:

@@ -1,0 +1,136 @@
+"""python -m tdmpc.collect --checkpoint PATH --task T --episodes N --out data.h5: episodes of a trained agent, as a dataset.
+
+The agent plans (or acts with its policy prior, --no-mpc), with Gaussian noise of std --noise
+added to its actions (clipped to [-1, 1]); episodes run up to 16 at a time, planned in one
+call per step. They are appended to --out, created if missing: a file that exists must hold
+the same task and dims, and a crash never corrupts what it held (tdmpc.dataset_writer).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tdmpc.agent import Agent
+from tdmpc.cli import EXIT_OK, BadInput, run_cli
+from tdmpc.dataset_writer import DatasetWriter
+from tdmpc.device import set_threads
+from tdmpc.envs import make_env, make_task_envs, make_vector_env
+from tdmpc.envs.tasks import resolve_task
+from tdmpc.task_sets import reference_info
+
+PARALLEL = 16
+
+
+@dataclass
+class CollectArgs:
+    checkpoint: Path
+    """A tdmpc checkpoint or a reference TD-MPC2 one."""
+    out: Path
+    """The dataset file to append to (created if missing)."""
+    episodes: int = 10
+    """Episodes to collect."""
+    task: Optional[str] = None
+    """The task to play; default: the checkpoint's (required for reference and multi-task checkpoints)."""
+    mpc: bool = True
+    """Plan with MPPI; --no-mpc acts with the policy prior alone."""
+    noise: float = 0.0
+    """Std of Gaussian noise added to every action (then clipped to [-1, 1])."""
+    seed: int = 0
+    """Seeds the envs, the planner and the noise."""
+    device: str = "auto"
+    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    threads: Optional[int] = None
+    """CPU threads for torch. None: the cores other processes leave idle."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tyro
+
+    args = tyro.cli(CollectArgs, args=argv, prog="python -m tdmpc.collect", description=__doc__.splitlines()[0])
+    return run_cli(lambda: collect(args))
+
+
+def collect(args: CollectArgs) -> int:
+    if args.episodes < 1 or args.noise < 0:
+        raise BadInput(f"--episodes must be >= 1 and --noise >= 0, got {args.episodes} and {args.noise}")
+    agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc)
+    cfg, dims = agent.cfg, agent.dims
+    task = args.task or cfg.task
+    repeat = cfg.action_repeat or resolve_task(task).default_action_repeat
+    own: tuple[list[int], list[int]] | tuple = ()
+    if dims.multitask:  # obs stay padded to the model's; the file says the task's own dims
+        agent.task_ids(task, 1)  # one of its set, or a one-line error
+        own = ([_own_obs_dim(task)], [dims.action_dims[dims.tasks.index(task)]])
+    writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat, _source(args), *own)
+    set_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    returns: list[float] = []
+    with writer:
+        while len(returns) < args.episodes:
+            n = min(PARALLEL, args.episodes - len(returns))
+            returns += _play(agent, task, n, args.seed + len(returns), args.noise, rng, writer)
+            writer.commit()  # each batch of episodes on disk before the next is played
+    print(f"{task}: {len(returns)} episodes, return {np.mean(returns):.1f} ± {np.std(returns):.1f}; "
+          f"{args.out} holds {writer.episodes} episodes")
+    return EXIT_OK
+
+
+def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.random.Generator,
+          writer: DatasetWriter) -> list[float]:
+    """n episodes in parallel; each is handed to the writer as it ends. Returns their returns."""
+    dims, cfg = agent.dims, agent.cfg
+    if dims.multitask:
+        envs, _ = make_task_envs([task], n, seed=seed, obs_dim=dims.obs_shape[0], action_dim=dims.action_dim,
+                                 action_repeat=cfg.action_repeat)
+        mask = agent.model.action_mask(agent.task_ids(task, 1)).cpu().numpy()
+    else:
+        envs, _ = make_vector_env(task, n, seed=seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
+        mask = np.ones(dims.action_dim, np.float32)
+    try:
+        obs, _ = envs.reset(seed=seed)
+        history = [([o], [], []) for o in obs]  # per env: observations, actions, rewards
+        done, first, returns = np.zeros(n, bool), np.ones(n, bool), []
+        while not done.all():
+            action = agent.act(obs, first, eval_mode=True, role=f"collect{n}", task=task if dims.multitask else None)
+            action = (np.clip(action + noise * rng.standard_normal(action.shape), -1, 1) * mask).astype(np.float32)
+            obs, reward, terminated, truncated, info = envs.step(action)
+            for i in np.flatnonzero(~done):
+                ended = bool(terminated[i] or truncated[i])
+                h = history[i]
+                h[0].append(info["final_obs"][i] if ended else obs[i])
+                h[1].append(action[i])
+                h[2].append(float(reward[i]))
+                if ended:
+                    writer.add_episode(np.stack(h[0]), np.stack(h[1]), np.array(h[2]), bool(terminated[i]),
+                                       not terminated[i])
+                    returns.append(sum(h[2]))
+                    done[i] = True
+            first = terminated | truncated
+        return returns
+    finally:
+        envs.close()
+
+
+def _source(args: CollectArgs) -> str:
+    return (f"tdmpc.collect --checkpoint {args.checkpoint} --task {args.task} {'' if args.mpc else '--no-mpc '}"
+            f"--noise {args.noise} --seed {args.seed}")
+
+
+def _own_obs_dim(task: str) -> int:
+    known = reference_info(task)
+    if known is not None:
+        return known.obs_dim
+    env, spec = make_env(task)
+    env.close()
+    return spec.obs_shape[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Data-parallel training over processes with torch.distributed (NCCL on GPUs, gloo on CPUs).
+
+Launched as clusters launch it: `torchrun --nproc-per-node N -m tdmpc.train ...` sets RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; slurm/train_multi.sh sets them from
+Slurm's variables for srun. Every rank holds the same model and takes its own slice of every
+batch (tdmpc.dataset_sampler); after each backward pass the gradients are averaged (one
+all-reduce per optimiser over a flat buffer), so every rank takes the same optimiser step.
+The update is not one module's forward, so the collectives are called directly instead of
+through DistributedDataParallel's forward hooks. Random draws per batch row (the policy's
+noise) are drawn for the whole global batch on every rank and sliced, and the running value
+scale reads the global batch, so N ranks at batch B/N compute what one process computes at B.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Shard:
+    """This process's place among the data-parallel ranks."""
+
+    rank: int
+    world: int
+    local_rank: int
+
+    @property
+    def main(self) -> bool:
+        """Rank 0 evaluates, logs and writes checkpoints."""
+        return self.rank == 0
+
+    def average(self, tensors: list[Tensor]) -> None:
+        """Average `tensors` (gradients) over the ranks, in place: one all-reduce of a flat buffer."""
+        if self.world == 1 or not tensors:
+            return
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat)
+        flat /= self.world
+        for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+            t.copy_(part.view_as(t))
+
+    def gather(self, x: Tensor) -> Tensor:
+        """The ranks' `x` concatenated along dim 0, in rank order (the global batch's rows)."""
+        if self.world == 1:
+            return x
+        parts = [torch.empty_like(x) for _ in range(self.world)]
+        dist.all_gather(parts, x.contiguous())
+        return torch.cat(parts)
+
+    def rows(self, draw: Tensor, batch: int, dim: int) -> Tensor:
+        """This rank's `batch` rows along `dim` of a draw made for the global batch (world x batch rows)."""
+        return draw.narrow(dim, self.rank * batch, batch) if self.world > 1 else draw
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        """True on every rank if it is true on any (a stop signal that reached one rank stops all)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([float(flag)], device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+
+SINGLE = Shard(0, 1, 0)
+
+
+def from_environment() -> Shard:
+    """The shard torchrun or srun (slurm/train_multi.sh) describes in the environment; SINGLE without one.
+    Starts the process group (NCCL when this rank has a GPU, else gloo)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return SINGLE
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend)
+    return Shard(rank, world, local_rank)
+
+
+def device_for(shard: Shard, name: str) -> str:
+    """A rank's device: its local GPU under 'auto' or 'cuda' (one GPU per rank), else as named."""
+    if shard.world > 1 and name in ("auto", "cuda") and torch.cuda.is_available():
+        return f"cuda:{shard.local_rank}"
+    return name

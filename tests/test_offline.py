@@ -1,0 +1,132 @@
+"""Offline data end to end: an online run keeps every episode (--save-data), a trained agent collects
+episodes (tdmpc.collect), training from datasets (in memory and streamed, resume), bad data, and
+data-parallel training over 2 processes (gloo) computing what one process computes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import one_line_error, read_csv, run_module, run_train, tiny_json
+from tdmpc.dataset import open_dataset, read_episodes
+
+OFFLINE = ["--eval-episodes", "1", "--log-every", "50", "--save-every", "100", "--eval-freq", "100"]
+
+
+@pytest.fixture(scope="module")
+def online(tmp_path_factory) -> tuple[Path, Path]:
+    """A finished tiny online run on Pendulum-v1 (200-step episodes) that kept its episodes: (run, data)."""
+    tmp = tmp_path_factory.mktemp("online")
+    run, data = tmp / "run", tmp / "data.h5"
+    r = run_train("--cfg", tiny_json(tmp, steps=600, save_every=300, eval_episodes=0), "--run-dir", run,
+                  "--save-data", data)
+    assert r.returncode == 0, r.stderr
+    return run, data
+
+
+def test_save_data_keeps_every_finished_episode_as_the_buffer_holds_it(online, tmp_path):
+    run, data = online
+    info = open_dataset(data)
+    assert info.schema.tasks == ("Pendulum-v1",) and info.episodes == 3 and info.rows == 3 * 201
+    r = run_module("tdmpc.dataset", "convert", run / "checkpoints" / "buffer_0000000600.h5", "--task", "Pendulum-v1",
+                   "--out", tmp_path / "converted.h5")
+    assert r.returncode == 0, r.stderr
+    kept, converted = list(read_episodes(data)), list(read_episodes(tmp_path / "converted.h5"))
+    assert len(converted) == 3  # the run ended at an episode's end: the next holds only its reset observation
+    for a, b in zip(kept, converted[:3]):
+        for name in ("obs", "action", "reward"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+
+
+@pytest.mark.parametrize("stream", ["memory", "stream"])
+def test_offline_training_updates_evaluates_and_resumes(online, tmp_path, stream):
+    _, data = online
+    run = tmp_path / "run"
+    args = ["--dataset", data, "--task", "Pendulum-v1", "--cfg", tiny_json(tmp_path), "--dataset-stream", stream]
+    r = run_train(*args, "--steps", 200, *OFFLINE, "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    assert "finished 200 updates" in r.stderr
+    assert [int(e["env_step"]) for e in read_csv(run / "eval.csv")] == [0, 100, 200]
+    rows = read_csv(run / "train.csv")
+    assert [int(x["updates"]) for x in rows] == [50, 100, 150, 200] and int(rows[-1]["episodes"]) == 0
+    r = run_train("--resume", run, "--steps", 300)
+    assert r.returncode == 0, r.stderr
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["updates"] == 300
+
+
+def test_collect_appends_a_trained_agents_episodes(online, tmp_path):
+    run, _ = online
+    out = tmp_path / "collected.h5"
+    for _ in range(2):
+        r = run_module("tdmpc.collect", "--checkpoint", run / "checkpoints" / "latest.pt", "--out", out,
+                       "--episodes", 2, "--noise", 0.2, "--no-mpc", "--device", "cpu")
+        assert r.returncode == 0, r.stderr
+    info = open_dataset(out)
+    assert info.episodes == 4 and info.schema.tasks == ("Pendulum-v1",)
+    episodes = list(read_episodes(out))
+    assert all(len(ep.reward) == 200 and ep.truncated for ep in episodes)
+    assert np.abs(episodes[0].action).max() <= 1
+    r = run_module("tdmpc.collect", "--checkpoint", run / "checkpoints" / "latest.pt", "--out", out,
+                   "--task", "MountainCarContinuous-v0", "--episodes", 1, "--device", "cpu")
+    assert out.name in one_line_error(r)  # another task's dims: the file is left as it was
+    assert open_dataset(out).episodes == 4
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("task", "the data are of task 'Pendulum-v1'; pass --task Pendulum-v1"),
+    ("nan", "'reward'"),
+    ("truncated", "truncated"),
+    ("missing", "'terminated'"),
+])
+def test_bad_data_is_one_line_naming_the_file_and_field(online, tmp_path, kind, needle):
+    import h5py
+
+    _, data = online
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(data.read_bytes())
+    task = "Pendulum-v1"
+    if kind == "task":
+        task = "cartpole-swingup"
+    elif kind == "nan":
+        with h5py.File(bad, "r+") as f:
+            f["reward"][10] = np.nan
+    elif kind == "truncated":
+        bad.write_bytes(data.read_bytes()[: bad.stat().st_size // 2])
+    elif kind == "missing":
+        with h5py.File(bad, "r+") as f:
+            del f["terminated"]
+    before = bad.read_bytes()
+    r = run_train("--dataset", bad, "--task", task, "--cfg", tiny_json(tmp_path), "--steps", 10, "--run-dir",
+                  tmp_path / "run")
+    line = one_line_error(r)
+    assert needle in line and str(bad) in line, line
+    assert bad.read_bytes() == before and not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_path):
+    """torchrun, 2 processes on gloo at batch 8 each, against 1 process at batch 16: after 20 updates every
+    parameter agrees (dropout off: its masks are drawn per rank)."""
+    _, data = online
+    common = ["--dataset", data, "--task", "Pendulum-v1", "--cfg", tiny_json(tmp_path), "--steps", 20,
+              "--eval-episodes", 0, "--save-every", 20, "--log-every", 10, "--dropout", 0, "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                          "-m", "tdmpc.train", *map(str, common), "--batch-size", "8", "--run-dir",
+                          str(tmp_path / "two")], capture_output=True, text=True, timeout=300, env=env)
+    assert two.returncode == 0, two.stderr
+    one = run_train(*common, "--batch-size", 16, "--run-dir", tmp_path / "one")
+    assert one.returncode == 0, one.stderr
+    a = torch.load(tmp_path / "two" / "checkpoints" / "latest.pt", weights_only=True)
+    b = torch.load(tmp_path / "one" / "checkpoints" / "latest.pt", weights_only=True)
+    assert a["train"]["updates"] == b["train"]["updates"] == 20
+    for key in b["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], rtol=1e-4, atol=1e-5, msg=key)
+    differ = run_train(*common, "--batch-size", 8, "--run-dir", tmp_path / "half")  # the check can fail:
+    c = torch.load(tmp_path / "half" / "checkpoints" / "latest.pt", weights_only=True)  # batch 8 alone differs
+    assert differ.returncode == 0 and not torch.allclose(c["model"]["_pi.0.weight"], b["model"]["_pi.0.weight"])
