@@ -125,7 +125,17 @@ forward() {  # USR1|TERM
     log "got SIG$1; asking the trainer to write a checkpoint and stop"
     kill -s "$1" "$trainer" 2>/dev/null || true
 }
-"$PYTHON" -m tdmpc.train "${train_args[@]}" &
+if [ "${SLURM_NTASKS:-1}" -gt 1 ]; then
+    # Data-parallel (slurm/train_multi.sh): one rank per task, rendezvous at the first node of the job.
+    # srun passes USR1 and TERM on to every rank; the ranks stop together and rank 0 writes the checkpoint.
+    MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    export MASTER_ADDR MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))} WORLD_SIZE=$SLURM_NTASKS
+    log "$SLURM_NTASKS ranks on $SLURM_JOB_NODELIST, rendezvous at $MASTER_ADDR:$MASTER_PORT"
+    srun --kill-on-bad-exit=1 bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID exec "$0" -m tdmpc.train "$@"' \
+        "$PYTHON" "${train_args[@]}" &
+else
+    "$PYTHON" -m tdmpc.train "${train_args[@]}" &
+fi
 trainer=$!
 trap 'forward USR1' USR1
 trap 'forward TERM' TERM

@@ -55,6 +55,10 @@ class BenchArgs:
     """Also time the plain fp32 eager variant (no fused kernels) for same-run ratios."""
     threads: Optional[int] = None
     """CPU threads for torch. None: the cores other processes leave idle (time on an idle machine)."""
+    offline_rows: int = 1_000_000
+    """Rows of the synthetic dataset for the offline measurement (update time, data in memory vs streamed)."""
+    offline_updates: Optional[int] = None
+    """Updates timed per offline sampler (default 200, quick 40); 0 skips the measurement."""
 
 
 def sync(device: torch.device) -> None:
@@ -140,6 +144,48 @@ def bench_plain(size: int, device: torch.device, reps: int) -> dict:
         batch = random_batch(agent)
         return {"plan_ms": timeit(lambda: agent.act(obs, first), device, reps) * 1e3,
                 "update_ms": timeit(lambda: agent.update(batch), device, reps) * 1e3}
+
+
+def bench_offline(size: int, device: torch.device, rows: int, updates: int) -> dict:
+    """Offline training's update time with the data in memory vs streamed from disk in prefetched windows
+    (a synthetic walker-sized dataset of `rows` rows, written to a temp file), at model size `size`."""
+    from tdmpc.dataset import Episode, open_dataset
+    from tdmpc.dataset_sampler import InMemoryDataset, StreamingDataset
+    from tdmpc.dataset_writer import DatasetWriter
+
+    length, rng = 500, np.random.default_rng(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "bench.h5"
+        t0 = time.perf_counter()
+        with DatasetWriter(path, (OBS_DIM,), ACTION_DIM, ["walker-walk"], "state", 2, "tdmpc.bench") as w:
+            w.commit(Episode(np.cumsum(rng.standard_normal((length + 1, OBS_DIM)), 0).astype(np.float32) * 0.1,
+                             rng.uniform(-1, 1, (length, ACTION_DIM)).astype(np.float32),
+                             rng.uniform(0, 1, length).astype(np.float32), False, True)
+                     for _ in range(rows // (length + 1)))
+        write_s = time.perf_counter() - t0
+        info = open_dataset(path, check_rows=False)
+        agent = make_agent(size, device, "auto")
+        window = 1 << 18
+        out: dict = {"rows": info.rows, "file_mb": path.stat().st_size / 1e6, "write_s": write_s, "model_size": size}
+        for name, make in (("memory", lambda: InMemoryDataset(info, agent.cfg.horizon, device)),
+                           ("stream", lambda: StreamingDataset(info, agent.cfg.horizon, window_rows=window,
+                                                               swap_every=window // 256, device=device))):
+            sampler = make()
+            try:
+                for _ in range(5):
+                    agent.update(sampler.sample(256))
+                sync(device)
+                t0 = time.perf_counter()
+                for _ in range(updates):
+                    agent.update(sampler.sample(256))
+                sync(device)
+                out[name] = {"update_ms": (time.perf_counter() - t0) / updates * 1e3,
+                             "late_samples": getattr(sampler, "late_samples", 0),
+                             "windows": getattr(sampler, "windows", 1)}
+            finally:
+                sampler.close()
+        out["stream_over_memory"] = out["stream"]["update_ms"] / out["memory"]["update_ms"]
+        return out
 
 
 def rss_mb() -> float:
@@ -236,6 +282,12 @@ def print_table(r: dict) -> None:
     if e:
         print(f"end to end ({e['task']}, 1 env, 1 update/step, reference settings): {e['agent_steps_per_s']:.1f} "
               f"agent steps/s over {e['agent_steps']} steps")
+    o = r.get("offline")
+    if o:
+        print(f"offline, size {o['model_size']}, {o['rows']:,} rows ({o['file_mb']:.0f} MB on disk): update B=256 "
+              f"{o['memory']['update_ms']:.1f} ms with the data in memory, {o['stream']['update_ms']:.1f} ms streamed "
+              f"({o['stream_over_memory']:.2f}x; {o['stream']['windows']} windows, {o['stream']['late_samples']} "
+              f"samples past due)")
     s = r.get("rss")
     if s:
         print(f"host RSS over {s['agent_steps']} agent steps after warm-up (small model): {s['rss_start_mb']:.0f} -> "
@@ -268,6 +320,10 @@ def main(argv: list[str] | None = None) -> int:
     result["end_to_end"] = bench_training(task, device, e2e, warmup_steps=warmup, small=False)
     rss = args.rss_steps or (2000 if args.quick else 20_000)
     result["rss"] = bench_training(task, device, rss, warmup_steps=warmup, small=True)
+    offline = args.offline_updates if args.offline_updates is not None else (40 if args.quick else 200)
+    if offline:
+        print("benchmarking offline sampling...", file=sys.stderr)
+        result["offline"] = bench_offline(min(args.sizes), device, args.offline_rows, offline)
     print_table(result)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {args.out}")

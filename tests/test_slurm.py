@@ -215,3 +215,39 @@ def test_sweep_dry_run_submits_nothing(cluster, tmp_path):
     assert "--array=0-5" in r.stdout and "train.sh --cfg a4000.json" in r.stdout
     assert "cheetah-run          seed 3" in r.stdout
     assert subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True).stdout == before
+
+
+def tiny_dataset(path: Path) -> Path:
+    """A dataset of 10 random-action Pendulum-v1 episodes of 200 steps."""
+    import numpy as np
+
+    from tdmpc.dataset_writer import DatasetWriter
+
+    rng = np.random.default_rng(0)
+    with DatasetWriter(path, (3,), 1, ["Pendulum-v1"], "state", 1, "tests/test_slurm.py") as w:
+        for _ in range(10):
+            w.add_episode(rng.standard_normal((201, 3)).astype(np.float32), rng.uniform(-1, 1, (200, 1)),
+                          rng.uniform(-16, 0, 200), False, True)
+    return path
+
+
+def test_train_multi_runs_two_ranks_checkpoints_requeues_and_resumes(cluster, tmp_path, job_names):
+    """slurm/train_multi.sh: 2 tasks (gloo on this CPU), rank 0 writes the run; USR1 stops both ranks at one
+    checkpoint and the job requeues and resumes them."""
+    name = job_names("multi")
+    data = tiny_dataset(tmp_path / "data.h5")
+    env = {**os.environ, "TDMPC_RUNS": str(tmp_path / "runs")}
+    cfg = tiny_cfg(tmp_path, steps=3000, eval_episodes=0, save_every=100, log_every=100)
+    r = subprocess.run(["sbatch", "--parsable", f"--job-name={name}", "--nodes=1", "--ntasks-per-node=2",
+                        "--cpus-per-task=1", "--mem=2G", "slurm/train_multi.sh", "--cfg", cfg, "--dataset", str(data),
+                        "--task", "Pendulum-v1"], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    job = r.stdout.strip().split(";")[0]
+    run = tmp_path / "runs" / "slurm" / name / job
+    wait_for("the first checkpoint", lambda: (run / "checkpoints" / "latest.pt").is_file(), 240)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=30)
+    fields = wait_until_done(job, timeout=600)[job]
+    log = slurm_log(name, job)
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", log
+    assert "2 ranks on" in log and "rendezvous at" in log and "restart 1; resuming" in log
+    assert env_steps(run) == list(range(100, 3001, 100)), log  # updates, each logged once, by rank 0 alone
