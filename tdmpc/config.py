@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Callable, Literal, Optional, TypeVar
 
 import tyro
 
@@ -43,9 +43,9 @@ class ConfigError(ValueError):
 @dataclass
 class Config:
     # --- task -----------------------------------------------------------------------
-    task: str = "walker-walk"
+    task: Annotated[str, tyro.conf.arg(aliases=("--tasks",))] = "walker-walk"
     """DMC name (walker-walk, cup-catch, ...) or a gymnasium id (Pendulum-v1, pkg.mod:Env-v0); several, separated
-    by commas, or mt30 train one multi-task model."""
+    by commas (--tasks is the same flag), or mt30 train one multi-task model."""
     obs: Literal["state", "rgb"] = "state"
     """Observation type: state vectors, or 64x64 RGB frames (DMC)."""
     episodic: Optional[bool] = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import gc
+import os
 import signal
 import sys
 import time
@@ -744,10 +745,15 @@ def _warn_if_slow(trainer: Trainer, limit_hours: float = 3.0) -> None:
     c, cfg = trainer.counters, trainer.cfg
     plan_s, update_s, hours = speed_probe.hours_left(trainer.agent, cfg.steps - c.env_step, trainer.env_tasks)
     if hours > limit_hours:
+        cpu = load_json(CPU_DEFAULT)
+        if all((getattr(cfg, f) or 0) <= getattr(cpu, f) for f in ("model_size", "num_samples", "iterations", "batch_size")):
+            advice = (f"The config is no bigger than {CPU_DEFAULT}: the cores are busy (load average "
+                      f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores) or slow; fewer --steps end sooner")
+        else:
+            advice = f"This config is sized for a GPU; for CPU training use --cfg {CPU_DEFAULT}"
         trainer.logger.message(
             f"warning: on this CPU one plan takes {plan_s * 1e3:.0f} ms and one update {update_s * 1e3:.0f} ms, "
-            f"so {cfg.steps - c.env_step:,} env steps would take about {hours:.0f} hours. This config is sized for a "
-            f"GPU; for CPU training use --cfg cpu.json")
+            f"so {cfg.steps - c.env_step:,} env steps would take about {hours:.0f} hours. {advice}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -239,3 +239,17 @@ def test_estimate_matches_cuda_peak(model_size, dog):
     target = memory.detect_target(cfg, device)
     est = memory.estimate(cfg, dog.obs_shape, dog.action_dim, dog.episodic, target)
     assert abs(est.peak_allocated / measured - 1) <= 0.10, (est.peak_allocated, measured, est.table())
+
+
+@pytest.mark.parametrize("cfg_name, advice", [("cpu.json", "the cores are busy"), ("a4000.json", "use --cfg cpu.json")])
+def test_slow_run_warning_advises_by_config_size(cfg_name, advice, monkeypatch):
+    """The advice to switch to cpu.json is given only where the config is bigger than cpu.json."""
+    from types import SimpleNamespace
+
+    from tdmpc.train import _warn_if_slow
+    monkeypatch.setattr(speed_probe, "hours_left", lambda agent, steps, tasks: (1.0, 1.0, 50.0))
+    said: list[str] = []
+    trainer = SimpleNamespace(counters=SimpleNamespace(env_step=0), cfg=load_json(cfg_name), agent=None,
+                              env_tasks=None, logger=SimpleNamespace(message=said.append))
+    _warn_if_slow(trainer)
+    assert len(said) == 1 and "about 50 hours" in said[0] and advice in said[0]

@@ -40,7 +40,7 @@ def rows(path: Path) -> list[dict]:
 
 def test_one_model_trains_on_two_tasks_with_a_row_per_task_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    r = run("tdmpc.train", "--task", "cartpole-swingup,pendulum-swingup", *TINY_MODEL, *SMALL, "--steps", "480",
+    r = run("tdmpc.train", "--tasks", "cartpole-swingup,pendulum-swingup", *TINY_MODEL, *SMALL, "--steps", "480",
             "--seed-steps", "400", "--eval-freq", "480", "--eval-episodes", "1", "--log-every", "240",
             "--save-every", "480", "--run-dir", run_dir)
     assert r.returncode == 0, r.stderr
