@@ -95,11 +95,14 @@ class RunDirLock:
 
     def __init__(self, run_dir: Path):
         self.path, self.file = run_dir / ".lock", None
+        self.created: Path | None = None  # the topmost directory acquire() made, removed by abandon()
 
     def acquire(self) -> None:
         import fcntl
 
         try:
+            self.created = next((p for p in reversed([self.path.parent, *self.path.parent.parents])
+                                 if not p.exists()), None)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             f: IO[str] = open(self.path, "a+")
         except OSError as e:
@@ -122,6 +125,12 @@ class RunDirLock:
         if self.file is not None:
             self.file.close()  # closing releases the flock
             self.file = None
+
+    def abandon(self) -> None:
+        """Release, and remove the directories acquire() made: a run that never started leaves nothing."""
+        if self.file is not None and self.created is not None:
+            shutil.rmtree(self.created, ignore_errors=True)
+        self.release()
 
 
 def remove_stale_temp_files(run_dir: Path) -> list[Path]:

@@ -91,73 +91,77 @@ class Trainer:
                 print(f"removed {stale}, left by a write that was killed", file=sys.stderr)
             if not resume:
                 runs.set_aside_unfinished(run_dir)
-        self.env, self.eval_env = env or cfg.task, eval_env or env or cfg.task
-        self.envs: gym.vector.VectorEnv | None = None
-        self.data: DatasetSampler | None = None  # offline training's data, in place of envs and a replay buffer
-        if cfg.dataset:
-            offline = open_offline(cfg, device, cfg.seed, (shard.rank, shard.world))
-            self.data, self.tasks, self.spec = offline.sampler, offline.tasks, offline.spec
-        else:
-            if shard.world > 1:
-                raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass "
-                                  "--dataset")
-            self.tasks = task_setup(cfg) if env is None else None  # a multi-task model's tasks, None for one task
-            self.envs, self.spec = _make_envs(self.env, cfg, self.tasks)
-        self.cfg = cfg = validate(cfg.for_task(self.spec))
-        self.run_dir, self.device = run_dir, device
-        self.on_log, self.on_eval = on_log, on_eval
-        torch.manual_seed(cfg.seed)
-        self.rng = np.random.default_rng(cfg.seed)
-        assert cfg.episodic is not None
-        self.dims = model_dims(cfg, self.spec, self.tasks)  # the multi-task model's task set and masks too
-        self.agent = Agent(cfg, self.dims, self.tasks.episode_lengths if self.tasks else self.spec.episode_length,
-                           device, shard)
-        self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
-        self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
-        self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
-        self.num_envs = 0 if self.envs is None else self.envs.num_envs
-        self.env_tasks = None if self.tasks is None or self.envs is None else self.tasks.env_tasks(cfg.num_envs)
-        self.buffer = None if self.envs is None else ReplayBuffer(
-            cfg.buffer_size, self.num_envs, self.spec.obs_shape, self.spec.action_dim, cfg.horizon,
-            obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32, device=device,
-            storage=buffer_storage or device, env_tasks=self.env_tasks)
-        self.recorder = None if not cfg.save_data or not shard.main else EpisodeRecorder(DatasetWriter(
-            cfg.save_data, self.spec.obs_shape, self.spec.action_dim, self.tasks.task_set if self.tasks else (cfg.task,),
-            cfg.obs, cfg.action_repeat or 1, f"tdmpc.train --save-data, run {run_dir}",  # type: ignore[arg-type]
-            *((self.tasks.obs_dims, self.tasks.action_dims) if self.tasks else ())),
-            self.env_tasks if self.env_tasks is not None else np.zeros(self.num_envs, dtype=np.int64))
-        if init_from:
-            print(checkpoint.init_weights(self.agent.model, init_from, self.spec.obs_shape, self.spec.action_dim,
-                                          self.spec.task), file=sys.stderr)
-        if resume:
-            self._restore(checkpoint.load_file(self.checkpoint_path), no_buffer)
-        if shard.main:
-            try:
-                save_json(cfg, run_dir / "config.json")
-            except OSError as e:
-                raise runs.RunDirError(f"cannot write {run_dir / 'config.json'}: {e.strerror or e} "
-                                       f"({runs.fmt_size(runs.free_bytes(run_dir))} free); choose another "
-                                       f"--run-dir") from None
-        self.logger = RunLogger(run_dir, cfg, cfg.steps, self.counters.env_step, writes=shard.main)
-        if resume and shard.main:
-            self.logger.train_csv.truncate_after(self.counters.env_step)
-            self.logger.eval_csv.truncate_after(self.counters.env_step)
-        # Per-log-interval statistics: metric sums stay on the device until a log row is written.
-        self.metric_sum: dict[str, torch.Tensor] | None = None
-        self.metric_count = 0
-        self.ended_episodes: list[tuple[float, int]] = []  # (return, length) since the last log row
-        self.ep_return = np.zeros(self.num_envs)
-        self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
-        self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
-        self.last_bar = 0.0
-        self.warned_termination = self.warned_nonfinite = False
-        if self.envs is not None:
-            self.obs, _ = self.envs.reset(seed=None if resume else cfg.seed)
-            self.first = np.ones(self.num_envs, dtype=bool)
-            self._start_episodes(np.arange(self.num_envs))
-        set_threads(cfg.threads)
-        if shard.main:
-            self._warn_if_disk_short()
+        try:  # a fresh run directory whose setup fails is removed: a bad input leaves nothing behind
+            self.env, self.eval_env = env or cfg.task, eval_env or env or cfg.task
+            self.envs: gym.vector.VectorEnv | None = None
+            self.data: DatasetSampler | None = None  # offline training's data, in place of envs and a replay buffer
+            if cfg.dataset:
+                offline = open_offline(cfg, device, cfg.seed, (shard.rank, shard.world))
+                self.data, self.tasks, self.spec = offline.sampler, offline.tasks, offline.spec
+            else:
+                if shard.world > 1:
+                    raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass "
+                                      "--dataset")
+                self.tasks = task_setup(cfg) if env is None else None  # a multi-task model's tasks, None for one task
+                self.envs, self.spec = _make_envs(self.env, cfg, self.tasks)
+            self.cfg = cfg = validate(cfg.for_task(self.spec))
+            self.run_dir, self.device = run_dir, device
+            self.on_log, self.on_eval = on_log, on_eval
+            torch.manual_seed(cfg.seed)
+            self.rng = np.random.default_rng(cfg.seed)
+            assert cfg.episodic is not None
+            self.dims = model_dims(cfg, self.spec, self.tasks)  # the multi-task model's task set and masks too
+            self.agent = Agent(cfg, self.dims, self.tasks.episode_lengths if self.tasks else self.spec.episode_length,
+                               device, shard)
+            self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
+            self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
+            self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
+            self.num_envs = 0 if self.envs is None else self.envs.num_envs
+            self.env_tasks = None if self.tasks is None or self.envs is None else self.tasks.env_tasks(cfg.num_envs)
+            self.buffer = None if self.envs is None else ReplayBuffer(
+                cfg.buffer_size, self.num_envs, self.spec.obs_shape, self.spec.action_dim, cfg.horizon,
+                obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32, device=device,
+                storage=buffer_storage or device, env_tasks=self.env_tasks)
+            self.recorder = None if not cfg.save_data or not shard.main else EpisodeRecorder(DatasetWriter(
+                cfg.save_data, self.spec.obs_shape, self.spec.action_dim, self.tasks.task_set if self.tasks else (cfg.task,),
+                cfg.obs, cfg.action_repeat or 1, f"tdmpc.train --save-data, run {run_dir}",  # type: ignore[arg-type]
+                *((self.tasks.obs_dims, self.tasks.action_dims) if self.tasks else ())),
+                self.env_tasks if self.env_tasks is not None else np.zeros(self.num_envs, dtype=np.int64))
+            if init_from:
+                print(checkpoint.init_weights(self.agent.model, init_from, self.spec.obs_shape, self.spec.action_dim,
+                                              self.spec.task), file=sys.stderr)
+            if resume:
+                self._restore(checkpoint.load_file(self.checkpoint_path), no_buffer)
+            if shard.main:
+                try:
+                    save_json(cfg, run_dir / "config.json")
+                except OSError as e:
+                    raise runs.RunDirError(f"cannot write {run_dir / 'config.json'}: {e.strerror or e} "
+                                           f"({runs.fmt_size(runs.free_bytes(run_dir))} free); choose another "
+                                           f"--run-dir") from None
+            self.logger = RunLogger(run_dir, cfg, cfg.steps, self.counters.env_step, writes=shard.main)
+            if resume and shard.main:
+                self.logger.train_csv.truncate_after(self.counters.env_step)
+                self.logger.eval_csv.truncate_after(self.counters.env_step)
+            # Per-log-interval statistics: metric sums stay on the device until a log row is written.
+            self.metric_sum: dict[str, torch.Tensor] | None = None
+            self.metric_count = 0
+            self.ended_episodes: list[tuple[float, int]] = []  # (return, length) since the last log row
+            self.ep_return = np.zeros(self.num_envs)
+            self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
+            self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
+            self.last_bar = 0.0
+            self.warned_termination = self.warned_nonfinite = False
+            if self.envs is not None:
+                self.obs, _ = self.envs.reset(seed=None if resume else cfg.seed)
+                self.first = np.ones(self.num_envs, dtype=bool)
+                self._start_episodes(np.arange(self.num_envs))
+            set_threads(cfg.threads)
+            if shard.main:
+                self._warn_if_disk_short()
+        except BaseException:
+            self.lock.abandon()
+            raise
 
     @property
     def checkpoint_path(self) -> Path:
