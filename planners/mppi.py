@@ -10,6 +10,7 @@ to the samples, the mean and the std, as the reference does) and its discount.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,7 +49,7 @@ class MPPI:
         self.chunk_envs = num_envs if chunk_rows is None else max(1, chunk_rows // cfg.num_samples)
         H, N, S, A = cfg.horizon, num_envs, cfg.num_samples, action_dim
         self.num_envs, self.action_dim = N, A
-        kw = dict(device=device, dtype=torch.float32)
+        kw: dict[str, Any] = dict(device=device, dtype=torch.float32)
         self.actions = torch.zeros(H, N, S, A, **kw)  # candidates; the first num_pi_trajs from the prior
         self.noise = torch.zeros(H, N, S - cfg.num_pi_trajs, A, **kw)
         self.mean = torch.zeros(H, N, A, **kw)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -64,13 +64,13 @@ class Agent:
         self.plan_model = planning_copy(self.model, self.plan_dtype)
         self._plan_model_stale = False
         m = self.model
-        fused = dict(fused=True, capturable=device.type == "cuda")
+        fused: dict[str, Any] = dict(fused=True, capturable=device.type == "cuda")
         heads = [*m._dynamics.parameters(), *m._reward.parameters(), *m._Qs.parameters()]
         if m._termination is not None:
             heads += list(m._termination.parameters())
         if dims.multitask:  # the task embedding trains with the world model, as in the reference
             heads += list(m._task_emb.parameters())
-        self.optim = torch.optim.Adam([
+        self.optim = torch.optim.Adam([  # type: ignore[arg-type]
             {"params": list(m._encoder.parameters()), "lr": cfg.lr * cfg.enc_lr_scale},
             {"params": heads},
         ], lr=cfg.lr, **fused)
@@ -199,10 +199,10 @@ class Agent:
         m.train()
         with self._autocast():
             z = m.encode(batch.obs[0], task)
-            zs = [z]
+            zs_list = [z]
             for t in range(H):
-                zs.append(m.next(zs[-1], batch.action[t], task))
-            zs = torch.stack(zs)  # (H+1, B, L)
+                zs_list.append(m.next(zs_list[-1], batch.action[t], task))
+            zs = torch.stack(zs_list)  # (H+1, B, L)
             consistency = F.mse_loss(zs[1:].float(), next_z.float(), reduction="none").mean((1, 2))
             reward_ce = m.two_hot.cross_entropy(m.reward(zs[:-1], batch.action, task), batch.reward).mean(1)
             values, z_in = self._values(zs[:-1])
@@ -274,7 +274,7 @@ class Agent:
         self.shard.average([p.grad for p in params])  # data-parallel ranks step with the global batch's gradient
         grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip_norm, foreach=True)
         found_inf = (~torch.isfinite(grad_norm)).float()
-        optim.found_inf = found_inf
+        optim.found_inf = found_inf  # type: ignore[attr-defined]
         optim.step()
         optim.zero_grad(set_to_none=True)
         self.nonfinite += found_inf

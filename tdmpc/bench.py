@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import torch
@@ -99,7 +99,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int) -> dict:
     return out
 
 
-def make_agent(size: int, device: torch.device, precision: str, **over) -> Agent:
+def make_agent(size: int, device: torch.device, precision: Literal["auto", "fp32", "bf16"], **over) -> Agent:
     cfg = validate(Config(model_size=size, device=str(device), precision=precision, **over))
     return Agent(cfg, ModelDims.from_config(cfg, (OBS_DIM,), ACTION_DIM, False), 500, device)
 
@@ -111,7 +111,7 @@ def random_batch(agent: Agent, B: int = 256) -> Batch:
 
 
 def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: int, peaks: dict,
-                precision: str = "auto") -> dict:
+                precision: Literal["auto", "fp32", "bf16"] = "auto") -> dict:
     """plan() in the planning dtype; update() in both training precisions (fp32 is the default)."""
     agent = make_agent(size, device, precision)
     dtype = agent.plan_dtype
@@ -203,8 +203,8 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
 
     _, spec = make_vector_env(task, 1, seed=0)
     R = spec.action_repeat
-    over = dict(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3, batch_size=64) \
-        if small else {}
+    over: dict[str, Any] = dict(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3,
+                                batch_size=64) if small else {}
     settle = 20  # agent steps after the pretraining burst, before timing starts
     cfg = validate(Config(task=task, device=str(device), seed_steps=warmup_steps * R,
                           steps=(warmup_steps + settle + agent_steps) * R, eval_freq=10**9, eval_episodes=0,
@@ -213,6 +213,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", device)
         c = trainer.counters
+        assert cfg.seed_steps is not None
         while c.env_step < cfg.seed_steps + settle * R:  # seeding, pretraining updates, settling
             trainer.step()
         gc.collect()
@@ -225,6 +226,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
         sync(device)
         dt = time.perf_counter() - t0
         steps = (c.env_step - s0) // R
+        assert trainer.envs is not None
         trainer.envs.close()
         trainer.logger.close()
     return {"task": task, "small_model": small, "agent_steps": steps, "agent_steps_per_s": steps / dt,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import h5py
 import numpy as np
@@ -56,7 +57,7 @@ class ReplayBuffer:
         self.device = torch.device(device)
         self.storage = torch.device(storage) if storage is not None else self.device
         pin = self.storage.type == "cpu" and self.device.type == "cuda"
-        kw = dict(device=self.storage, pin_memory=pin)
+        kw: dict[str, Any] = dict(device=self.storage, pin_memory=pin)
         N, C = self.N, self.C
         self.obs = torch.zeros((N, C, *obs_shape), dtype=obs_dtype, **kw)
         self.action = torch.zeros((N, C, action_dim), **kw)

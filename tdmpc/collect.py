@@ -89,13 +89,16 @@ def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.rand
     if dims.multitask:
         envs, _ = make_task_envs([task], n, seed=seed, obs_dim=dims.obs_shape[0], action_dim=dims.action_dim,
                                  action_repeat=cfg.action_repeat)
-        mask = agent.model.action_mask(agent.task_ids(task, 1)).cpu().numpy()
+        task_mask = agent.model.action_mask(agent.task_ids(task, 1))
+        assert task_mask is not None  # a multi-task model's
+        mask = task_mask.cpu().numpy()
     else:
         envs, _ = make_vector_env(task, n, seed=seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
         mask = np.ones(dims.action_dim, np.float32)
     try:
         obs, _ = envs.reset(seed=seed)
-        history = [([o], [], []) for o in obs]  # per env: observations, actions, rewards
+        # per env: observations, actions, rewards
+        history: list[tuple[list[np.ndarray], list[np.ndarray], list[float]]] = [([o], [], []) for o in obs]
         done, first, returns = np.zeros(n, bool), np.ones(n, bool), []
         while not done.all():
             action = agent.act(obs, first, eval_mode=True, role=f"collect{n}", task=task if dims.multitask else None)

@@ -14,7 +14,7 @@ import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Callable, Literal, Optional, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, TypeVar
 
 import tyro
 
@@ -354,7 +354,7 @@ def unknown_key_error(key: str, source: str) -> ConfigError:
 
 def from_dict(data: dict, source: str = "config", base: Config | None = None) -> Config:
     """Build a Config from a plain dict (JSON), checking keys and types."""
-    values = {}
+    values: dict[str, Any] = {}
     for key, value in data.items():
         if key.startswith("_"):  # "_comment" and the like
             continue
@@ -426,7 +426,7 @@ def parse_cli(run_args: type[T], argv: list[str], base_for: Callable[[T], Config
     return run, validate(cfg), base, given
 
 
-def _another(name: str, value: object) -> object:
+def _another(name: str, value: object) -> Any:
     """A value of field `name`'s type other than `value`."""
     hint = _field_types()[name]
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
@@ -439,7 +439,7 @@ def _another(name: str, value: object) -> object:
         return not value
     if isinstance(value, (int, float)):
         return value + 1
-    return value + ("~",) if isinstance(value, tuple) else f"{value}~"  # type: ignore[operator]
+    return value + ("~",) if isinstance(value, tuple) else f"{value}~"
 
 
 def changed_fields(base: Config, cfg: Config) -> dict[str, tuple[object, object]]:

@@ -16,13 +16,13 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator, NoReturn, Sequence
+from typing import Iterator, NoReturn, Sequence, cast
 
 import h5py
 import numpy as np
 
 FORMAT, VERSION = "tdmpc-dataset", 1
-OBS_DTYPES = {"state": np.dtype(np.float32), "rgb": np.dtype(np.uint8)}
+OBS_DTYPES: dict[str, np.dtype] = {"state": np.dtype(np.float32), "rgb": np.dtype(np.uint8)}
 OBS_TYPES = tuple(OBS_DTYPES)
 ROW_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
 EPISODE_FIELDS = ("episode_start", "episode_length", "episode_task")
@@ -333,10 +333,10 @@ def open_dataset(paths: str | Path | Sequence[str | Path], expect_obs_shape: Seq
     files = []
     for path in paths:
         with open_h5(path) as f:
-            files.append(read_file(f, path))
+            files.append(read_file(f, cast(Path, path)))
     info = _merge(files)
     for name, want in (("obs", expect_obs_shape), ("action", expect_action_dim)):
-        want = None if want is None else tuple(want) if name == "obs" else (want,)
+        want = None if want is None else tuple(cast(Sequence[int], want)) if name == "obs" else (cast(int, want),)
         have = info.schema.row_fields()[name][0]
         if want is not None and have != want:
             file = next(f for f in info.files if f.schema.row_fields()[name][0] == have)

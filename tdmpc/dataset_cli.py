@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Callable, Optional
 
 import numpy as np
 import tyro
@@ -101,7 +101,8 @@ def from_minari(source: Annotated[str, tyro.conf.Positional], out: Path, task: O
 
 
 def main(argv: list[str] | None = None) -> int:
-    commands = {"convert": convert, "info": info, "to-minari": to_minari, "from-minari": from_minari}
+    commands: dict[str, Callable[..., int]] = {"convert": convert, "info": info, "to-minari": to_minari,
+                                               "from-minari": from_minari}
     return run_cli(lambda: tyro.extras.subcommand_cli_from_dict(commands, prog="python -m tdmpc.dataset", args=argv,
                                                                  description=__doc__.splitlines()[0]))
 

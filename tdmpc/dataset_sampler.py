@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
+from typing import Any, Iterator
 
 import h5py
 import numpy as np
@@ -237,6 +238,7 @@ class StreamingDataset(DatasetSampler):
         return self._sample(self._window, batch_size)
 
     def _swap(self) -> None:
+        assert self._next is not None and self._pool is not None
         window = self._next.result()
         if self.storage.type == "cuda":  # made on the copy stream, used on this one from now on
             for t in (*window.rows.values(), window.starts, window.task):
@@ -280,4 +282,5 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     def move(t: Tensor) -> Tensor:
         return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
-    return Batch(*(None if (t := getattr(batch, f.name)) is None else move(t) for f in fields(batch)))
+    moved: Iterator[Any] = (None if (t := getattr(batch, f.name)) is None else move(t) for f in fields(batch))
+    return Batch(*moved)  # each field's own type: a Tensor, or None for a single-task batch's task

@@ -11,8 +11,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, cast
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -54,7 +55,7 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
     frames: list[np.ndarray] = []
     multitask = agent.dims.multitask
     if multitask:
-        agent.task_ids(env, 1)  # a task outside the set is a one-line error before anything is built
+        agent.task_ids(cast(str, env), 1)  # a task outside the set is a one-line error before anything is built
     while len(result.returns) < episodes:
         n = min(MAX_PARALLEL, episodes - len(result.returns))
         record = video is not None and not frames
@@ -65,6 +66,7 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
                                      action_dim=agent.dims.action_dim, action_repeat=action_repeat, render=record)
         else:
             envs, _ = make_vector_env(env, n, seed=first_seed, obs=obs, action_repeat=action_repeat, render=record)
+        assert isinstance(envs, gym.vector.SyncVectorEnv)  # not asynchronous
         try:
             obs_, _ = envs.reset(seed=first_seed)
             done = np.zeros(n, dtype=bool)
@@ -72,11 +74,12 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
             success = np.full(n, np.nan)
             first = np.ones(n, dtype=bool)
             if record:
-                frames.append(envs.envs[0].render())
+                frames.append(cast(np.ndarray, envs.envs[0].render()))
             while not done.all():
                 if stop is not None and stop():
                     return None
-                action = agent.act(obs_, first, eval_mode=True, role=f"eval{n}", task=env if multitask else None)
+                action = agent.act(obs_, first, eval_mode=True, role=f"eval{n}",
+                                   task=cast(str, env) if multitask else None)
                 obs_, reward, terminated, truncated, info = envs.step(action)
                 live = ~done
                 ret[live] += reward[live]
@@ -88,7 +91,7 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
                 if ended.any() and "final_info" in info and "success" in info["final_info"]:
                     success[ended] = np.asarray(info["final_info"]["success"], dtype=np.float64)[ended]
                 if record and live[0]:
-                    frames.append(envs.envs[0].render() if not ended[0] else frames[-1])
+                    frames.append(cast(np.ndarray, envs.envs[0].render()) if not ended[0] else frames[-1])
                 done |= ended
                 first = terminated | truncated
         finally:
@@ -109,7 +112,7 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
     except ImportError:
         raise BadInput("videos need imageio: pip install 'tdmpc[video]'") from None
     path.parent.mkdir(parents=True, exist_ok=True)
-    imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+    imageio.mimsave(path, frames, fps=fps, macro_block_size=1)  # type: ignore[arg-type]
 
 
 @dataclass

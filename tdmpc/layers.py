@@ -6,6 +6,8 @@ Parameter names mirror the reference implementation's NormedLinear (`weight`, `b
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -93,7 +95,8 @@ class EnsembleLinear(nn.Module):
         `heads` selects a subset (only those heads are computed); `detach` blocks
         gradients into the weights while letting them flow into x.
         """
-        params = [self.weight, self.bias] + ([self.ln.weight, self.ln.bias] if self.ln is not None else [])
+        params: list[Tensor] = [self.weight, self.bias]
+        params += [self.ln.weight, self.ln.bias] if self.ln is not None else []
         if heads is not None:
             params = [p.index_select(0, heads) for p in params]
         if detach:
@@ -101,9 +104,9 @@ class EnsembleLinear(nn.Module):
         w, b = params[0], params[1]
         if x.dim() == 2:  # one input for every head: a single GEMM over the stacked (heads*out, in) weight,
             # whose backward sums the heads' input gradients inside the GEMM too
-            heads, out = w.shape[0], w.shape[1]
-            y = F.linear(x, w.reshape(heads * out, -1), b.reshape(-1))
-            y = y.view(x.shape[0], heads, out).transpose(0, 1).contiguous()
+            n_heads, out = w.shape[0], w.shape[1]
+            y = F.linear(x, w.reshape(n_heads * out, -1), b.reshape(-1))
+            y = y.view(x.shape[0], n_heads, out).transpose(0, 1).contiguous()
         else:
             y = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
         if self.ln is None:
@@ -167,7 +170,7 @@ class PixelEncoder(nn.Sequential):
 
     def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-3]
-        z = super().forward(x.reshape(-1, *x.shape[-3:]).to(self[2].weight.dtype))
+        z = super().forward(x.reshape(-1, *x.shape[-3:]).to(cast(nn.Conv2d, self[2]).weight.dtype))
         return simnorm(z, self.simnorm_dim).view(*lead, -1)
 
 

@@ -33,6 +33,7 @@ class CSVLog:
             self._rewrite(list(row), [])
         elif set(row) - set(self.columns):
             self._rewrite(self.columns + [k for k in row if k not in self.columns], self._rows())
+        assert self.columns is not None
         with open(self.path, "a", newline="") as f:
             csv.DictWriter(f, fieldnames=self.columns).writerow({k: _fmt(row.get(k)) for k in self.columns})
 

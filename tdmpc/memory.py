@@ -43,7 +43,7 @@ import math
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 
 import torch
 from torch import nn
@@ -347,7 +347,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
 class Change:
     """One lowered setting (or a few that go together), with the estimate before and after."""
 
-    values: dict[str, tuple[object, object]]  # field -> (old, new)
+    values: dict[str, tuple[Any, Any]]  # field -> (old, new)
     before: int
     after: int
 
@@ -515,7 +515,7 @@ def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: b
                     log(f"fit-memory: {changes[-1].describe()}")
                 e = new
     reachable = budget is None or e.total <= budget
-    if fit and auto_host and changes and (back := est(current, True)).total <= budget:
+    if fit and auto_host and changes and budget is not None and (back := est(current, True)).total <= budget:
         e, on_device, auto_host = back, True, False  # lowered settings made room for the buffer again
     if fit:
         return MemoryPlan(current, target, e, on_device, auto_host, changes, True, reachable)
@@ -570,7 +570,7 @@ def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: in
                          target: Target, buffer_on_device: bool, device: torch.device) -> tuple[str, str]:
     """After running out of device memory: the estimate beside torch's own peak, and the flags that take
     the estimate 25% lower (what a resume may change)."""
-    where = "device" if buffer_on_device else "host"
+    where: Literal["device", "host"] = "device" if buffer_on_device else "host"
     p = assess(dataclasses.replace(cfg, buffer_device=where), obs_shape, action_dim, episodic, target, resuming=True)
     est = p.estimate
     if device.type == "cuda":

@@ -442,6 +442,7 @@ def published_curve(pub: Published, label: str, last: int, style: dict) -> Curve
     steps, mean = pub.steps[keep], pub.mean[keep]
     value, interp = pub.at(last)
     if interp:
+        assert value is not None
         steps, mean = np.append(steps, last), np.append(mean, value)
     return Curve(f"{label} (published, {pub.seeds} seeds)", steps, mean[None, :], style)
 

@@ -58,6 +58,7 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
     if cfg is None:
         raise ConfigError(f"{path} is missing; resume with the config the checkpoint holds: --resume {run_dir} "
                           f"--config-from-checkpoint")
+    assert raw is not None
     for name in sorted(set(cfg.to_dict()) - set(raw)):
         print(f"resume: {path} has no '{name}' (added to tdmpc since the run started); using the default "
               f"{getattr(cfg, name)!r}", file=sys.stderr)
@@ -94,7 +95,8 @@ class RunDirLock:
     exits or dies (kill -9, OOM killer, node failure of a local disk), so a stale lock never blocks."""
 
     def __init__(self, run_dir: Path):
-        self.path, self.file = run_dir / ".lock", None
+        self.path = run_dir / ".lock"
+        self.file: IO[str] | None = None
         self.created: Path | None = None  # the topmost directory acquire() made, removed by abandon()
 
     def acquire(self) -> None:

@@ -32,6 +32,7 @@ from tdmpc.cli import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
 from tdmpc.config import Config, ConfigError, changed_fields, from_dict, load_json, parse_cli, save_json, validate
 from tdmpc.device import DeviceError, resolve_device, set_threads
 from tdmpc.envs import EnvSource, EnvSpec, env_rng_state, make_env, make_task_envs, make_vector_env, set_env_rng_state
+from tdmpc.envs.make import VectorEnvs
 from tdmpc.evaluate import run_episodes
 from tdmpc.logger import RunLogger
 from tdmpc.multitask import TaskSetup, model_dims, task_setup
@@ -93,7 +94,7 @@ class Trainer:
                 runs.set_aside_unfinished(run_dir)
         try:  # a fresh run directory whose setup fails is removed: a bad input leaves nothing behind
             self.env, self.eval_env = env or cfg.task, eval_env or env or cfg.task
-            self.envs: gym.vector.VectorEnv | None = None
+            self.envs: VectorEnvs | None = None
             self.data: DatasetSampler | None = None  # offline training's data, in place of envs and a replay buffer
             if cfg.dataset:
                 offline = open_offline(cfg, device, cfg.seed, (shard.rank, shard.world))
@@ -124,7 +125,7 @@ class Trainer:
                 storage=buffer_storage or device, env_tasks=self.env_tasks)
             self.recorder = None if not cfg.save_data or not shard.main else EpisodeRecorder(DatasetWriter(
                 cfg.save_data, self.spec.obs_shape, self.spec.action_dim, self.tasks.task_set if self.tasks else (cfg.task,),
-                cfg.obs, cfg.action_repeat or 1, f"tdmpc.train --save-data, run {run_dir}",  # type: ignore[arg-type]
+                cfg.obs, cfg.action_repeat or 1, f"tdmpc.train --save-data, run {run_dir}",
                 *((self.tasks.obs_dims, self.tasks.action_dims) if self.tasks else ())),
                 self.env_tasks if self.env_tasks is not None else np.zeros(self.num_envs, dtype=np.int64))
             if init_from:
@@ -413,6 +414,7 @@ class Trainer:
         if not self.warned_nonfinite:
             self.warned_nonfinite = True
             self.logger.message(f"note: {where}; dropped (--nonfinite-data drop), its episode restarts")
+        assert self.envs is not None
         fresh, _ = self.envs.reset(options={"reset_mask": bad})
         obs = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), fresh, obs)
         return obs, np.where(bad, 0.0, reward), terminated & ~bad, done | bad
@@ -530,7 +532,7 @@ class Trainer:
         self.buffer.end_episodes()  # the episode in flight at the stop is discarded, see README
 
 
-def _make_envs(env: EnvSource, cfg: Config, tasks: TaskSetup | None) -> tuple[gym.vector.VectorEnv, EnvSpec]:
+def _make_envs(env: EnvSource, cfg: Config, tasks: TaskSetup | None) -> tuple[VectorEnvs, EnvSpec]:
     """Vector envs (num_envs of each task of a multi-task run), and the spec the model is built for;
     async workers ignore SIGINT/SIGTERM so only the trainer handles a stop."""
     ignored = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)} \

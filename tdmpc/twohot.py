@@ -22,6 +22,10 @@ def symexp(x: Tensor) -> Tensor:
 class TwoHot(nn.Module):
     """Encodes scalars to two-hot targets and decodes logits back to scalars."""
 
+    # buffers (register_buffer)
+    bins: Tensor
+    _index: Tensor
+
     def __init__(self, num_bins: int, vmin: float, vmax: float):
         super().__init__()
         self.num_bins, self.vmin, self.vmax = num_bins, vmin, vmax

@@ -10,7 +10,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Literal, Union
+from typing import Literal, Union, cast
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from tdmpc.config import Config
 from tdmpc.planners.base import PolicyOutput as Policy
 from tdmpc.fused import ln_act
-from tdmpc.layers import Ensemble, EnsembleLinear, PixelEncoder, init_weights, mlp
+from tdmpc.layers import Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, init_weights, mlp
 from tdmpc.twohot import TwoHot
 
 
@@ -98,6 +98,11 @@ class WorldModel(nn.Module):
     """Every method that takes a latent takes an optional task (multi-task models): its embedding is
     appended to the first input, [x, e], before the action, as the reference does."""
 
+    # buffers (register_buffer)
+    _action_masks: Tensor
+    log_std_min: Tensor
+    log_std_dif: Tensor
+
     def __init__(self, dims: ModelDims):
         super().__init__()
         self.dims = dims
@@ -125,8 +130,8 @@ class WorldModel(nn.Module):
         self._pi = mlp(L + T, [M, M], 2 * A)
         self._Qs = Ensemble(dims.num_q, L + T + A, [M, M], dims.num_bins, dropout=dims.dropout)
         init_weights(self)
-        nn.init.zeros_(self._reward[-1].weight)
-        nn.init.zeros_(self._Qs[-1].weight)
+        nn.init.zeros_(cast(nn.Linear, self._reward[-1]).weight)
+        nn.init.zeros_(cast(EnsembleLinear, self._Qs[-1]).weight)
         self._target_Qs = copy.deepcopy(self._Qs).requires_grad_(False)
         self.two_hot = TwoHot(dims.num_bins, dims.vmin, dims.vmax)
         self.register_buffer("log_std_min", torch.tensor(float(dims.log_std_min)))
@@ -166,7 +171,7 @@ class WorldModel(nn.Module):
 
     def encode(self, obs: Tensor, task: Task = None) -> Tensor:
         if obs.is_floating_point():  # a reduced-precision planning copy takes its inputs in its dtype
-            obs = obs.to(self._dynamics[-1].weight.dtype)
+            obs = obs.to(cast(NormedLinear, self._dynamics[-1]).weight.dtype)
         return self._encoder(obs if self.dims.pixels else self._with_task(obs, task))
 
     def next(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor:
@@ -192,7 +197,7 @@ class WorldModel(nn.Module):
         return self._dynamics[1:](h[..., 0, :]), self._reward[1:](h[..., 1, :])
 
     def _concat_first_layers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        d, r = self._dynamics[0], self._reward[0]
+        d, r = cast(NormedLinear, self._dynamics[0]), cast(NormedLinear, self._reward[0])
         return (torch.cat([d.weight, r.weight]), torch.cat([d.bias, r.bias]),
                 torch.stack([d.ln.weight, r.ln.weight]), torch.stack([d.ln.bias, r.ln.bias]))
 
@@ -269,6 +274,7 @@ def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
     for m in copy_.modules():
         if isinstance(m, (nn.Linear, EnsembleLinear, nn.Conv2d)):  # not LayerNorm affine parameters
             m.weight = nn.Parameter(m.weight.to(dtype), requires_grad=False)
+            assert m.bias is not None  # every layer here has one
             m.bias = nn.Parameter(m.bias.to(dtype), requires_grad=False)
 
     def fuse(mod_d: nn.Module, mod_r: nn.Module, name: str) -> Tensor:
@@ -277,7 +283,7 @@ def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
         setattr(mod_r, name, nn.Parameter(both[1], requires_grad=False))
         return both
 
-    d, r = copy_._dynamics[0], copy_._reward[0]
+    d, r = cast(NormedLinear, copy_._dynamics[0]), cast(NormedLinear, copy_._reward[0])
     copy_._fused_first_layers = (fuse(d, r, "weight").flatten(0, 1), fuse(d, r, "bias").flatten(0, 1),
                                  fuse(d.ln, r.ln, "weight"), fuse(d.ln, r.ln, "bias"))
     return copy_

@@ -29,14 +29,21 @@ INF = float("inf")
 # --- models ------------------------------------------------------------------------------------
 
 
+def _find(element: ET.Element, path: str) -> ET.Element:
+    """``element.find(path)``, which the suite's XML always has."""
+    found = element.find(path)
+    assert found is not None, path
+    return found
+
+
 def _longer_floor(root: ET.Element, name: str) -> None:
     """Double the floor's half-length about the same centre, as the reference does.
 
     The suite's floor is drawn from 2 m behind the start, so a walker or cheetah going backwards
     leaves it within seconds. MuJoCo planes collide everywhere: only rendered frames change.
     """
-    floor = root.find(f".//geom[@name='{name}']")
-    half_length, *rest = floor.get("size").split()
+    floor = _find(root, f".//geom[@name='{name}']")
+    half_length, *rest = floor.attrib["size"].split()
     floor.set("size", " ".join([str(2 * float(half_length)), *rest]))
 
 
@@ -50,23 +57,23 @@ def _three_link_arm(root: ET.Element) -> None:
     shoulder joint limited to +-80 deg, with its own motor); the wrist is limited to +-80 deg (suite:
     +-160), and the finger sits one link length past the wrist.
     """
-    arm = root.find(".//body[@name='arm']")
-    hand = arm.find("body[@name='hand']")
+    arm = _find(root, ".//body[@name='arm']")
+    hand = _find(arm, "body[@name='hand']")
     arm.remove(hand)
     arm1 = copy.deepcopy(arm)
     arm.append(arm1)
     arm1.append(hand)
     for i, link in enumerate((arm, arm1)):
         link.set("name", f"arm{i}")
-        link.find("geom").attrib.update(name=f"arm{i}", fromto=f"0 0 0 {_LINK} 0 0")
-        link.find("joint").set("name", f"shoulder{i}")
+        _find(link, "geom").attrib.update(name=f"arm{i}", fromto=f"0 0 0 {_LINK} 0 0")
+        _find(link, "joint").set("name", f"shoulder{i}")
     arm1.set("pos", f"{_LINK} 0 0")
-    arm1.find("joint").attrib.update(limited="true", range="-80 80")
+    _find(arm1, "joint").attrib.update(limited="true", range="-80 80")
     hand.set("pos", f"{_LINK} 0 0")
-    hand.find("joint").set("range", "-80 80")
-    hand.find("body[@name='finger']").set("pos", f"{_LINK} 0 0")
-    motors = root.find("actuator")
-    motors.find("motor[@name='shoulder']").attrib.update(name="shoulder0", joint="shoulder0")
+    _find(hand, "joint").set("range", "-80 80")
+    _find(hand, "body[@name='finger']").set("pos", f"{_LINK} 0 0")
+    motors = _find(root, "actuator")
+    _find(motors, "motor[@name='shoulder']").attrib.update(name="shoulder0", joint="shoulder0")
     motors.insert(1, ET.Element("motor", name="shoulder1", joint="shoulder1"))
 
 

@@ -23,6 +23,10 @@ RENDER_SIZE = (240, 320)  # (height, width) of rendered frames, for videos
 # A task name (DMC 'domain-task' or a gymnasium id), a gymnasium env, or a zero-argument function making one.
 EnvSource = Union[str, gym.Env, Callable[[], gym.Env]]
 
+# What make_vector_env and make_task_envs build: gymnasium's two vector envs, which (unlike their base class,
+# gym.vector.VectorEnv) have get_attr and set_attr.
+VectorEnvs = Union[gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv]
+
 
 @dataclass(frozen=True)
 class EnvSpec:
@@ -72,7 +76,7 @@ def make_vector_env(
     action_repeat: int | None = None,
     asynchronous: bool = False,
     render: bool = False,
-) -> tuple[gym.vector.VectorEnv, EnvSpec]:
+) -> tuple[VectorEnvs, EnvSpec]:
     """``num_envs`` copies of ``make_env(env)``; sub-env i is seeded with ``seed + i``.
 
     Sub-envs reset themselves in the step that ends their episode (``AutoresetMode.SAME_STEP``),
@@ -113,7 +117,8 @@ def make_vector_env(
         fns = [functools.partial(lambda i: _wrap(raw(i), task, seed + i, obs, repeat), i) for i in range(num_envs)]
     envs = _vector(fns, asynchronous, seed)
     if not asynchronous:
-        first = envs.envs[0]  # type: ignore[attr-defined]
+        assert isinstance(envs, gym.vector.SyncVectorEnv)
+        first = envs.envs[0]
     if task.episodic is None and first is None:  # what an env declares is read off one built here
         first = _make_named(task, obs, False, RENDER_SIZE) if isinstance(env, str) else env()  # type: ignore[operator]
         first.close()
@@ -130,13 +135,14 @@ def make_task_envs(
     action_repeat: int | None = None,
     asynchronous: bool = False,
     render: bool = False,
-) -> tuple[gym.vector.VectorEnv, list[EnvSpec]]:
+) -> tuple[VectorEnvs, list[EnvSpec]]:
     """Envs for the tasks of a multi-task model, in one vector env: envs_per_task of tasks[0] first, then
     of tasks[1], ... (sub-env i is seeded with seed + i). Every task's observations are zero-padded to
     obs_dim and it reads the first of its own action dims of an action_dim action (as the reference's
     multi-task wrapper). Returns the envs and each task's own (unpadded) spec."""
     checked = [_check(t, "state", action_repeat) for t in tasks]
-    specs, fns = [], []
+    specs: list[EnvSpec] = []
+    fns: list[Callable[[], gym.Env]] = []
     for t, (task, repeat, _) in zip(tasks, checked):
         probe = _wrap(_make_named(task, "state", False, RENDER_SIZE), task, None, "state", repeat)
         spec = _spec(task, probe, probe.observation_space, probe.action_space, repeat)
@@ -150,24 +156,24 @@ def make_task_envs(
     return _vector(fns, asynchronous, seed), specs
 
 
-def _vector(fns: list[Callable[[], gym.Env]], asynchronous: bool, seed: int) -> gym.vector.VectorEnv:
+def _vector(fns: Sequence[Callable[[], gym.Env]], asynchronous: bool, seed: int) -> VectorEnvs:
     autoreset = gym.vector.AutoresetMode.SAME_STEP
     if asynchronous:
         # Workers start from a fresh forkserver process, not from a fork of this one: a forked
         # EGL context (after any render here) hangs them, and forked torch threads can too.
-        envs: gym.vector.VectorEnv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset, context="forkserver")
+        envs: VectorEnvs = gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset, context="forkserver")
     else:
         envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset)
     envs.action_space.seed(seed)
     return envs
 
 
-def env_rng_state(envs: gym.vector.VectorEnv) -> list[dict[str, Any]]:
+def env_rng_state(envs: VectorEnvs) -> list[dict[str, Any]]:
     """Every sub-env's RNG state as plain data (safe for ``torch.load(weights_only=True)``)."""
     return list(envs.get_attr("rng_state"))
 
 
-def set_env_rng_state(envs: gym.vector.VectorEnv, states: list[dict[str, Any]]) -> None:
+def set_env_rng_state(envs: VectorEnvs, states: list[dict[str, Any]]) -> None:
     """Restore what :func:`env_rng_state` returned: the next ``reset()`` draws the same initial states."""
     envs.set_attr("rng_state", list(states))
 

@@ -8,10 +8,13 @@ AddRenderObservation, FrameStackObservation, ...). Each records its constructor 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import gymnasium as gym
 import numpy as np
+
+if TYPE_CHECKING:
+    from tdmpc.envs.dmcontrol import DMControlEnv
 
 
 class ActionRepeat(gym.Wrapper, gym.utils.RecordConstructorArgs):
@@ -72,7 +75,7 @@ class SeedAndRNGState(gym.Wrapper, gym.utils.RecordConstructorArgs):
         self._pending_seed = state["pending_seed"]
         self.np_random.bit_generator.state = state["np_random"]
         if "task_random" in state:
-            self.unwrapped.task_random.set_state(state["task_random"])
+            cast("DMControlEnv", self.unwrapped).task_random.set_state(state["task_random"])  # DMC only
 
 
 def _plain(value: Any) -> Any:
