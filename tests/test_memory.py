@@ -18,10 +18,9 @@ from tdmpc.envs import make_env
 from tdmpc.train import main as train_main
 from tdmpc.world_model import ModelDims
 
-TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2,
-            num_samples=32, num_elites=4, num_pi_trajs=2, iterations=2, batch_size=16, buffer_size=5000,
-            seed_steps=200, eval_freq=10000, eval_episodes=0, log_every=100, save_every=10000, steps=400,
-            precision="fp32", progress=False, tensorboard=False, device="cpu", threads=1)
+from helpers import TINY as TINY_RUN
+
+TINY = {**TINY_RUN, "eval_freq": 10000, "eval_episodes": 0, "save_every": 10000, "steps": 400}
 CPU_FP32 = memory.Target("cpu", None, False, torch.float32, torch.float32)
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import TINY as TINY_RUN
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,11 +28,9 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_
             "DEADLINE"}
 
 # About 100 env steps/s on one core: seeding (200 steps) + 200 updates, then a step and an update each.
-TINY = {"task": "Pendulum-v1", "model_size": None, "enc_dim": 16, "mlp_dim": 16, "latent_dim": 16,
-        "num_enc_layers": 2, "num_q": 2, "num_samples": 16, "num_elites": 4, "num_pi_trajs": 2, "iterations": 1,
-        "horizon": 1, "batch_size": 8, "buffer_size": 5000, "seed_steps": 200, "eval_freq": 100_000,
-        "eval_episodes": 1, "log_every": 100, "save_every": 200, "steps": 600, "precision": "fp32",
-        "progress": False, "tensorboard": False, "device": "cpu"}
+# Smaller than the other tests' model and plan: several of these runs share the two cores under Slurm.
+TINY = {**{k: v for k, v in TINY_RUN.items() if k != "threads"}, "enc_dim": 16, "mlp_dim": 16, "num_samples": 16,
+        "iterations": 1, "horizon": 1, "batch_size": 8, "eval_freq": 100_000, "eval_episodes": 1, "save_every": 200}
 
 
 @pytest.fixture(scope="session")
