@@ -82,7 +82,7 @@ gpu_devices() {  # fake_count
 write_config() {  # fake_gpus -> prints 1 if slurm.conf or gres.conf changed, else 0
     local mem_mb ncpu gres_types="" node_gres="" devices changed=0
     mem_mb=$(($(awk '/MemTotal/ {print int($2 / 1024)}' /proc/meminfo) - 1024))  # leave 1 GB to the OS
-    ncpu=$(nproc)
+    ncpu=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys OMP_NUM_THREADS (the test suite sets 1)
     devices=$(gpu_devices "$1")
     if [ -n "$devices" ]; then
         gres_types="GresTypes=gpu"

@@ -48,7 +48,7 @@ class ReproduceArgs:
     steps: int = 100_000
     """Env steps per run, action repeat included (the published curves' convention)."""
     cfg: Optional[str] = None
-    """Config for tdmpc.train (a4000.json: reference settings). Default: its embedded default."""
+    """Config for tdmpc.train (a4000.json: reference settings). Default: tdmpc.train's (cpu.json without a GPU)."""
     runs_root: Path = field(default_factory=lambda: Path(os.environ.get("TDMPC_RUNS", "runs")) / "reproduce")
     """Run directories go to <runs-root>/<task>/seed<seed> (with --slurm: under <runs-root>/slurm)."""
     slurm: bool = False
