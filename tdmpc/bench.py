@@ -42,9 +42,13 @@ class BenchArgs:
     quick: bool = False
     """Fewer repetitions and shorter runs (about 3 minutes on 2 CPU cores)."""
     device: str = "auto"
+    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     out: Path = Path("bench.json")
+    """Where the full results go (JSON); the table is printed."""
     sizes: tuple[int, ...] = (1, 5)
+    """Model sizes to time plan() and update() at."""
     envs: tuple[int, ...] = (1, 8, 32)
+    """Numbers of envs planned for in one plan() call."""
     task: str = "cartpole-swingup"
     """Task of the end-to-end measurement (Pendulum-v1 if dm_control is missing)."""
     e2e_steps: Optional[int] = None
@@ -165,11 +169,13 @@ def bench_offline(size: int, device: torch.device, rows: int, updates: int) -> d
         write_s = time.perf_counter() - t0
         info = open_dataset(path, check_rows=False)
         agent = make_agent(size, device, "auto")
-        window = 1 << 18
+        # Windows 1/16 of the data, replaced 4 times while timed (training swaps every ~window/batch updates,
+        # far less often): each swap's read and copy compete with the updates, as they would on a long run.
+        window, swap_every = max(1, info.rows // 16), max(1, updates // 4)
         out: dict = {"rows": info.rows, "file_mb": path.stat().st_size / 1e6, "write_s": write_s, "model_size": size}
         for name, make in (("memory", lambda: InMemoryDataset(info, agent.cfg.horizon, device)),
                            ("stream", lambda: StreamingDataset(info, agent.cfg.horizon, window_rows=window,
-                                                               swap_every=window // 256, device=device))):
+                                                               swap_every=swap_every, device=device))):
             sampler = make()
             try:
                 for _ in range(5):
@@ -181,7 +187,7 @@ def bench_offline(size: int, device: torch.device, rows: int, updates: int) -> d
                 sync(device)
                 out[name] = {"update_ms": (time.perf_counter() - t0) / updates * 1e3,
                              "late_samples": getattr(sampler, "late_samples", 0),
-                             "windows": getattr(sampler, "windows", 1)}
+                             "windows": getattr(sampler, "windows", 1), "window_rows": window}
             finally:
                 sampler.close()
         out["stream_over_memory"] = out["stream"]["update_ms"] / out["memory"]["update_ms"]
@@ -196,7 +202,8 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def bench_training(task: str, device: torch.device, agent_steps: int, warmup_steps: int, small: bool) -> dict:
+def bench_training(task: str, device: torch.device, agent_steps: int, warmup_steps: int, small: bool,
+                   threads: int) -> dict:
     """Agent steps/s of the real training loop (1 env, 1 update per step) and RSS over the run."""
     from tdmpc.envs import make_vector_env
     from tdmpc.train import Trainer
@@ -208,7 +215,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
     settle = 20  # agent steps after the pretraining burst, before timing starts
     cfg = validate(Config(task=task, device=str(device), seed_steps=warmup_steps * R,
                           steps=(warmup_steps + settle + agent_steps) * R, eval_freq=10**9, eval_episodes=0,
-                          save_every=10**9, log_every=10**9, progress=False, tensorboard=False,
+                          save_every=10**9, log_every=10**9, progress=False, tensorboard=False, threads=threads,
                           buffer_size=max(10_000, (warmup_steps + settle + agent_steps) * 2), **over))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = Trainer(cfg, Path(tmp) / "run", device)
@@ -288,8 +295,8 @@ def print_table(r: dict) -> None:
     if o:
         print(f"offline, size {o['model_size']}, {o['rows']:,} rows ({o['file_mb']:.0f} MB on disk): update B=256 "
               f"{o['memory']['update_ms']:.1f} ms with the data in memory, {o['stream']['update_ms']:.1f} ms streamed "
-              f"({o['stream_over_memory']:.2f}x; {o['stream']['windows']} windows, {o['stream']['late_samples']} "
-              f"samples past due)")
+              f"({o['stream_over_memory']:.2f}x; {o['stream']['windows']} windows of "
+              f"{o['stream']['window_rows']:,} rows loaded, {o['stream']['late_samples']} samples past due)")
     s = r.get("rss")
     if s:
         print(f"host RSS over {s['agent_steps']} agent steps after warm-up (small model): {s['rss_start_mb']:.0f} -> "
@@ -319,9 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     print("benchmarking the training loop...", file=sys.stderr)
     e2e = args.e2e_steps or (60 if args.quick else 300)
     warmup = 200 if args.quick else 1000
-    result["end_to_end"] = bench_training(task, device, e2e, warmup_steps=warmup, small=False)
+    threads = torch.get_num_threads()  # the training loop's too (its own default would re-read the load)
+    result["end_to_end"] = bench_training(task, device, e2e, warmup_steps=warmup, small=False, threads=threads)
     rss = args.rss_steps or (2000 if args.quick else 20_000)
-    result["rss"] = bench_training(task, device, rss, warmup_steps=warmup, small=True)
+    result["rss"] = bench_training(task, device, rss, warmup_steps=warmup, small=True, threads=threads)
     offline = args.offline_updates if args.offline_updates is not None else (40 if args.quick else 200)
     if offline:
         print("benchmarking offline sampling...", file=sys.stderr)

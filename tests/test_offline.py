@@ -130,3 +130,14 @@ def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_p
     differ = run_train(*common, "--batch-size", 8, "--run-dir", tmp_path / "half")  # the check can fail:
     c = torch.load(tmp_path / "half" / "checkpoints" / "latest.pt", weights_only=True)  # batch 8 alone differs
     assert differ.returncode == 0 and not torch.allclose(c["model"]["_pi.0.weight"], b["model"]["_pi.0.weight"])
+
+
+def test_bench_offline_streams_through_several_windows_while_timed():
+    """The benchmark's streamed measurement must replace windows during the timed updates, or it
+    compares two in-memory samplers (no timing is asserted)."""
+    from tdmpc.bench import bench_offline
+
+    out = bench_offline(1, torch.device("cpu"), rows=20_000, updates=8)
+    assert out["rows"] >= 19_000 and out["stream"]["window_rows"] <= out["rows"] // 16 + 1
+    assert out["stream"]["windows"] >= 4  # the first, then one every updates // 4 samples
+    assert out["memory"]["update_ms"] > 0 and out["stream"]["update_ms"] > 0
