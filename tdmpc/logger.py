@@ -117,8 +117,9 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
 
-    def progress(self, env_step: int, env_sps: float, ups: float) -> None:
-        post = {"env/s": f"{env_sps:.0f}", "upd/s": f"{ups:.1f}"}
+    def progress(self, env_step: int, env_sps: float | None, ups: float) -> None:
+        """env_sps None: no env steps (offline training), only updates/s is shown."""
+        post = {"upd/s": f"{ups:.1f}"} if env_sps is None else {"env/s": f"{env_sps:.0f}", "upd/s": f"{ups:.1f}"}
         if self.last_eval is not None:
             post["eval"] = f"{self.last_eval:.1f}"
         self.bar.set_postfix(post, refresh=False)

@@ -387,7 +387,8 @@ class Trainer:
         t0, s0, u0 = self.rate_mark
         dt = max(now - t0, 1e-9)
         c = self.counters
-        self.logger.progress(c.env_step, (c.env_step - s0) / dt, (c.updates - u0) / dt)
+        env_sps = None if self.envs is None else (c.env_step - s0) / dt  # offline: steps are updates
+        self.logger.progress(c.env_step, env_sps, (c.updates - u0) / dt)
 
     def _callback(self, fn: Callback | None, row: dict, name: str) -> None:
         if fn is not None and fn(dict(row)) is False and self.stop_reason is None:
