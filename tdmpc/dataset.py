@@ -2,7 +2,7 @@
 
 A row holds an observation and the action, reward and flags that led to it; an episode of
 L transitions is L+1 rows, the first holding only the reset observation (action 0, reward 0).
-`docs/dataset-format.md` documents the schema with a worked example.
+The README ("Offline training and datasets") documents the schema.
 
 Modifying an HDF5 file in place is not crash-safe, so the writer never does: each commit
 writes a complete new file (a copy of the old one plus the new episodes) beside it and
@@ -28,7 +28,7 @@ ROW_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
 EPISODE_FIELDS = ("episode_start", "episode_length", "episode_task")
 REQUIRED_ATTRS = ("format", "version", "tasks", "obs_type", "action_repeat", "source")
 # gzip 4 + shuffle: universally readable HDF5 filters; on DMC data 1.2x (state) and ~10x (pixels)
-# smaller at ~200 MB/s decompression, where lzf gave 1.0x / 1.3x (docs/dataset-format.md).
+# smaller at ~200 MB/s decompression, where lzf gave 1.0x / 1.3x.
 COMPRESSION = dict(compression="gzip", compression_opts=4, shuffle=True)
 CHUNK_BYTES = 1 << 20  # one chunk of rows holds about this many raw bytes of every row field
 EPISODE_CHUNK = 4096

@@ -1,4 +1,4 @@
-"""python -m tdmpc.dataset: make, check and describe offline dataset files (docs/dataset-format.md)."""
+"""python -m tdmpc.dataset: make, check and describe offline dataset files (the format: README, "Offline training and datasets")."""
 
 from __future__ import annotations
 
