@@ -54,8 +54,10 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
     result = EvalResult([], [], [])
     frames: list[np.ndarray] = []
     multitask = agent.dims.multitask
+    own_dims = agent.dims.action_dim  # action_abs_mean averages the task's own action dims, not the padding
     if multitask:
-        agent.task_ids(cast(str, env), 1)  # a task outside the set is a one-line error before anything is built
+        task_id = int(cast(torch.Tensor, agent.task_ids(cast(str, env), 1))[0])  # an unknown task: a one-line error first
+        own_dims = agent.dims.action_dims[task_id]
     while len(result.returns) < episodes:
         n = min(MAX_PARALLEL, episodes - len(result.returns))
         record = video is not None and not frames
@@ -84,7 +86,7 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
                 live = ~done
                 ret[live] += reward[live]
                 length[live] += 1
-                act_abs[live] += np.abs(action[live]).mean(-1)
+                act_abs[live] += np.abs(action[live, :own_dims]).mean(-1)
                 ended = (terminated | truncated) & live
                 if "success" in info:
                     success[live] = np.asarray(info["success"], dtype=np.float64)[live]
