@@ -53,7 +53,7 @@ def record_actions(env: gym.Env) -> list[np.ndarray]:
 @functools.cache
 def no_rendering_reason() -> str | None:
     """None if MuJoCo can render here, else why not."""
-    env, _ = make_env("Hopper-v5", render_size=(8, 8))
+    env, _ = make_env("Hopper-v5", render_size=(8, 8), render=True)
     env.reset()
     try:
         env.render()
@@ -76,7 +76,7 @@ def test_check_env_pendulum():
 
 
 def test_check_env_mujoco():
-    env, _ = make_env("HalfCheetah-v5", seed=0, render_size=(48, 64))
+    env, _ = make_env("HalfCheetah-v5", seed=0, render_size=(48, 64), render=True)
     check_env(env, skip_render_check=True)
     env.reset()
     if no_rendering_reason() is None:
@@ -87,7 +87,7 @@ def test_check_env_mujoco():
 
 def test_check_env_dmc():
     pytest.importorskip("dm_control")
-    env, _ = make_env("cartpole-swingup", seed=0, render_size=(48, 64))
+    env, _ = make_env("cartpole-swingup", seed=0, render_size=(48, 64), render=True)
     check_env(env, skip_render_check=no_rendering_reason() is not None)
 
 
@@ -306,7 +306,7 @@ def test_rgb_observations_and_render():
     pytest.importorskip("dm_control")
     if (reason := no_rendering_reason()) is not None:
         pytest.skip(reason)
-    env, spec = make_env("cartpole-swingup", seed=0, obs="rgb", render_size=(48, 64))
+    env, spec = make_env("cartpole-swingup", seed=0, obs="rgb", render=True)
     assert spec.obs_shape == (9, 64, 64)
     obs, _ = env.reset()
     assert obs.shape == (9, 64, 64) and obs.dtype == np.uint8 and obs in env.observation_space
@@ -316,6 +316,7 @@ def test_rgb_observations_and_render():
         obs, *_ = env.step(np.ones(1, np.float32))
     np.testing.assert_array_equal(obs[:6], previous[3:])  # frames shift by one each step
     assert not np.array_equal(obs[6:], previous[6:])  # the cart moved
-    frame = env.render()
-    assert frame.shape == (48, 64, 3) and frame.dtype == np.uint8
+    frame = env.render()  # a DMC task whose frames are the observations renders at their size
+    assert frame.shape == (64, 64, 3) and frame.dtype == np.uint8
+    np.testing.assert_array_equal(frame.transpose(2, 0, 1), obs[6:])  # the newest frame of the stack
     env.close()
