@@ -56,8 +56,8 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
     multitask = agent.dims.multitask
     own_dims = agent.dims.action_dim  # action_abs_mean averages the task's own action dims, not the padding
     if multitask:
-        task_id = int(cast(torch.Tensor, agent.task_ids(cast(str, env), 1))[0])  # an unknown task: a one-line error first
-        own_dims = agent.dims.action_dims[task_id]
+        agent.task_ids(cast(str, env), 1)  # a task outside the set is a one-line error before anything is built
+        own_dims = agent.dims.action_dims[agent.dims.tasks.index(cast(str, env))]
     while len(result.returns) < episodes:
         n = min(MAX_PARALLEL, episodes - len(result.returns))
         record = video is not None and not frames
