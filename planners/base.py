@@ -20,6 +20,7 @@ class PolicyOutput(NamedTuple):
     log_std: Tensor
     entropy: Tensor  # -log-prob of `action`, squash correction included: (..., 1)
     scaled_entropy: Tensor  # the reference's entropy bonus: -(active action dims) x Gaussian log-prob, (..., 1)
+    squash_correction: Tensor  # sum of log(1 - action^2), <= 0, very negative when saturated: (..., 1)
 
 
 class LatentModel(Protocol):

@@ -75,7 +75,8 @@ class Agent:
             {"params": heads},
         ], lr=cfg.lr, **fused)
         self.pi_optim = torch.optim.Adam(m._pi.parameters(), lr=cfg.lr, eps=1e-5, **fused)
-        self.scale = torch.ones((), device=device)  # running 5-95% range of Q, for the policy loss
+        # Running 5-95% range of Q, for the policy loss: one, or one per task of the set (Config.task_scales).
+        self.scale = torch.ones(len(dims.tasks) if dims.multitask and cfg.task_scales else (), device=device)
         self.nonfinite = torch.zeros((), device=device)  # skipped updates (non-finite gradients)
         H = cfg.horizon
         self._rho = cfg.rho ** torch.arange(H + 1, device=device, dtype=torch.float32)
@@ -238,13 +239,17 @@ class Agent:
             values, z_in = self._values(zs)
             with values:
                 q = m.q_value(z_in, policy.action, "avg", task, detach=True).float()
-        self._update_scale(self.shard.gather(q[0]))  # the global batch's percentiles
-        loss = -(self._rho * (cfg.entropy_coef * policy.scaled_entropy + q / self.scale).mean((1, 2))).mean()
+        self._update_scale(self.shard.gather(q[0]), None if task is None else self.shard.gather(task))
+        scale = self.scale if self.scale.dim() == 0 else self.scale[task].view(1, -1, 1)
+        bonus = policy.scaled_entropy
+        if cfg.entropy_bonus == "squashed":  # Config.entropy_bonus says why
+            bonus = bonus + policy.squash_correction
+        loss = -(self._rho * (cfg.entropy_coef * bonus + q / scale).mean((1, 2))).mean()
         loss.backward()
         grad_norm, skipped = self._step(self.pi_optim)
         return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped,
                 "pi_entropy": policy.entropy.mean().detach(), "pi_scaled_entropy": policy.scaled_entropy.mean().detach(),
-                "pi_scale": self.scale.clone()}
+                "pi_scale": self.scale.mean()}
 
     def _noise(self, rows: torch.Size) -> Tensor:
         """N(0, 1) policy noise for batch rows (T, B): drawn for the global batch and sliced for this rank, so
@@ -254,17 +259,25 @@ class Agent:
         return self.shard.rows(draw, B, 1)
 
     @torch.no_grad()
-    def _update_scale(self, q: Tensor) -> None:
-        """scale <- lerp(scale, max(1, P95 - P5 of q), tau); the percentiles interpolate linearly
-        between sorted values, as the reference does (no checks that would sync the host)."""
-        x = q.flatten().sort().values
-        pos = self._quantiles * (x.numel() - 1)
+    def _update_scale(self, q: Tensor, task: Tensor | None) -> None:
+        """scale <- lerp(scale, max(1, P95 - P5 of q), tau) over the batch's (B, 1) q, or per task over each task's
+        rows (a task absent from the batch keeps its scale). The percentiles interpolate linearly between sorted
+        values, as the reference does; no loop over tasks and no checks that would sync the host."""
+        q = q.flatten()
+        if self.scale.dim() == 0:
+            rows = torch.ones(1, q.numel(), dtype=torch.bool, device=q.device)
+        else:  # (tasks, B): which rows are each task's; the others sort last as +inf
+            rows = task.view(1, -1) == torch.arange(self.scale.numel(), device=q.device).view(-1, 1)  # type: ignore[union-attr]
+        x = torch.where(rows, q, torch.inf).sort(dim=1).values
+        n = rows.sum(1, keepdim=True)
+        pos = self._quantiles * (n - 1).clamp(min=0)  # (groups, 2)
         lo = pos.floor().long()
-        hi = (lo + 1).clamp(max=x.numel() - 1)
+        hi = torch.minimum(lo + 1, (n - 1).clamp(min=0))
         frac = pos - lo
-        p5, p95 = x[lo] * (1 - frac) + x[hi] * frac
+        p5, p95 = (x.gather(1, lo) * (1 - frac) + x.gather(1, hi) * frac).unbind(1)
         value = (p95 - p5).clamp(min=1.0)
-        self.scale.lerp_(torch.where(torch.isfinite(value), value, self.scale), self.cfg.tau)
+        update = torch.isfinite(value) & (n.squeeze(1) > 0)
+        self.scale.lerp_(torch.where(update, value, self.scale.view(-1)).view_as(self.scale), self.cfg.tau)
 
     def _step(self, optim: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
         """Clip, then step unless the gradient is non-finite: fused Adam skips on `found_inf`.
@@ -291,8 +304,8 @@ class Agent:
         if "optim" in state:
             self.optim.load_state_dict(state["optim"])
             self.pi_optim.load_state_dict(state["pi_optim"])
-        if "scale" in state:
-            self.scale.copy_(state["scale"])
+        if "scale" in state:  # a shared scale fills every task's; per-task scales averaged into a shared one
+            self.scale.copy_(state["scale"] if self.scale.dim() else state["scale"].mean())
             self.nonfinite.copy_(state["nonfinite"])
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:

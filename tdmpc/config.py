@@ -100,6 +100,15 @@ class Config:
     """Weight of the termination loss (episodic tasks only)."""
     entropy_coef: float = 1e-4
     """Weight of the policy prior's entropy bonus."""
+    entropy_bonus: Literal["gaussian", "squashed"] = "gaussian"
+    """The bonus's form. 'gaussian': -(action dims) x the Gaussian log-prob before the tanh squash, as the
+    reference computes it since Dec 2024 (e9f5932); it never penalises saturated actions, and can leave the
+    policy at its largest std (RESULTS.md). 'squashed': that plus the tanh correction sum log(1 - a^2), as
+    the 2023 release that produced the published curves computed it: saturation lowers the bonus."""
+    task_scales: bool = False
+    """Multi-task models: divide each task's Q-values in the policy loss by that task's own running 5-95%
+    range, as a single-task run would, instead of by one range over all tasks (the reference's). With one
+    range, a task whose returns are still near 0 beside a task at 50 gets a 50x weaker policy gradient."""
     rho: float = 0.5
     """Per-step decay of the loss weights over the horizon (rho^t)."""
     tau: float = 0.01
@@ -309,10 +318,9 @@ def validate(cfg: Config) -> Config:
         raise bad("task_set", "names a task twice")
     if cfg.dataset and cfg.save_data:
         raise bad("save_data", "keeps the episodes of an online run; an offline run (dataset) has none")
-    for name in ("obs", "vectorization", "buffer_device", "precision", "train_precision", "nonfinite_data",
-                 "dataset_stream"):
-        allowed = typing.get_args(_field_types()[name])
-        if getattr(cfg, name) not in allowed:
+    for name, hint in _field_types().items():  # every field with a fixed set of values
+        allowed = typing.get_args(hint)
+        if typing.get_origin(hint) is Literal and getattr(cfg, name) not in allowed:
             raise bad(name, f"must be one of {list(allowed)}")
     return cfg
 

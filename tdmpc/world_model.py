@@ -211,8 +211,9 @@ class WorldModel(nn.Module):
         """Squashed Gaussian policy prior; `eps` (the N(0, 1) draw) is sampled unless given.
 
         A multi-task model masks the raw mean, the log std and eps to the task's own action dims.
-        The entropy bonus is the reference's scaled entropy, -(active dims) x the Gaussian log-prob
-        *before* the tanh correction, written as it writes it (entropy x scaled_log_prob / log_prob)."""
+        scaled_entropy is the reference's bonus, -(active dims) x the Gaussian log-prob *before* the tanh
+        correction, written as it writes it (entropy x scaled_log_prob / log_prob); squash_correction is
+        that correction, which the 2023 release added to it (Config.entropy_bonus)."""
         mean, log_std = self._pi(self._with_task(z, task)).float().chunk(2, dim=-1)
         log_std = self.log_std_min + 0.5 * self.log_std_dif * (torch.tanh(log_std) + 1)
         eps = torch.randn_like(mean) if eps is None else eps
@@ -224,10 +225,11 @@ class WorldModel(nn.Module):
             active = mean.shape[-1]
         gaussian_log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
         action = torch.tanh(mean + eps * log_std.exp())
-        log_prob = gaussian_log_prob - torch.log(torch.relu(1 - action.pow(2)) + 1e-6).sum(-1, keepdim=True)
+        squash = squash_correction(action)
+        log_prob = gaussian_log_prob - squash
         scaled_log_prob = gaussian_log_prob * active
         scaled_entropy = -log_prob * (scaled_log_prob / (log_prob + 1e-8))  # the reference's order of operations
-        return Policy(action, torch.tanh(mean), log_std, -log_prob, scaled_entropy)
+        return Policy(action, torch.tanh(mean), log_std, -log_prob, scaled_entropy, squash)
 
     def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Tensor | None = None, target: bool = False,
           detach: bool = False) -> Tensor:
@@ -262,6 +264,12 @@ class WorldModel(nn.Module):
     @property
     def num_learnable_params(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def squash_correction(action: Tensor) -> Tensor:
+    """sum log(1 - a^2) over the action dims (+1e-6 inside, as the reference): the log-det of tanh, (..., 1).
+    Near |a| = 1 it hangs on tanh's last bit (one float32 ulp below 1 moves it by ~0.1)."""
+    return torch.log(torch.relu(1 - action.pow(2)) + 1e-6).sum(-1, keepdim=True)
 
 
 def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:

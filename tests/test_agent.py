@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 import torch
 
 from tdmpc.agent import Agent
@@ -118,3 +119,58 @@ def test_non_finite_update_is_skipped_and_counted():
     assert all(torch.equal(a, b) for a, b in zip(after, enc_dyn_before))
     metrics = agent.update(make_batch())  # and training carries on
     assert torch.isfinite(metrics["total_loss"])
+
+
+def test_entropy_bonus_forms_on_a_saturated_policy():
+    """Where Q gives the policy no gradient (a fresh Q is flat), the bonus alone shapes it: the reference's
+    'gaussian' form drives the std to its maximum and leaves the means saturated; the 2023 release's
+    'squashed' form pulls the means out of saturation (RESULTS.md: a saturated prior stalls learning)."""
+    after = {}
+    for bonus in ("gaussian", "squashed"):
+        agent = make_agent(entropy_bonus=bonus, entropy_coef=1.0)
+        m = agent.model
+        with torch.no_grad():
+            m._pi[-1].bias[:3] = 3.0  # means at tanh(3)
+        zs = m.encode(torch.randn(4, 32, 10)).detach()
+        for _ in range(30):
+            agent._update_pi(zs, None)
+        with torch.no_grad():
+            p = m.pi(zs)
+        after[bonus] = (float(p.mean.abs().mean()), float(p.log_std.mean()))
+    assert after["gaussian"][0] > 0.95 and after["gaussian"][1] > 1.9  # log_std_max is 2
+    assert after["squashed"][0] < 0.5
+
+
+def test_squashed_entropy_bonus_is_the_2023_release_log_prob():
+    """The 2023 release's policy loss used -log_pi with log_pi = A x (sum(-eps^2/2 - log_std) - log(2 pi)/2)
+    minus the tanh correction; the 'squashed' bonus equals it up to a constant (no gradient)."""
+    agent = make_agent(entropy_bonus="squashed")
+    z, eps = agent.model.encode(torch.randn(16, 10)), torch.randn(16, 3)
+    p = agent.model.pi(z, eps=eps)
+    log_pi = 3 * ((-0.5 * eps.pow(2) - p.log_std).sum(-1, keepdim=True) - 0.9189385175704956)
+    log_pi = log_pi - torch.log(torch.relu(1 - p.action.pow(2)) + 1e-6).sum(-1, keepdim=True)
+    offset = p.scaled_entropy + p.squash_correction + log_pi
+    torch.testing.assert_close(offset, torch.full_like(offset, 3 * 2 * 0.9189385175704956))
+
+
+def _range(q):
+    return max(1.0, float(torch.quantile(q, 0.95) - torch.quantile(q, 0.05)))
+
+
+def test_the_running_scale_is_the_5_95_range_of_q_shared_or_per_task():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(64, 1, generator=g) * torch.linspace(1, 40, 64).view(-1, 1)
+    task = torch.arange(64) % 2  # task 0's rows span less than task 1's; task 2 has none
+    shared = make_agent()
+    shared._update_scale(q, None)
+    assert shared.scale.item() == pytest.approx(1 + 0.01 * (_range(q) - 1), rel=1e-5)
+    cfg = Config(model_size=1, precision="fp32", num_samples=64, num_elites=8, num_pi_trajs=4, iterations=2,
+                 batch_size=32, task_scales=True)
+    dims = ModelDims.from_config(cfg, (10,), 3, False, ("a", "b", "c"), (3, 2, 1))
+    per_task = Agent(cfg, dims, episode_length=[100, 100, 100], device=CPU)
+    per_task._update_scale(q, task)
+    expected = [1 + 0.01 * (_range(q[task == t]) - 1) for t in (0, 1)] + [1.0]
+    assert per_task.scale.tolist() == pytest.approx(expected, rel=1e-5) and expected[1] > expected[0] > 1
+    batch = make_batch()
+    batch.task = torch.arange(32) % 3
+    assert torch.isfinite(per_task.update(batch)["pi_loss"])

@@ -64,6 +64,8 @@ def test_wrong_json_type_is_an_error():
     ({"min_std": 3.0}, "min_std"),
     ({"device": "tpu"}, "device"),
     ({"num_q": 1}, "num_q"),
+    ({"entropy_bonus": "sac"}, "entropy_bonus"),  # every field with a fixed set of values is checked
+    ({"dataset_stream": "disk"}, "dataset_stream"),
 ])
 def test_validation_names_the_field_in_one_line(overrides, field):
     with pytest.raises(ConfigError) as e:

@@ -39,7 +39,7 @@ class CudaQuadratic:
         from tdmpc.planners.base import PolicyOutput
         a = torch.rand_like(z) * 2 - 1
         zero = torch.zeros(z.shape[:-1] + (1,), device=z.device)
-        return PolicyOutput(a, a, torch.zeros_like(a), zero, zero)
+        return PolicyOutput(a, a, torch.zeros_like(a), zero, zero, zero)
 
     def action_mask(self, task):
         return None

@@ -39,7 +39,7 @@ class QuadraticModel:
     def pi(self, z, task=None):
         a = torch.rand(z.shape[:-1] + (z.shape[-1],)) * 2 - 1
         zero = torch.zeros(z.shape[:-1] + (1,))
-        return PolicyOutput(a, a, torch.zeros_like(a), zero, zero)
+        return PolicyOutput(a, a, torch.zeros_like(a), zero, zero, zero)
 
     def action_mask(self, task):
         return None if self.masks is None else self.masks[task]
