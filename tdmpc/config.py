@@ -63,11 +63,13 @@ class Config:
     vectorization: Literal["sync", "async"] = "sync"
     """Step the envs in this process (sync) or one subprocess each (async: for slow simulators)."""
     seed_steps: Optional[int] = None
-    """Env steps of random actions before learning. None: max(1000, 5 x episode length) agent steps."""
+    """Env steps of random actions before learning. None: max(1000, 5 x episode length) agent steps of each task
+    (a multi-task run seeds every task as a single-task run seeds its one)."""
     update_every: int = 1
     """Agent steps (per env) between update rounds; 1 reproduces the reference."""
-    updates_per_round: int = 1
-    """Gradient steps per round. 1 with update_every 1 is the reference's ratio for one env."""
+    updates_per_round: Optional[int] = None
+    """Gradient steps per round. None: one per env stepped (num_envs, of each task), so that with update_every 1
+    every env step gets one update, the reference's ratio, however many envs and tasks."""
     batch_size: int = 256
     """Sub-trajectories per gradient step."""
     buffer_size: int = 1_000_000
@@ -236,12 +238,14 @@ class Config:
             return self.task_dim
         return 96 if num_tasks == 80 or self.model_size in (1, 317) else 64
 
-    def for_task(self, spec: EnvSpec) -> Config:
+    def for_task(self, spec: EnvSpec, tasks: int = 1) -> Config:
         """A copy with the task-dependent fields filled in (None: the task's value), so that config.json
-        records what the run really used."""
+        records what the run really used. tasks: how many a multi-task run trains on."""
         seed_steps = self.seed_steps if self.seed_steps is not None else \
-            max(1000, 5 * spec.episode_length) * spec.action_repeat
+            max(1000, 5 * spec.episode_length) * spec.action_repeat * tasks
+        updates = self.updates_per_round if self.updates_per_round is not None else self.num_envs * tasks
         return dataclasses.replace(self, task=spec.task, action_repeat=spec.action_repeat, seed_steps=seed_steps,
+                                   updates_per_round=updates,
                                    episodic=spec.episodic if self.episodic is None else self.episodic)
 
     def to_dict(self) -> dict:
@@ -264,7 +268,7 @@ def validate(cfg: Config) -> Config:
         if getattr(cfg, name) < 1:
             raise bad(name, "must be >= 1")
     for name in ("updates_per_round", "num_pi_trajs", "eval_episodes"):
-        if getattr(cfg, name) < 0:
+        if (getattr(cfg, name) or 0) < 0:
             raise bad(name, "must be >= 0")
     for name in ("lr", "grad_clip_norm", "temperature", "min_std", "max_std", "discount_denom"):
         if not getattr(cfg, name) > 0:

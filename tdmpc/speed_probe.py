@@ -31,7 +31,7 @@ def hours_left(agent: Agent, env_steps_left: int, env_tasks: np.ndarray | None =
         fn()
         timings.append(time.perf_counter() - t0)
     torch.set_rng_state(rng)
-    assert cfg.action_repeat is not None
+    assert cfg.action_repeat is not None and cfg.updates_per_round is not None  # filled in by Config.for_task
     vector_steps = max(env_steps_left, 0) / (num_envs * cfg.action_repeat)
     per_step = timings[0] + timings[1] * cfg.updates_per_round / cfg.update_every
     return timings[0], timings[1], vector_steps * per_step / 3600

@@ -105,7 +105,7 @@ class Trainer:
                                       "--dataset")
                 self.tasks = task_setup(cfg) if env is None else None  # a multi-task model's tasks, None for one task
                 self.envs, self.spec = _make_envs(self.env, cfg, self.tasks)
-            self.cfg = cfg = validate(cfg.for_task(self.spec))
+            self.cfg = cfg = validate(cfg.for_task(self.spec, len(self.tasks.tasks) if self.tasks else 1))
             self.run_dir, self.device = run_dir, device
             self.on_log, self.on_eval = on_log, on_eval
             torch.manual_seed(cfg.seed)
@@ -147,7 +147,7 @@ class Trainer:
             # Per-log-interval statistics: metric sums stay on the device until a log row is written.
             self.metric_sum: dict[str, torch.Tensor] | None = None
             self.metric_count = 0
-            self.ended_episodes: list[tuple[float, int]] = []  # (return, length) since the last log row
+            self.ended_episodes: list[tuple[float, int, int]] = []  # (return, length, env) since the last log row
             self.ep_return = np.zeros(self.num_envs)
             self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
             self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
@@ -272,7 +272,7 @@ class Trainer:
             if self.recorder is not None:
                 self.recorder.end(ended[keep[ended]], terminated)
             self._start_episodes(ended, obs[ended])
-            self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i])) for i in ended if keep[i]]
+            self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i]), int(i)) for i in ended if keep[i]]
             self.ep_return[ended], self.ep_length[ended] = 0, 0
             c.episodes += len(ended)
         self.obs, self.first = obs, done
@@ -282,7 +282,7 @@ class Trainer:
         if c.env_step < cfg.seed_steps or c.env_step < c.refill_until:  # type: ignore[operator]
             return
         if c.pretrain_updates_left < 0:  # seeding just ended: pretrain on the seed data
-            c.pretrain_updates_left = c.vector_steps // cfg.update_every * cfg.updates_per_round
+            c.pretrain_updates_left = c.vector_steps // cfg.update_every * cfg.updates_per_round  # type: ignore[operator]
             self.logger.message(f"seeding done at step {c.env_step:,}: {c.pretrain_updates_left:,} pretraining updates")
         if c.pretrain_updates_left > 0:
             while c.pretrain_updates_left > 0 and self.stop_reason is None:
@@ -291,7 +291,7 @@ class Trainer:
                 if c.pretrain_updates_left % 50 == 0:
                     self._progress(force=True)
         elif c.vector_steps % cfg.update_every == 0:
-            for _ in range(cfg.updates_per_round):
+            for _ in range(cfg.updates_per_round):  # type: ignore[arg-type]
                 self.update()
 
     def _start_episodes(self, envs: np.ndarray, obs: np.ndarray | None = None) -> None:
@@ -363,8 +363,12 @@ class Trainer:
             "env_step": c.env_step, "episodes": c.episodes, "updates": c.updates, "elapsed": round(c.elapsed, 1),
             "env_steps_per_s": (c.env_step - s0) / max(now - t0, 1e-9),
             "updates_per_s": (c.updates - u0) / max(now - t0, 1e-9),
-            "episode_return": float(np.mean([r for r, _ in ended])) if ended else float("nan"),
-            "episode_length": float(np.mean([n for _, n in ended])) if ended else float("nan")}
+            "episode_return": float(np.mean([r for r, _, _ in ended])) if ended else float("nan"),
+            "episode_length": float(np.mean([n for _, n, _ in ended])) if ended else float("nan")}
+        if self.tasks is not None and self.env_tasks is not None:  # each task's own training return
+            for t in self.tasks.tasks:
+                own = [r for r, _, e in ended if self.tasks.task_set[self.env_tasks[e]] == t]
+                row[f"episode_return_{t}"] = float(np.mean(own)) if own else float("nan")
         if self.metric_sum is not None:
             values = torch.stack(list(self.metric_sum.values())).cpu().tolist()
             row.update({k: v / self.metric_count for k, v in zip(self.metric_sum, values)})

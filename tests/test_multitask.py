@@ -48,13 +48,16 @@ def test_one_model_trains_on_two_tasks_with_a_row_per_task_and_resumes(tmp_path)
     assert [(int(e["env_step"]), e["task"]) for e in evals] == [
         (0, "cartpole-swingup"), (0, "pendulum-swingup"), (0, "mean"),
         (480, "cartpole-swingup"), (480, "pendulum-swingup"), (480, "mean")]
+    assert {"episode_return_cartpole-swingup", "episode_return_pendulum-swingup"} <= set(rows(run_dir / "train.csv")[0])
     last = evals[-3:]
     assert float(last[2]["episode_return"]) == pytest.approx(np.mean([float(e["episode_return"]) for e in last[:2]]),
                                                             abs=1e-3)  # 6 significant digits in the csv
     ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["dims"]["tasks"] == ["cartpole-swingup", "pendulum-swingup"] and ck["dims"]["task_dim"] == 64
     assert ck["dims"]["obs_shape"] == [5] and ck["dims"]["action_dims"] == [1, 1]
-    assert ck["train"]["env_step"] == 480 and ck["train"]["updates"] > 0  # 2 envs x 2 repeat per step
+    # 2 envs x 2 repeat per step: 100 seed steps, then 20 more; one update per env step (2 per step) by default
+    assert ck["train"]["env_step"] == 480 and ck["train"]["updates"] == 2 * 120
+    assert json.loads((run_dir / "config.json").read_text())["updates_per_round"] == 2
     r = run("tdmpc.train", "--resume", run_dir, "--steps", "560")
     assert r.returncode == 0, r.stderr
     assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] == 560
