@@ -170,6 +170,15 @@ class Agent:
         actions = a.float().cpu().numpy()
         return actions[0] if single else actions
 
+    @torch.inference_mode()
+    def predicts_termination(self, obs: np.ndarray | Tensor, action: np.ndarray | Tensor) -> np.ndarray:
+        """(N,) bool: does the termination head say `action` ends the episode from `obs`? It reads the latent the
+        dynamics predict, as planning does; evaluation scores it against the env's terminations."""
+        m = self.model
+        z = m.encode(torch.as_tensor(obs).to(self.device))
+        z = m.next(z, torch.as_tensor(action, dtype=torch.float32).to(self.device))
+        return (m.termination(z) > 0.5).squeeze(-1).cpu().numpy()
+
     # --- learning -----------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, Tensor]:
         """One gradient step of the world model, then of the policy; metrics stay on the device.

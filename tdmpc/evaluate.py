@@ -33,6 +33,8 @@ class EvalResult:
     lengths: list[int]
     successes: list[float]  # empty when the env reports no success
     action_abs: list[float] = field(default_factory=list)  # mean |action| per episode: is the agent acting?
+    # An episodic model's termination head on these (held-out) transitions: counts indexed [terminated, predicted].
+    termination: np.ndarray | None = None
 
     def summary(self) -> dict:
         r = np.asarray(self.returns, dtype=np.float64)
@@ -41,6 +43,11 @@ class EvalResult:
                "action_abs_mean": float(np.mean(self.action_abs)) if self.action_abs else float("nan")}
         if self.successes:
             out["success_rate"] = float(np.mean(self.successes))
+        if self.termination is not None:  # terminal steps are rare: accuracy alone would hide a head that never fires
+            t = self.termination
+            out |= {"termination_accuracy": float(np.trace(t) / max(t.sum(), 1)), "terminal_steps": int(t[1].sum()),
+                    "termination_recall": float(t[1, 1] / t[1].sum()) if t[1].sum() else float("nan"),
+                    "termination_false_alarms": int(t[0, 1])}
         return out
 
 
@@ -52,6 +59,8 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
 
     Returns None if `stop()` turns true meanwhile (a signal during a training-time eval)."""
     result = EvalResult([], [], [])
+    if agent.model.episodic:
+        result.termination = np.zeros((2, 2), dtype=np.int64)
     frames: list[np.ndarray] = []
     multitask = agent.dims.multitask
     own_dims = agent.dims.action_dim  # action_abs_mean averages the task's own action dims, not the padding
@@ -82,8 +91,12 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
                     return None
                 action = agent.act(obs_, first, eval_mode=True, role=f"eval{n}",
                                    task=cast(str, env) if multitask else None)
+                if result.termination is not None:
+                    predicted = agent.predicts_termination(obs_, action)
                 obs_, reward, terminated, truncated, info = envs.step(action)
                 live = ~done
+                if result.termination is not None:
+                    np.add.at(result.termination, (terminated[live].astype(int), predicted[live].astype(int)), 1)
                 ret[live] += reward[live]
                 length[live] += 1
                 act_abs[live] += np.abs(action[live, :own_dims]).mean(-1)
@@ -188,6 +201,10 @@ def evaluate(args: EvalArgs) -> int:
     print(f"{cfg.task}{origin}: return {summary['episode_return']:.1f} ± {summary['episode_return_std']:.1f} "
           f"over {summary['episodes']} episodes, length {summary['episode_length']:.0f}{success} "
           f"[{summary['seconds']}s]" + (f"\nvideo: {args.video}" if args.video else ""), flush=True)
+    if res.termination is not None:
+        t = res.termination
+        print(f"termination head: {summary['termination_accuracy']:.4f} of {t.sum():,} transitions right; "
+              f"{t[1, 1]} of {t[1].sum()} terminal steps predicted, {t[0, 1]} false alarms")
     report = args.report or args.checkpoint.with_name(f"eval_{cfg.task}_seed{args.seed}.json")
     try:
         report.parent.mkdir(parents=True, exist_ok=True)

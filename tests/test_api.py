@@ -101,6 +101,33 @@ def test_a_factory_and_what_an_env_declares(tmp_path):
     assert agent.cfg.episodic is True  # a setting, whatever the env says
 
 
+@pytest.mark.parametrize("bias", [50.0, -50.0])
+def test_evaluation_scores_the_termination_head_on_every_transition_it_ran(bias):
+    import torch
+
+    from tdmpc.agent import Agent
+    from tdmpc.evaluate import run_episodes
+    from tdmpc.world_model import ModelDims
+
+    cfg = tdmpc.Config(model_size=1, precision="fp32", num_samples=32, num_elites=4, num_pi_trajs=2, iterations=1)
+    agent = Agent(cfg, ModelDims.from_config(cfg, (2,), 1, True), episode_length=100, device=torch.device("cpu"))
+    last = [m for m in agent.model._termination.modules() if isinstance(m, torch.nn.Linear)][-1]
+    with torch.no_grad():  # a head that always (bias 50) or never (-50) predicts the end
+        last.weight.zero_()
+        last.bias.fill_(bias)
+    res = run_episodes(agent, lambda: Corridor(terminates=True), episodes=4, seed=0)
+    t = res.termination
+    terminal = sum(n < 100 for n in res.lengths)  # Corridor truncates at 100 steps; shorter episodes terminated
+    assert t.sum() == sum(res.lengths) and t[1].sum() == terminal > 0
+    summary = res.summary()
+    assert summary["terminal_steps"] == terminal
+    if bias > 0:
+        assert t[1, 1] == terminal and t[0, 1] == sum(res.lengths) - terminal and summary["termination_recall"] == 1
+    else:
+        assert t[:, 1].sum() == 0 and summary["termination_recall"] == 0
+        assert summary["termination_accuracy"] == 1 - terminal / sum(res.lengths)
+
+
 def test_a_reference_checkpoint_needs_its_task():
     with pytest.raises(ValueError, match="does not name its task"):
         tdmpc.Agent.from_checkpoint(REFERENCE, device="cpu")
