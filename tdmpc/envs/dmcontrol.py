@@ -6,6 +6,7 @@ namespace, one name parser and one env class; only how a task is built differs.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import gymnasium as gym
@@ -15,6 +16,18 @@ from dm_control.rl import control
 from gymnasium import spaces
 
 from tdmpc.envs import dmc_custom
+
+
+
+class _DropSettotalmassWarning(logging.Filter):
+    """MuJoCo >= 3.3 warns, through dm_control's absl logger, each time the suite's own XML (cheetah's, ...)
+    compiles with the deprecated 'settotalmass': a line per env made, every evaluation, that the user cannot act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "'settotalmass' is deprecated" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_DropSettotalmassWarning())
 
 # Reference TD-MPC2 names -> dm_control domain names.
 DOMAIN_ALIASES = {"cup": "ball_in_cup", "pointmass": "point_mass"}
