@@ -36,7 +36,9 @@ def checkpoint_path(run_dir: Path) -> Path:
 
 
 def default_run_dir(cfg: Config) -> Path:
-    return Path("runs") / cfg.task.replace(":", "_") / f"seed{cfg.seed}" / time.strftime("%Y%m%d-%H%M%S")
+    """runs/TASK/seedS/TIME; a task list's commas (and a module's colon) kept out of the path for shells."""
+    task = cfg.task.replace(":", "_").replace(",", "+")
+    return Path("runs") / task / f"seed{cfg.seed}" / time.strftime("%Y%m%d-%H%M%S")
 
 
 def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:

@@ -150,3 +150,11 @@ def test_the_memory_estimate_counts_the_embedding_and_every_tasks_envs(tmp_path)
             tmp_path / "r")
     assert r.returncode == 0, r.stderr
     assert "dry run: mt30 (obs (24,) state, action dim 6)" in r.stdout and "train 30 env(s)" in r.stdout
+
+
+def test_a_task_lists_default_run_dir_has_no_commas():
+    from tdmpc.config import Config
+    from tdmpc.run_dir import default_run_dir
+
+    path = default_run_dir(Config(task="cheetah-run,finger-spin", seed=3))
+    assert path.parts[:3] == ("runs", "cheetah-run+finger-spin", "seed3")
