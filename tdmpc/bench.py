@@ -18,6 +18,7 @@ import resource
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Optional
@@ -25,7 +26,9 @@ from typing import Any, Callable, Literal, Optional
 import numpy as np
 import torch
 import tyro
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
 
 from tdmpc import fused
 from tdmpc.agent import Agent
@@ -84,10 +87,37 @@ def timeit(fn: Callable[[], object], device: torch.device, reps: int, warmup: in
     return float(np.median(times))
 
 
-def count_flops(fn: Callable[[], object]) -> int:
-    with FlopCounterMode(display=False) as counter:
+class _FlopsByDtype(TorchDispatchMode):
+    """What FlopCounterMode counts (its registry of matmuls and convolutions), summed by the dtype each op ran
+    in: a mixed-precision update runs matmuls in both fp32 and bf16, each against its own peak."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        count = flop_registry.get(func._overloadpacket)
+        if count is not None:
+            dtype = next(a.dtype for a in tree_leaves(args) if isinstance(a, torch.Tensor))
+            self.flops[_PEAK_OF.get(dtype, "fp32")] += count(*args, **kwargs, out_val=out)
+        return out
+
+
+_PEAK_OF = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+def count_flops(fn: Callable[[], object]) -> dict[str, int]:
+    """FLOPs of one call, by the peak they run against ('fp32', 'bf16')."""
+    with _FlopsByDtype() as counter:
         fn()
-    return int(counter.get_total_flops())
+    return dict(counter.flops)
+
+
+def fraction_of_peak(flops: dict[str, int], seconds: float, peaks: dict) -> float:
+    """The time the matmul peaks allow (each dtype's FLOPs at its own peak) over the time measured."""
+    return sum(n / (peaks[kind]["peak"] * 1e9) for kind, n in flops.items()) / seconds
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int) -> dict:
@@ -118,25 +148,24 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
                 precision: Literal["auto", "fp32", "bf16"] = "auto") -> dict:
     """plan() in the planning dtype; update() in both training precisions (fp32 is the default)."""
     agent = make_agent(size, device, precision)
-    dtype = agent.plan_dtype
-    peak = peaks["bf16" if dtype == torch.bfloat16 else "fp32"]["peak"]
-    res: dict = {"model_size": size, "dtype": str(dtype).replace("torch.", ""), "plan": {}, "update": {}}
+    res: dict = {"model_size": size, "dtype": str(agent.plan_dtype).replace("torch.", ""), "plan": {}, "update": {}}
     for n in envs:
         obs = np.random.randn(n, OBS_DIM).astype(np.float32)
         first = np.zeros(n, dtype=bool)
         fn = lambda: agent.act(obs, first)  # noqa: E731
         t = timeit(fn, device, max(2, reps // max(1, n // 8)))
         flops = count_flops(fn)
-        res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": flops / 1e9,
-                          "fraction_of_peak": flops / t / 1e9 / peak}
+        res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": sum(flops.values()) / 1e9,
+                          "fraction_of_peak": fraction_of_peak(flops, t, peaks)}
     for train_precision in ("fp32", "mixed", "bf16"):
         if train_precision != agent.cfg.train_precision:
             agent = make_agent(size, device, precision, train_precision=train_precision)
         batch = random_batch(agent)
         t = timeit(lambda: agent.update(batch), device, reps)
         flops = count_flops(lambda: agent.update(batch))
-        res["update"][train_precision] = {"ms": t * 1e3, "gflop": flops / 1e9,
-                                          "fraction_of_peak": flops / t / 1e9 / peaks["fp32" if train_precision == "fp32" else "bf16"]["peak"]}
+        res["update"][train_precision] = {"ms": t * 1e3, "gflop": sum(flops.values()) / 1e9, "gflop_by_dtype":
+                                          {k: v / 1e9 for k, v in flops.items()},
+                                          "fraction_of_peak": fraction_of_peak(flops, t, peaks)}
     return res
 
 
