@@ -205,6 +205,10 @@ class Agent:
             with values:
                 next_q = m.q_value(z_in, next_action, "min", task, target=True).squeeze(-1)
             td_target = batch.reward + discount * (1 - batch.terminated.float()) * next_q
+        # (H, B) 1 up to and including a terminal step, 0 after it: a start near the end of a terminated episode
+        # reaches past it (ReplayBuffer); those steps are not the episode's and get no loss. All 1 without one.
+        terminated = batch.terminated.long()
+        alive = (terminated.cumsum(0) - terminated == 0).float()
 
         m.train()
         with self._autocast():
@@ -213,12 +217,12 @@ class Agent:
             for t in range(H):
                 zs_list.append(m.next(zs_list[-1], batch.action[t], task))
             zs = torch.stack(zs_list)  # (H+1, B, L)
-            consistency = F.mse_loss(zs[1:].float(), next_z.float(), reduction="none").mean((1, 2))
-            reward_ce = m.two_hot.cross_entropy(m.reward(zs[:-1], batch.action, task), batch.reward).mean(1)
+            consistency = (F.mse_loss(zs[1:].float(), next_z.float(), reduction="none").mean(2) * alive).mean(1)
+            reward_ce = (m.two_hot.cross_entropy(m.reward(zs[:-1], batch.action, task), batch.reward) * alive).mean(1)
             values, z_in = self._values(zs[:-1])
             with values:
                 q_logits = m.Q(z_in, batch.action, task)
-            value_ce = m.two_hot.cross_entropy(q_logits, td_target.unsqueeze(0)).mean((0, 2))
+            value_ce = (m.two_hot.cross_entropy(q_logits, td_target.unsqueeze(0)) * alive).mean((0, 2))
             losses = {
                 "consistency_loss": (rho * consistency).mean(),
                 "reward_loss": (rho * reward_ce).mean(),
@@ -228,20 +232,24 @@ class Agent:
                      + cfg.value_coef * losses["value_loss"])
             if m.episodic:
                 term_logits = m.termination(zs[1:], logits=True).squeeze(-1).float()
-                # A plain mean over steps and batch, without rho weights, as the reference computes it.
-                losses["termination_loss"] = F.binary_cross_entropy_with_logits(term_logits, batch.terminated.float())
+                # A plain mean over the (alive) steps and batch, without rho weights, as the reference computes it.
+                losses["termination_loss"] = F.binary_cross_entropy_with_logits(
+                    term_logits, batch.terminated.float(), weight=alive, reduction="sum") / alive.sum()
                 total = total + cfg.termination_coef * losses["termination_loss"]
         total.backward()
         grad_norm, skipped = self._step(self.optim)
 
-        pi_metrics = self._update_pi(zs.detach(), task)
+        # The prior learns on the latents the episode reached: z_0, and z_t+1 after an alive, non-terminal step.
+        reached = torch.cat([torch.ones_like(alive[:1]), alive * (1 - terminated)])
+        pi_metrics = self._update_pi(zs.detach(), task, reached)
         m.soft_update_targets(cfg.tau)
         m.eval()
         return {**{k: v.detach() for k, v in losses.items()}, "total_loss": total.detach(), "grad_norm": grad_norm,
                 "skipped": skipped, **pi_metrics}
 
-    def _update_pi(self, zs: Tensor, task: Tensor | None) -> dict[str, Tensor]:
-        """Maximise Q of the prior's actions plus an entropy bonus, on detached latents."""
+    def _update_pi(self, zs: Tensor, task: Tensor | None, reached: Tensor | None = None) -> dict[str, Tensor]:
+        """Maximise Q of the prior's actions plus an entropy bonus, on detached latents (H+1, B, L); `reached`
+        (H+1, B) weights out latents past an episode's end."""
         cfg, m = self.cfg, self.model
         with self._autocast():
             policy = m.pi(zs, task, eps=self._noise(zs.shape[:-1]))
@@ -253,7 +261,10 @@ class Agent:
         bonus = policy.scaled_entropy
         if cfg.entropy_bonus == "squashed":  # Config.entropy_bonus says why
             bonus = bonus + policy.squash_correction
-        loss = -(self._rho * (cfg.entropy_coef * bonus + q / scale).mean((1, 2))).mean()
+        objective = cfg.entropy_coef * bonus + q / scale
+        if reached is not None:
+            objective = objective * reached.unsqueeze(-1)
+        loss = -(self._rho * objective.mean((1, 2))).mean()
         loss.backward()
         grad_norm, skipped = self._step(self.pi_optim)
         return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped,

@@ -4,9 +4,14 @@ Each env writes its own stream of rows. A row holds an observation and the actio
 reward and `terminated` flag that led to it; the first row of an episode holds only the
 reset observation. Truncation needs no flag: the next row simply starts a new episode.
 
-A start row s is *valid* when rows s..s+H are one episode, written in order. Validity
-is settled at write time (writing row p with episode step >= H validates p - H), so
-sampling is uniform over valid starts with one multinomial and no Python loop.
+A start row s is *valid* when rows s..s+H are one episode, written in order, or when the
+episode terminates at a row in s+1..s+H-1: then the steps after the terminal one are not the
+episode's, and the update masks them (Agent: `alive`). Without those starts a terminal
+transition would only ever be the last of a sub-trajectory, so the termination head and Q
+would learn it on H-step rollout latents alone and never on the encoder's (RESULTS.md,
+Hopper). Validity is settled at write time (writing row p with episode step >= H validates
+p - H; a terminal row validates the H-1 before it too), so sampling is uniform over valid
+starts with one multinomial and no Python loop.
 
 Unlike the reference, which samples only finished episodes (its buffer stores whole
 episodes), the episode in progress is sampled too, on purpose: its newest transitions are
@@ -136,6 +141,10 @@ class ReplayBuffer:
         self.ep_step[envs] += 1
         ready = self.ep_step[envs] >= self.H
         self._set_valid(envs[ready], (rows[ready] - self.H) % self.C, True)
+        ended = terminated[pick].cpu().numpy().astype(bool)
+        for k in range(1, self.H):  # starts whose sub-trajectory reaches past the terminal row
+            back = ended & (self.ep_step[envs] >= k)
+            self._set_valid(envs[back], (rows[back] - k) % self.C, True)
         self.transitions += len(envs)
 
     def sample(self, batch_size: int) -> Batch:

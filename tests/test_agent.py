@@ -174,3 +174,22 @@ def test_the_running_scale_is_the_5_95_range_of_q_shared_or_per_task():
     batch = make_batch()
     batch.task = torch.arange(32) % 3
     assert torch.isfinite(per_task.update(batch)["pi_loss"])
+
+
+def test_steps_after_a_terminal_one_get_no_loss():
+    """A sub-trajectory that reaches past its episode's end (terminal at step 0 here) learns only from the steps up
+    to the terminal one: what lies after it (the next episode's rows, or stale ones) changes nothing."""
+    batch = make_batch(terminal=False)
+    batch.terminated[0, :8] = True  # these 8 end at their first step
+    other = Batch(batch.obs.clone(), batch.action.clone(), batch.reward.clone(), batch.terminated.clone())
+    other.obs[2:, :8] = 1e3  # rows after the terminal one: anything
+    other.action[1:, :8] = -1.0
+    other.reward[1:, :8] = 50.0
+    other.terminated[1:, :8] = True
+    metrics = [make_agent(episodic=True).update(b) for b in (batch, other)]
+    for key in ("consistency_loss", "reward_loss", "value_loss", "termination_loss", "pi_loss"):
+        torch.testing.assert_close(metrics[0][key], metrics[1][key], msg=key)
+    for b in (batch, other):  # without the terminal flags the same rows do count
+        b.terminated[:] = False
+    unmasked = [make_agent(episodic=True).update(b)["consistency_loss"] for b in (batch, other)]
+    assert not torch.allclose(unmasked[0], unmasked[1])

@@ -31,15 +31,18 @@ def fill(N, H, cap_per_env, ends):
 
 
 def oracle_valid(buf):
-    """Brute force from the contents: rows s..s+H hold one episode at consecutive steps."""
+    """Brute force from the contents: rows s..s+k hold one episode at consecutive steps, with k = H, or with
+    k < H when row s+k is the episode's terminal one (the sub-trajectory reaches past its end)."""
     obs = buf.obs.numpy()
     N, C, H = buf.N, buf.C, buf.H
     valid = np.zeros((N, C), dtype=bool)
     for e in range(N):
         for s in range(C):
-            rows = [(s + i) % C for i in range(H + 1)]
-            ids, steps = obs[e, rows, 0], obs[e, rows, 1]
-            valid[e, s] = ids[0] > 0 and (ids == ids[0]).all() and (np.diff(steps) == 1).all()
+            for k in range(1, H + 1):
+                rows = [(s + i) % C for i in range(k + 1)]
+                ids, steps, term = obs[e, rows, 0], obs[e, rows, 1], obs[e, rows, 2]
+                one_episode = ids[0] > 0 and (ids == ids[0]).all() and (np.diff(steps) == 1).all()
+                valid[e, s] |= one_episode and (k == H or term[-1] == 1)
     return valid
 
 
@@ -58,11 +61,15 @@ def test_valid_starts_match_brute_force_including_wraparound(ends, H, extra):
     if expected.any():
         b = buf.sample(64)
         ids, steps, term = b.obs[..., 0], b.obs[..., 1], b.obs[..., 2]
-        assert (ids > 0).all()  # never an unwritten slot
-        assert (ids == ids[0]).all()  # never across an episode boundary
-        assert (steps[1:] - steps[:-1] == 1).all()
-        assert torch.equal(b.action[..., 0], steps[1:]) and torch.equal(b.reward, steps[1:])
-        assert torch.equal(b.terminated, term[1:].bool())  # terminated flags kept with their step
+        # the rows up to and including the first terminal one (all, without one) are the episode's
+        ended = b.terminated.long()
+        own = torch.cat([torch.ones_like(ended[:1]), (ended.cumsum(0) - ended == 0).long()]).bool()  # (H+1, B)
+        assert (ids[own] > 0).all()  # never an unwritten slot
+        assert (ids == ids[0])[own].all()  # never across an episode boundary
+        assert (steps[1:] - steps[:-1] == 1)[own[1:]].all()
+        assert torch.equal(b.action[..., 0][own[1:]], steps[1:][own[1:]])
+        assert torch.equal(b.reward[own[1:]], steps[1:][own[1:]])
+        assert torch.equal(b.terminated[own[1:]], term[1:].bool()[own[1:]])  # terminated flags kept with their step
         assert b.obs.shape == (H + 1, 64, 3) and b.action.shape == (H, 64, 1)
 
 
@@ -109,3 +116,16 @@ def test_first_marks_exactly_the_rows_that_start_episodes():
     starts = obs[..., 1] == 0  # step 0 in the episode (written rows have episode ids > 0)
     written = obs[..., 0] > 0
     assert np.array_equal(buf.first.numpy(), starts & written)
+
+
+def test_a_terminal_transition_is_sampled_at_every_step_of_the_horizon():
+    """Starts up to H-1 rows before a terminal row are valid too (their later steps are masked in the update),
+    so the terminal transition is the first, second and third step of some sub-trajectory; an episode that is
+    only truncated keeps the starts whose H steps are all its own."""
+    H = 3
+    buf = fill(1, H, 40, [[0]] * 4 + [[1]] + [[0]] * 4 + [[2]] + [[1]])  # 5 steps, terminated; 5, truncated; 1
+    starts = np.flatnonzero(buf._valid_host[0])
+    assert starts.tolist() == [0, 1, 2, 3, 4] + [6, 7, 8] + [12]
+    b = buf.sample(4000)
+    terminal_at = b.terminated.float().argmax(0)[b.terminated.any(0)]
+    assert set(terminal_at.tolist()) == {0, 1, 2}
