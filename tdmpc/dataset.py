@@ -154,6 +154,7 @@ class DatasetFile:
     episode_start: np.ndarray  # (E,) int64
     episode_length: np.ndarray  # (E,) int64, transitions
     episode_task: np.ndarray  # (E,) int64, index into schema.tasks
+    episode_terminated: np.ndarray  # (E,) bool: ended in a true terminal state (else truncated)
     task_ids: np.ndarray  # (len(schema.tasks),) this file's task ids in the merged task list
 
     @property
@@ -255,7 +256,7 @@ def read_file(f: h5py.File, path: Path) -> DatasetFile:
         _fail(path, f"'episode_task' is {task[e]} at episode {e}; 'tasks' lists {len(schema.tasks)}")
     chunks = f["obs"].chunks
     return DatasetFile(path, schema, str(_attr(f, "source", path)), rows, chunks[0] if chunks else schema.chunk_rows(),
-                       start, length, task, np.arange(len(schema.tasks)))
+                       start, length, task, f["terminated"][...][start + length], np.arange(len(schema.tasks)))
 
 
 def _row_blocks(file: DatasetFile) -> Iterator[tuple[int, int]]:

@@ -2,7 +2,9 @@
 
 Both samplers keep ReplayBuffer.sample's contract: B sub-trajectories of H+1 consecutive rows
 inside one episode, uniform over valid starts, time-major, on the requested device.
-A start s is valid when rows s..s+H are one episode, i.e. s <= episode start + length - H.
+A start s is valid when rows s..s+H are one episode, i.e. s <= episode start + length - H, or,
+in an episode that terminates, s <= its last row - 1: the steps past the terminal one are masked
+in the update (as ReplayBuffer's), and read whatever rows follow.
 
 The streaming sampler holds a window of about W rows: 16 segments of consecutive rows, each
 a whole number of chunks (so each chunk is decompressed once) plus the H rows after it (so
@@ -52,7 +54,7 @@ class _ValidStarts:
     """One file's valid starts as sorted disjoint row intervals [a, b), one per long enough episode."""
 
     def __init__(self, file: DatasetFile, horizon: int):
-        n = np.maximum(file.episode_length - horizon + 1, 0)
+        n = np.maximum(np.where(file.episode_terminated, file.episode_length, file.episode_length - horizon + 1), 0)
         keep = n > 0
         self.a = file.episode_start[keep]
         self.b = self.a + n[keep]
@@ -147,7 +149,8 @@ class DatasetSampler:
         rank, world = self.shard
         j = torch.randint(w.num_starts, (batch_size * world,), device=self.storage, generator=self.generator)
         j = j[rank * batch_size:(rank + 1) * batch_size]
-        rows = w.starts[j] + self._offsets[:, None]  # (H+1, B)
+        # (H+1, B); a start near a terminal row reads past it (masked in the update), at most to the window's end
+        rows = (w.starts[j] + self._offsets[:, None]).clamp(max=len(w.rows["reward"]) - 1)
         act = rows[1:]
         batch = Batch(w.rows["obs"][rows], w.rows["action"][act], w.rows["reward"][act], w.rows["terminated"][act],
                       None if w.task is None else w.task[j])

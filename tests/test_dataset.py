@@ -250,16 +250,21 @@ def test_files_merge_tasks_by_name_and_pad_dims(tmp_path):
 
 
 def check_batch(batch, H: int, B: int, lengths: dict[int, int], terminated: set[int]) -> None:
-    """Every sub-trajectory: one episode, consecutive steps, with its own actions, rewards and flags."""
+    """Every sub-trajectory, up to and including its first terminal step (the steps after it are masked in the
+    update): one episode, consecutive steps, with its own actions, rewards and flags."""
     assert batch.obs.shape == (H + 1, B, 3) and batch.action.shape == (H, B, 1)
     assert batch.reward.shape == (H, B) and batch.terminated.shape == (H, B) and batch.terminated.dtype == torch.bool
+    ended = batch.terminated.long()
+    own = (ended.cumsum(0) - ended == 0)  # (H, B) steps of the episode
     ids, steps = batch.obs[..., 0], batch.obs[..., 1]
-    assert (ids == ids[0]).all() and (steps[1:] - steps[:-1] == 1).all()
-    assert torch.equal(batch.action[..., 0], steps[1:]) and torch.equal(batch.reward, steps[1:])
-    ends = torch.tensor([lengths[int(i)] for i in ids[0]])
-    assert (steps[-1] <= ends).all()
-    term = torch.tensor([int(i) in terminated for i in ids[0]])
-    assert torch.equal(batch.terminated, (steps[1:] == ends) & term)
+    assert (ids[1:] == ids[0])[own].all() and (steps[1:] - steps[:-1] == 1)[own].all()
+    assert torch.equal(batch.action[..., 0][own], steps[1:][own]) and torch.equal(batch.reward[own], steps[1:][own])
+    ends = torch.tensor([lengths[int(i)] for i in ids[0]]).expand(H, B)
+    assert (steps[1:][own] <= ends[own]).all()
+    term = torch.tensor([int(i) in terminated for i in ids[0]]).expand(H, B)
+    assert torch.equal(batch.terminated[own], ((steps[1:] == ends) & term)[own])
+    full = ~own.all(0)  # the sub-trajectories that reach past a terminal step: only terminated episodes
+    assert all(int(i) in terminated for i in ids[0, full])
 
 
 def start_counts(sampler, batches: int, B: int = 256) -> dict:
@@ -291,6 +296,15 @@ def test_both_samplers_match_the_replay_buffer_contract(tmp_path, small_chunks):
                     got, want = getattr(batch, name), getattr(reference, name)
                     assert (got.shape, got.dtype, got.is_contiguous()) == (want.shape, want.dtype, True), name
                 assert batch.task is None
+
+
+def test_a_terminated_episode_is_sampled_from_every_row_but_its_last(tmp_path):
+    """Its terminal transition is then the first, second and third step of some sub-trajectory (H = 3), as in
+    ReplayBuffer; a truncated episode keeps the starts whose H steps are all its own."""
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 5, terminated=True), make_episode(2, 5), make_episode(3, 1, terminated=True)])
+    counts = start_counts(InMemoryDataset(open_dataset(path), 3), 40)
+    assert set(counts) == {(1.0, float(s)) for s in range(5)} | {(2.0, float(s)) for s in range(3)} | {(3.0, 0.0)}
 
 
 def test_in_memory_sampling_is_uniform_over_valid_starts(tmp_path):
