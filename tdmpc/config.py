@@ -172,7 +172,8 @@ class Config:
     log_std_max: float = 2.0
     """Upper bound of the policy prior's log std."""
     task_set: tuple[str, ...] = ()
-    """A multi-task model's tasks, one embedding row each in id order. (): the tasks trained on (one: no embedding)."""
+    """A multi-task model's tasks, one embedding row each in id order, written as `task` is (a,b,c or mt30).
+    (): the tasks trained on (one: no embedding)."""
     task_dim: Optional[int] = None
     """Task embedding size of a multi-task model. None: the reference's (96 for 80 tasks or model size 1/317, else 64)."""
 
@@ -225,6 +226,10 @@ class Config:
     nonfinite_data: Literal["error", "drop"] = "error"
     """NaN or inf from an env: stop, naming the env, step and field ('error'), or skip the transition and restart
     that env's episode ('drop')."""
+
+    def __post_init__(self) -> None:
+        # One spelling for a task list, however it was given: ("a,b",), ("a", "b") and ("mt30",) all expand.
+        self.task_set = tuple(t for entry in self.task_set for t in expand(entry))
 
     # --- derived -------------------------------------------------------------------
     def sizes(self) -> dict[str, int]:

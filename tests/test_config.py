@@ -102,3 +102,10 @@ def test_defaults_give_every_task_its_seed_episodes_and_every_env_step_one_updat
     assert cfg.seed_steps == 5 * 500 * 2 * tasks and cfg.updates_per_round == num_envs * tasks
     given = Config(num_envs=num_envs, seed_steps=100, updates_per_round=1).for_task(spec, tasks)
     assert (given.seed_steps, given.updates_per_round) == (100, 1)
+
+
+@pytest.mark.parametrize("argv", [["--task-set", "finger-spin,cheetah-run"], ["--task-set", "finger-spin", "cheetah-run"]])
+def test_a_task_set_is_a_task_list_however_it_is_spelled(argv):
+    _, cfg, _, given = parse_cli(_Run, argv, lambda run: Config())
+    assert cfg.task_set == ("finger-spin", "cheetah-run") and given == {"task_set"}
+    assert len(Config(task_set=("mt30",)).task_set) == 30
