@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import os
+import sys
+
 import torch
 
 
@@ -26,12 +30,22 @@ def cpu_has_fast_bf16() -> bool:
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+@functools.cache
+def _warn_emulated_bf16() -> None:
+    """Once per process: without AVX512-BF16 or AMX (most laptops, AVX2 servers) bf16 matmuls are emulated; on
+    one AVX2 EPYC core they ran at 0.86 GFLOP/s against 48 in fp32, so an explicit bf16 would hang a run."""
+    print("precision: this CPU has no AVX512-BF16 or AMX, so bf16 runs emulated, tens of times slower than fp32; "
+          "--precision auto and --train-precision fp32 avoid it", file=sys.stderr)
+
+
 def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
     """The autocast dtype: 'auto' picks bf16 where it is fast (CUDA, bf16-capable CPUs), else fp32; 'mixed'
     autocasts in bf16 (the agent keeps its value computations in fp32)."""
     if precision == "fp32":
         return torch.float32
     if precision in ("bf16", "mixed"):
+        if device.type == "cpu" and not cpu_has_fast_bf16():
+            _warn_emulated_bf16()
         return torch.bfloat16
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
@@ -43,9 +57,6 @@ def set_threads(requested: int | None) -> int:
     cores less those other processes keep busy (OpenMP threads spin, so two processes each using every
     core run several times slower than with their share each), saying so when that is fewer than all
     cores. Returns the count."""
-    import os
-    import sys
-
     if requested is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         requested = max(1, int(os.environ["OMP_NUM_THREADS"]))
     if requested is None:

@@ -215,3 +215,16 @@ def test_resume_of_a_run_older_than_a_config_field_says_which_default_applies(tm
     assert cfg.train_precision == "fp32" and cfg.precision == "bf16"
     err = capsys.readouterr().err
     assert "has no 'train_precision'" in err and "'fp32'" in err
+
+
+def test_explicit_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, capsys):
+    """On AVX2-only CPUs bf16 matmuls run ~50x slower than fp32: an explicit bf16 says so, 'auto' picks fp32."""
+    from tdmpc import device
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: False)
+    device._warn_emulated_bf16.cache_clear()
+    cpu = torch.device("cpu")
+    assert device.resolve_dtype("bf16", cpu) is torch.bfloat16
+    assert device.resolve_dtype("mixed", cpu) is torch.bfloat16
+    assert device.resolve_dtype("auto", cpu) is torch.float32
+    assert capsys.readouterr().err.count("bf16 runs emulated") == 1
+    device._warn_emulated_bf16.cache_clear()
