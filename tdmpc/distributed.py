@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from tdmpc.device import DeviceError
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -72,19 +74,24 @@ class Shard:
 SINGLE = Shard(0, 1, 0)
 
 
-def from_environment() -> Shard:
+def from_environment(device: str) -> Shard:
     """The shard torchrun or srun (slurm/train_multi.sh) describes in the environment; SINGLE without one.
-    Starts the process group (NCCL when this rank has a GPU, else gloo)."""
+    Starts the process group: NCCL when the ranks train on GPUs (`device` 'auto' or 'cuda' on a machine with
+    CUDA), else gloo, so `--device cpu` ranks on a GPU machine leave its GPUs alone."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return SINGLE
-    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    shard = Shard(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend)
-    return Shard(rank, world, local_rank)
+        on_gpu = device_for(shard, device).startswith("cuda:")
+        if on_gpu:
+            if shard.local_rank >= torch.cuda.device_count():
+                raise DeviceError(f"local rank {shard.local_rank} has no GPU of its own: this node has "
+                                  f"{torch.cuda.device_count()}; start at most that many processes per node, "
+                                  "or train on CPUs with --device cpu")
+            torch.cuda.set_device(shard.local_rank)
+        dist.init_process_group("nccl" if on_gpu else "gloo")
+    return shard
 
 
 def device_for(shard: Shard, name: str) -> str:

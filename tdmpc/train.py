@@ -705,7 +705,7 @@ def _main(argv: list[str]) -> int:
     init_note = ""
     if args.init_from:
         cfg, init_note = checkpoint.architecture_from_checkpoint(cfg, args.init_from, given)
-    shard = distributed.from_environment()  # torchrun / srun ranks, or a single process
+    shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
     try:
         device: torch.device | None = resolve_device(distributed.device_for(shard, cfg.device))
     except DeviceError:

@@ -132,6 +132,32 @@ def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_p
     assert differ.returncode == 0 and not torch.allclose(c["model"]["_pi.0.weight"], b["model"]["_pi.0.weight"])
 
 
+def test_ranks_pick_their_backend_by_device_and_a_rank_without_a_gpu_is_one_line(monkeypatch):
+    """On a GPU machine, --device cpu ranks start gloo and leave the GPUs alone (this ran on an H100 and broke
+    there: rank 1 asked for a second GPU); GPU ranks beyond the node's GPUs stop with a DeviceError."""
+    from tdmpc import distributed
+    from tdmpc.device import DeviceError
+
+    started, pinned = [], []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", pinned.append)
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", started.append)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert distributed.from_environment("cpu") == distributed.Shard(1, 2, 1)
+    assert started == ["gloo"] and pinned == []
+    with pytest.raises(DeviceError, match="local rank 1 has no GPU of its own: this node has 1"):
+        distributed.from_environment("auto")
+    assert started == ["gloo"] and pinned == []
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert distributed.from_environment("cuda") == distributed.Shard(0, 2, 0)
+    assert started == ["gloo", "nccl"] and pinned == [0]
+
+
 def test_bench_offline_streams_through_several_windows_while_timed():
     """The benchmark's streamed measurement must replace windows during the timed updates, or it
     compares two in-memory samplers (no timing is asserted)."""
