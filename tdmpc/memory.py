@@ -11,6 +11,10 @@ first. The estimate is built from the shapes the code allocates:
 * modelled (formulas below, from the layer widths): activations saved for backward
   in an update, the largest plan() call's temporaries, CUDA graph pools.
 * constants: the CUDA context (CUDA_CONTEXT) and allocator slack (ALLOCATOR_SLACK).
+* cuBLAS workspaces: PyTorch allocates them per stream a matmul ran on through its caching
+  allocator, so they are live tensors: the default stream's, and with CUDA graphs the one
+  side stream every graph warms up and is captured on (tdmpc.cuda_graphs). Their size is
+  PyTorch's default or what its environment variables set (cublas_workspace_bytes).
 
 Update activations. Under bf16 autocast on CUDA, one hidden Linear -> LayerNorm -> Mish
 element keeps 3 fp32 copies for backward (LayerNorm input, LayerNorm output kept by the
@@ -40,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -56,7 +61,7 @@ if TYPE_CHECKING:
     from tdmpc.multitask import TaskSetup
 
 MiB, GiB = 2**20, 2**30
-CUDA_CONTEXT = 500 * MiB  # CUDA runtime, cuBLAS/cuDNN kernels and workspaces: not seen by torch's allocator
+CUDA_CONTEXT = 500 * MiB  # CUDA runtime, cuBLAS/cuDNN kernels: not seen by torch's allocator
 ALLOCATOR_SLACK = 0.10  # caching allocator rounding and fragmentation, a fraction of what tensors use
 SAFETY_MARGIN = 0.10  # of the card's memory, left unplanned (other processes, driver, estimate error)
 MIN_BATCH_SIZE, MIN_NUM_SAMPLES = 64, 256  # --fit-memory lowers no further
@@ -75,6 +80,7 @@ class Target:
     cuda: bool
     dtype: torch.dtype  # planning dtype
     train_dtype: torch.dtype  # update (autocast) dtype
+    cublas_workspace: int = 0  # bytes of one cuBLAS workspace (one per stream); 0 off CUDA
 
     @property
     def budget(self) -> Optional[int]:
@@ -96,7 +102,21 @@ def cuda_target(cfg: Config, capacity: int, label: str, device: torch.device | N
     else:
         dtype = torch.float32 if cfg.precision == "fp32" else torch.bfloat16
     # train_precision is never "auto", so its dtype does not depend on the device
-    return Target(label, capacity, True, dtype, update_dtype(cfg))
+    major = torch.cuda.get_device_capability(device)[0] if device is not None and device.type == "cuda" else None
+    return Target(label, capacity, True, dtype, update_dtype(cfg), cublas_workspace_bytes(major))
+
+
+def cublas_workspace_bytes(major: int | None) -> int:
+    """A stream's cuBLAS and cuBLASLt workspaces as PyTorch sizes them (measured on an H100 with torch 2.11:
+    32 MiB and 1 MiB). cuBLAS: CUBLAS_WORKSPACE_CONFIG (':KiB:count' pairs) when set, else 32 MiB on compute
+    capability 9 and later and 8 MiB + 128 KiB before; a card named only by --gpu-mem (major None) is planned
+    at the larger size. cuBLASLt (linear layers with a bias): CUBLASLT_WORKSPACE_SIZE KiB, else 1 MiB."""
+    pairs = re.findall(r":(\d+):(\d+)", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    if pairs:
+        cublas = sum(int(kib) * int(n) for kib, n in pairs) * 1024
+    else:
+        cublas = 32 * MiB if major is None or major >= 9 else 2 * 4 * MiB + 8 * 16 * 1024
+    return cublas + int(os.environ.get("CUBLASLT_WORKSPACE_SIZE", "1024")) * 1024
 
 
 def update_dtype(cfg: Config) -> torch.dtype:
@@ -138,11 +158,13 @@ class MemoryEstimate:
     planner_activations: int  # the largest plan() call's temporaries
     cuda_graph_pools: int
     cuda_context: int
+    cublas_workspaces: int = 0  # one per stream a matmul runs on, allocated through torch's allocator
     host_buffer: int = 0  # pinned host memory for the replay buffer (not in the total)
     learnable: int = 0  # learnable parameters (count)
     notes: dict[str, str] = field(default_factory=dict)
 
-    PERSISTENT = ("parameters", "optimizer", "target_qs", "planning_copy", "planner_buffers", "replay_buffer")
+    PERSISTENT = ("parameters", "optimizer", "target_qs", "planning_copy", "planner_buffers", "replay_buffer",
+                  "cublas_workspaces")
 
     @property
     def transient(self) -> int:
@@ -171,6 +193,7 @@ class MemoryEstimate:
                 ("planning copy", self.planning_copy, self.notes.get("planning_copy", "")),
                 ("planner buffers", self.planner_buffers, self.notes.get("planner_buffers", "")),
                 ("replay buffer", self.replay_buffer, self.notes.get("replay_buffer", "")),
+                ("cuBLAS workspaces", self.cublas_workspaces, self.notes.get("cublas_workspaces", "")),
                 ("gradients (fp32)", self.gradients, "" if update_peak else "not at the peak (a plan is larger)"),
                 ("update activations", self.update_activations,
                  self.notes.get("update_activations", "") + ("" if update_peak else "; not at the peak")),
@@ -178,7 +201,7 @@ class MemoryEstimate:
                  "largest plan() call" + ("; not at the peak (an update is larger)" if update_peak else "")),
                 ("CUDA graph pools", self.cuda_graph_pools, self.notes.get("cuda_graph_pools", "")),
                 (f"allocator slack ({ALLOCATOR_SLACK:.0%})", self.allocator_slack, ""),
-                ("CUDA context", self.cuda_context, "runtime, kernels, cuBLAS workspaces" if self.cuda_context else "")]
+                ("CUDA context", self.cuda_context, "runtime, kernels" if self.cuda_context else "")]
         width = max(len(r[0]) for r in rows)
         lines = [f"  {name:<{width}} {_mib(v):>13}  {note}".rstrip() for name, v, note in rows]
         lines.append(f"  {'total (peak)':<{width}} {_mib(self.total):>13}  {fmt_bytes(self.total)}")
@@ -331,6 +354,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
         planner_activations=max(plan_acts, default=0),
         cuda_graph_pools=(gradients + update + sum(plan_acts)) if graphs else 0,
         cuda_context=CUDA_CONTEXT if target.cuda else 0,
+        cublas_workspaces=(2 if graphs else 1) * target.cublas_workspace,
         host_buffer=0 if buffer_on_device else buffer,
         learnable=sum(p.numel() for p in learnable),
         notes={"parameters": f"{sum(p.numel() for p in learnable) / 1e6:.2f}M learnable",
@@ -339,7 +363,9 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
                "planner_buffers": f"{cfg.num_samples} samples; train {num_envs} env(s)"
                                   + (f", eval {'/'.join(map(str, eval_sizes(cfg)))}" if eval_sizes(cfg) else ""),
                "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",
-               "cuda_graph_pools": "update() + one per planner" if graphs else ""})
+               "cuda_graph_pools": "update() + one per planner" if graphs else "",
+               "cublas_workspaces": (f"{'2 streams' if graphs else '1 stream'} x {fmt_bytes(target.cublas_workspace)}"
+                                     if target.cuda else "")})
 
 
 # --- fitting a config to the budget ------------------------------------------------------

@@ -2,6 +2,7 @@
 against their cards, the dry run, fitting, and an out-of-memory error in a run."""
 
 import dataclasses
+import gc
 import json
 import subprocess
 import sys
@@ -209,6 +210,24 @@ def test_oom_in_update_writes_checkpoint_exits_1_and_resume_continues(tmp_path, 
     assert ck["train"]["updates"] == 49 + 151 + 199
 
 
+def test_cublas_workspaces_follow_pytorchs_sizes_and_count_a_stream_each(monkeypatch):
+    """32 MiB (Hopper and later, or a card named only by size) or 8.125 MiB, plus cuBLASLt's 1 MiB, unless the
+    environment sets them; one for the default stream, and one for the graphs' shared side stream."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    monkeypatch.delenv("CUBLASLT_WORKSPACE_SIZE", raising=False)
+    assert memory.cublas_workspace_bytes(9) == memory.cublas_workspace_bytes(None) == 33 * memory.MiB
+    assert memory.cublas_workspace_bytes(8) == 9 * memory.MiB + 128 * 1024
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:2:16:8")
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "0")
+    assert memory.cublas_workspace_bytes(9) == 8 * memory.MiB + 128 * 1024
+    cfg = load_json("a4000.json")
+    card = memory.cuda_target(cfg, memory.parse_size("16GB"), "16 GB")
+    for graphs, streams in ((True, 2), (False, 1)):
+        est = memory.estimate(dataclasses.replace(cfg, cuda_graphs=graphs), (24,), 6, False, card)
+        assert est.cublas_workspaces == streams * card.cublas_workspace > 0
+    assert memory.estimate(cfg, (24,), 6, False, CPU_FP32).cublas_workspaces == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("model_size", [1, 5, 19, 48])
@@ -217,6 +236,8 @@ def test_estimate_matches_cuda_peak(model_size, dog):
     with CUDA graphs, a full-size buffer on the device and the eval planner: the target is +-10%."""
     device = torch.device("cuda")
     cfg = dataclasses.replace(load_json("a4000.json"), task="dog-run", model_size=model_size).for_task(dog)
+    gc.collect()  # as in a fresh process: earlier tests' agents, graphs and cuBLAS workspaces gone
+    torch._C._cuda_clearCublasWorkspaces()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
@@ -237,6 +258,7 @@ def test_estimate_matches_cuda_peak(model_size, dog):
     measured = torch.cuda.max_memory_allocated() - base
     target = memory.detect_target(cfg, device)
     est = memory.estimate(cfg, dog.obs_shape, dog.action_dim, dog.episodic, target)
+    del agent, buf
     assert abs(est.peak_allocated / measured - 1) <= 0.10, (est.peak_allocated, measured, est.table())
 
 
