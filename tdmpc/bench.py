@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from tdmpc import fused
+from tdmpc import cuda_graphs, fused
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, validate
@@ -73,8 +73,9 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timeit(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = 2) -> float:
-    """Median seconds per call."""
+def timeit(fn: Callable[[], object], device: torch.device, reps: int, warmup: int = cuda_graphs.WARMUP + 2) -> float:
+    """Median seconds per call, after the warm-up calls: with CUDA graphs those include the eager calls and
+    the capture, so every timed call is a replay."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -153,16 +154,16 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
         obs = np.random.randn(n, OBS_DIM).astype(np.float32)
         first = np.zeros(n, dtype=bool)
         fn = lambda: agent.act(obs, first)  # noqa: E731
+        flops = count_flops(fn)  # first: a new planner's first call runs eagerly, where a graph replay shows no ops
         t = timeit(fn, device, max(2, reps // max(1, n // 8)))
-        flops = count_flops(fn)
         res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": sum(flops.values()) / 1e9,
                           "fraction_of_peak": fraction_of_peak(flops, t, peaks)}
     for train_precision in ("fp32", "mixed", "bf16"):
         if train_precision != agent.cfg.train_precision:
             agent = make_agent(size, device, precision, train_precision=train_precision)
         batch = random_batch(agent)
+        flops = count_flops(lambda: agent.update(batch))  # first, eagerly (see the plans above)
         t = timeit(lambda: agent.update(batch), device, reps)
-        flops = count_flops(lambda: agent.update(batch))
         res["update"][train_precision] = {"ms": t * 1e3, "gflop": sum(flops.values()) / 1e9, "gflop_by_dtype":
                                           {k: v / 1e9 for k, v in flops.items()},
                                           "fraction_of_peak": fraction_of_peak(flops, t, peaks)}
