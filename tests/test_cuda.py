@@ -1,5 +1,7 @@
 """CUDA paths: graphed plan() and update(). Skipped without a GPU (they never ran on the CPU-only CI)."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -98,3 +100,45 @@ def test_no_host_sync_in_graphed_act_and_update():
         agent.act(obs, first)
         agent.update(batch)
     assert counter.calls == []
+
+
+def test_graphed_update_matches_eager():
+    """The captured update replays the same arithmetic as eager mode on fresh batches (TF32 and dropout's
+    random stream aside): a replay that kept stale inputs or outputs would drift from the eager losses."""
+    eager, graphed = make_agent(graphs=False), make_agent(graphs=True)
+    g = torch.Generator().manual_seed(1)
+    for step in range(12):
+        batch = Batch(torch.randn(4, 64, 24, generator=g).cuda(), torch.rand(3, 64, 6, generator=g).cuda() * 2 - 1,
+                      torch.randn(3, 64, generator=g).cuda(), torch.zeros(3, 64, dtype=torch.bool).cuda())
+        a, b = eager.update(batch), graphed.update(batch)
+        for key in ("consistency_loss", "reward_loss", "value_loss"):
+            assert abs(a[key].item() - b[key].item()) <= 0.05 * abs(a[key].item()) + 1e-3, (step, key, a, b)
+    assert graphed._update_fn.graph is not None
+
+
+def test_pendulum_learns_on_cuda(tmp_path):
+    """The CI learning task, on the GPU (bf16 planning, TF32 updates, CUDA graphs): the same bar as on the CPU."""
+    from test_learning import CONFIG, THRESHOLD
+
+    from helpers import read_csv, run_train
+
+    cfg = tmp_path / "learn.json"
+    cfg.write_text(json.dumps({**CONFIG, "device": "cuda", "precision": "auto"}))
+    r = run_train("--cfg", cfg, "--run-dir", tmp_path / "run", timeout=1200)
+    assert r.returncode == 0, r.stderr
+    final = float(read_csv(tmp_path / "run" / "eval.csv")[-1]["episode_return"])
+    assert final > THRESHOLD, final
+
+
+def test_checkpoint_moves_between_gpu_and_cpu(tmp_path):
+    """A run checkpointed on the GPU resumes on the CPU, and back, to its planned end."""
+    from helpers import run_train, tiny_json
+
+    run = tmp_path / "run"
+    cfg = tiny_json(tmp_path, device="cuda", steps=400, eval_freq=400, save_every=400)
+    for device, steps in (("cuda", 400), ("cpu", 600), ("cuda", 800)):
+        args = ("--cfg", cfg, "--run-dir", run) if device == "cuda" and steps == 400 else ("--resume", run)
+        r = run_train(*args, "--device", device, "--steps", steps)
+        assert r.returncode == 0, r.stderr
+        ck = torch.load(run / "checkpoints" / "latest.pt", map_location="cpu", weights_only=True)
+        assert ck["train"]["env_step"] == steps and ck["train"]["finished"]
