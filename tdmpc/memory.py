@@ -80,7 +80,7 @@ class Target:
     cuda: bool
     dtype: torch.dtype  # planning dtype
     train_dtype: torch.dtype  # update (autocast) dtype
-    cublas_workspace: int = 0  # bytes of one cuBLAS workspace (one per stream); 0 off CUDA
+    cublas_workspace: int = 0  # bytes of a stream's cuBLAS + cuBLASLt workspaces; 0 off CUDA
 
     @property
     def budget(self) -> Optional[int]:
