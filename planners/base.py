@@ -1,6 +1,6 @@
 """What a planner needs from a world model, and nothing more.
 
-Any object with these members can be planned with; `tdmpc.world_model.WorldModel`
+Any object with these members can be planned with; `tdmpc.model.world_model.WorldModel`
 is one. A new planner depends only on this protocol. `task` is None for a single-task
 model, else task ids broadcast against the rows of the input (one per env and candidate).
 """

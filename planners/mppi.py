@@ -9,34 +9,15 @@ to the samples, the mean and the std, as the reference does) and its discount.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from .base import LatentModel
+from .settings import MPPIConfig
 
-
-@dataclass(frozen=True)
-class MPPIConfig:
-    """The planning settings (tdmpc.config.Config documents each; its values are the defaults)."""
-
-    horizon: int
-    iterations: int
-    num_samples: int
-    num_elites: int
-    num_pi_trajs: int
-    min_std: float
-    max_std: float
-    temperature: float
-
-    @classmethod
-    def from_config(cls, cfg, action_dim: int) -> "MPPIConfig":
-        """The reference adds 2 iterations for large action spaces (A >= 20)."""
-        return cls(horizon=cfg.horizon, iterations=cfg.iterations + 2 * int(action_dim >= 20),
-                   num_samples=cfg.num_samples, num_elites=cfg.num_elites, num_pi_trajs=cfg.num_pi_trajs,
-                   min_std=cfg.min_std, max_std=cfg.max_std, temperature=cfg.temperature)
+__all__ = ["MPPI", "MPPIConfig"]
 
 
 class MPPI:

@@ -16,15 +16,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tdmpc.planners.mppi import MPPI, MPPIConfig
-from tdmpc import checkpoint
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
-from tdmpc.cuda_graphs import CUDAGraphed
-from tdmpc.device import resolve_device, resolve_dtype
-from tdmpc.distributed import SINGLE, Shard
-from tdmpc.task_sets import TaskError, reference_info, task_set_name
-from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
+from tdmpc.errors import CheckpointError, TaskError
+from tdmpc.model import checkpoint
+from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
+from tdmpc.planners.mppi import MPPI, MPPIConfig
+from tdmpc.runtime.cuda_graphs import CUDAGraphed
+from tdmpc.runtime.device import resolve_device, resolve_dtype
+from tdmpc.runtime.distributed import SINGLE, Shard
+from tdmpc.tasks.sets import reference_info, task_set_name
 
 
 # Candidates per model call when planning on a CPU: ~2 envs at 512 samples. Larger calls
@@ -43,7 +44,7 @@ class Agent:
                  shard: Shard = SINGLE):
         """episode_length: agent steps per episode; for a multi-task model, one per task of its task set
         (each task gets its own discount, as in the reference). shard: this process's rank in data-parallel
-        training (tdmpc.distributed), whose updates then average gradients over the ranks."""
+        training (tdmpc.runtime.distributed), whose updates then average gradients over the ranks."""
         self.cfg, self.dims, self.device, self.shard = cfg, dims, device, shard
         self.episode_length = episode_length
         self.imported_from_reference = False  # set by from_checkpoint for a reference TD-MPC2 file
@@ -353,7 +354,7 @@ class Agent:
         over = {**overrides, "device": device, **({"task": task} if task else {})}
         ck = checkpoint.read_checkpoint(path, over)
         if ck.imported and task is None and not ck.dims.multitask:
-            raise checkpoint.CheckpointError(f"{path}: a reference TD-MPC2 checkpoint does not name its task; "
+            raise CheckpointError(f"{path}: a reference TD-MPC2 checkpoint does not name its task; "
                                              f"give the task it was trained on (--task walker-walk, or "
                                              f"task='walker-walk' from Python)")
         length: int | Sequence[int]

@@ -30,12 +30,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from tdmpc import cuda_graphs, fused
+from tdmpc.model import fused
+from tdmpc.runtime import cuda_graphs
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, validate
-from tdmpc.device import resolve_device, resolve_dtype, set_threads
-from tdmpc.world_model import ModelDims
+from tdmpc.runtime.device import resolve_device, resolve_dtype, set_threads
+from tdmpc.model.world_model import ModelDims
 
 OBS_DIM, ACTION_DIM = 24, 6  # walker-walk, the anchors' dims
 
@@ -183,9 +184,9 @@ def bench_plain(size: int, device: torch.device, reps: int) -> dict:
 def bench_offline(size: int, device: torch.device, rows: int, updates: int) -> dict:
     """Offline training's update time with the data in memory vs streamed from disk in prefetched windows
     (a synthetic walker-sized dataset of `rows` rows, written to a temp file), at model size `size`."""
-    from tdmpc.dataset import Episode, open_dataset
-    from tdmpc.dataset_sampler import InMemoryDataset, StreamingDataset
-    from tdmpc.dataset_writer import DatasetWriter
+    from tdmpc.offline.format import Episode, open_dataset
+    from tdmpc.offline.sampler import InMemoryDataset, StreamingDataset
+    from tdmpc.offline.writer import DatasetWriter
 
     length, rng = 500, np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -235,10 +236,11 @@ def rss_mb() -> float:
 def bench_training(task: str, device: torch.device, agent_steps: int, warmup_steps: int, small: bool,
                    threads: int) -> dict:
     """Agent steps/s of the real training loop (1 env, 1 update per step) and RSS over the run."""
-    from tdmpc.envs import make_vector_env
-    from tdmpc.train import Trainer
+    from tdmpc.envs import make_env
+    from tdmpc.training.setup import trainer_for
 
-    _, spec = make_vector_env(task, 1, seed=0)
+    env, spec = make_env(task, seed=0)
+    env.close()
     R = spec.action_repeat
     over: dict[str, Any] = dict(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3,
                                 batch_size=64) if small else {}
@@ -248,7 +250,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
                           save_every=10**9, log_every=10**9, progress=False, tensorboard=False, threads=threads,
                           buffer_size=max(10_000, (warmup_steps + settle + agent_steps) * 2), **over))
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = Trainer(cfg, Path(tmp) / "run", device)
+        trainer = trainer_for(cfg, Path(tmp) / "run", device)
         c = trainer.counters
         assert cfg.seed_steps is not None
         while c.env_step < cfg.seed_steps + settle * R:  # seeding, pretraining updates, settling
@@ -263,9 +265,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
         sync(device)
         dt = time.perf_counter() - t0
         steps = (c.env_step - s0) // R
-        assert trainer.envs is not None
-        trainer.envs.close()
-        trainer.logger.close()
+        trainer.close()
     return {"task": task, "small_model": small, "agent_steps": steps, "agent_steps_per_s": steps / dt,
             "rss_start_mb": rss0, "rss_end_mb": rss_mb(), "rss_growth_mb": rss_mb() - rss0,
             "rss_samples_mb": samples[:: max(1, len(samples) // 20)]}

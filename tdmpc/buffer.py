@@ -30,7 +30,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tdmpc.checkpoint import atomic_write
+from tdmpc.errors import BufferFileError
+from tdmpc.runtime.files import atomic_write
 
 
 @dataclass
@@ -227,6 +228,3 @@ class ReplayBuffer:
         self._valid_host[:] = False
         self._valid_host[:, :F] = self.valid[:, :F].cpu().numpy()
 
-
-class BufferFileError(ValueError):
-    """A saved replay buffer that cannot be restored; the message is one line naming the file."""

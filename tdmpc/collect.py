@@ -3,7 +3,7 @@
 The agent plans (or acts with its policy prior, --no-mpc), with Gaussian noise of std --noise
 added to its actions (clipped to [-1, 1]); episodes run up to 16 at a time, planned in one
 call per step. They are appended to --out, created if missing: a file that exists must hold
-the same task and dims, and a crash never corrupts what it held (tdmpc.dataset_writer).
+the same task and dims, and a crash never corrupts what it held (tdmpc.offline.writer).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from tdmpc.agent import Agent
-from tdmpc.cli import EXIT_OK, BadInput, run_cli
-from tdmpc.dataset_writer import DatasetWriter
-from tdmpc.device import set_threads
-from tdmpc.envs import make_env, make_task_envs, make_vector_env
-from tdmpc.envs.tasks import resolve_task
-from tdmpc.task_sets import reference_info
+from tdmpc.errors import EXIT_OK, BadInput, run_cli
+from tdmpc.offline.writer import DatasetWriter
+from tdmpc.runtime.device import set_threads
+from tdmpc.envs import make_env, make_envs
+from tdmpc.envs.names import resolve_task
+from tdmpc.tasks.sets import reference_info
 
 PARALLEL = 16
 
@@ -86,15 +86,9 @@ def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.rand
           writer: DatasetWriter) -> list[float]:
     """n episodes in parallel; each is handed to the writer as it ends. Returns their returns."""
     dims, cfg = agent.dims, agent.cfg
-    if dims.multitask:
-        envs, _ = make_task_envs([task], n, seed=seed, obs_dim=dims.obs_shape[0], action_dim=dims.action_dim,
-                                 action_repeat=cfg.action_repeat)
-        task_mask = agent.model.action_mask(agent.task_ids(task, 1))
-        assert task_mask is not None  # a multi-task model's
-        mask = task_mask.cpu().numpy()
-    else:
-        envs, _ = make_vector_env(task, n, seed=seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
-        mask = np.ones(dims.action_dim, np.float32)
+    envs = make_envs(task, n, seed=seed, obs=cfg.obs, action_repeat=cfg.action_repeat, pad_to=dims.pad_to)
+    task_mask = agent.model.action_mask(agent.task_ids(task, 1)) if dims.multitask else None
+    mask = np.ones(dims.action_dim, np.float32) if task_mask is None else task_mask.cpu().numpy()
     try:
         obs, _ = envs.reset(seed=seed)
         # per env: observations, actions, rewards

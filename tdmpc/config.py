@@ -18,12 +18,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, T
 
 import tyro
 
-from tdmpc.task_sets import expand
+from tdmpc.errors import ConfigError
+from tdmpc.model.settings import NetworkSettings
+from tdmpc.planners.settings import MPPIConfig
+from tdmpc.runtime.files import shipped_dir
+from tdmpc.tasks.sets import expand
 
 if TYPE_CHECKING:
     from tdmpc.envs import EnvSpec
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"  # the repository's configs/, packaged with the code
+CPU_CONFIG = "cpu.json"  # what a machine without a GPU starts from when no --cfg is given
+CONFIG_DIR = shipped_dir("configs")  # the repository's configs/, packaged with the code
 
 # model_size (millions of parameters) -> the sizes it stands for. The keys are the size fields of Config.
 MODEL_SIZES: dict[int, dict[str, int]] = {
@@ -36,13 +41,10 @@ MODEL_SIZES: dict[int, dict[str, int]] = {
 SIZE_FIELDS: tuple[str, ...] = tuple(MODEL_SIZES[1])
 
 
-class ConfigError(ValueError):
-    """Bad configuration; the message is one line and names the field."""
-
-
 @dataclass
-class Config:
-    # --- task -----------------------------------------------------------------------
+class _Task:
+    """What to train on."""
+
     task: Annotated[str, tyro.conf.arg(aliases=("--tasks",))] = "walker-walk"
     """DMC name (walker-walk, cup-catch, ...) or a gymnasium id (Pendulum-v1, pkg.mod:Env-v0); several, separated
     by commas (--tasks is the same flag), or mt30 train one multi-task model."""
@@ -53,7 +55,11 @@ class Config:
     action_repeat: Optional[int] = None
     """Env steps per agent decision, rewards summed. None: 2 for DMC, 1 for gymnasium tasks."""
 
-    # --- training -------------------------------------------------------------------
+
+@dataclass
+class _Training:
+    """The training loop: steps, envs, seeding, updates, the replay buffer, offline data."""
+
     steps: int = 1_000_000
     """Environment steps to train for, action repeat included (published-curve convention)."""
     seed: int = 1
@@ -85,7 +91,11 @@ class Config:
     save_data: Optional[str] = None
     """Append every finished episode of an online run to this dataset file, at each checkpoint."""
 
-    # --- losses and optimisation ---------------------------------------------------------
+
+@dataclass
+class _Losses:
+    """Losses and optimisation."""
+
     lr: float = 3e-4
     """Adam learning rate of the world model and the policy prior."""
     enc_lr_scale: float = 0.3
@@ -122,27 +132,19 @@ class Config:
     discount_max: float = 0.995
     """Upper clip of the discount."""
 
-    # --- planning (MPPI) -----------------------------------------------------------
+
+@dataclass
+class _Acting:
+    """How the agent acts (the planner's own settings are MPPIConfig's)."""
+
     mpc: bool = True
     """Plan with MPPI; False acts with the policy prior alone."""
-    iterations: int = 6
-    """MPPI iterations per plan (2 more for action spaces of 20 dims or more, as the reference)."""
-    num_samples: int = 512
-    """Candidate action sequences per iteration, policy trajectories included."""
-    num_elites: int = 64
-    """Best candidates that set the next mean and std."""
-    num_pi_trajs: int = 24
-    """Candidates rolled out with the policy prior instead of sampled."""
-    horizon: int = 3
-    """Planning horizon, and the length of training sub-trajectories."""
-    min_std: float = 0.05
-    """Lower bound of the sampling std."""
-    max_std: float = 2.0
-    """Upper bound of the sampling std, and its value at the first iteration."""
-    temperature: float = 0.5
-    """Sharpness of the elites' softmax weights: exp(temperature x (value - max))."""
 
-    # --- architecture ------------------------------------------------------------
+
+@dataclass
+class _Sizes:
+    """The network sizes: a model_size preset, or each size set."""
+
     model_size: Optional[int] = 5
     """Preset (1, 5, 19, 48, 317 million parameters) for the five size fields below; set any of them to override."""
     enc_dim: Optional[int] = None
@@ -155,29 +157,23 @@ class Config:
     """Layers of the state encoder. None: from model_size."""
     num_q: Optional[int] = None
     """Q heads in the ensemble. None: from model_size."""
-    num_channels: int = 32
-    """Channels of the pixel encoder's conv layers (latent_dim must be 16 x num_channels for rgb)."""
-    simnorm_dim: int = 8
-    """Group size of the SimNorm softmax on latents."""
-    dropout: float = 0.01
-    """Dropout after the first layer of each Q head."""
-    num_bins: int = 101
-    """Bins of the two-hot discrete regression of rewards and values."""
-    vmin: float = -10.0
-    """Lowest bin, in symlog space."""
-    vmax: float = 10.0
-    """Highest bin, in symlog space."""
-    log_std_min: float = -10.0
-    """Lower bound of the policy prior's log std."""
-    log_std_max: float = 2.0
-    """Upper bound of the policy prior's log std."""
+
+
+@dataclass
+class _TaskSet:
+    """A multi-task model's task set."""
+
     task_set: tuple[str, ...] = ()
     """A multi-task model's tasks, one embedding row each in id order, written as `task` is (a,b,c or mt30).
     (): the tasks trained on (one: no embedding)."""
     task_dim: Optional[int] = None
     """Task embedding size of a multi-task model. None: the reference's (96 for 80 tasks or model size 1/317, else 64)."""
 
-    # --- evaluation and output ---------------------------------------------------------
+
+@dataclass
+class _Output:
+    """Evaluation, checkpoints and logs."""
+
     eval_freq: int = 50_000
     """Env steps between evaluations."""
     eval_episodes: int = 10
@@ -209,7 +205,11 @@ class Config:
     progress: bool = True
     """Show a progress bar."""
 
-    # --- hardware ----------------------------------------------------------------
+
+@dataclass
+class _Hardware:
+    """Device, precision, threads and checks."""
+
     device: str = "auto"
     """'auto' (CUDA when available), 'cpu', 'cuda' or 'cuda:N'."""
     precision: Literal["auto", "fp32", "bf16"] = "auto"
@@ -226,6 +226,13 @@ class Config:
     nonfinite_data: Literal["error", "drop"] = "error"
     """NaN or inf from an env: stop, naming the env, step and field ('error'), or skip the transition and restart
     that env's episode ('drop')."""
+
+
+# Every setting of a run, from the sections above in this order (a dataclass lists its bases' fields last base
+# first): task, training, losses, acting, planning (MPPIConfig, declared with the planner), sizes, network
+# (NetworkSettings, declared with the model), task set, output, hardware. No docstring: --help would show it.
+@dataclass
+class Config(_Hardware, _Output, _TaskSet, NetworkSettings, _Sizes, MPPIConfig, _Acting, _Losses, _Training, _Task):
 
     def __post_init__(self) -> None:
         # One spelling for a task list, however it was given: ("a,b",), ("a", "b") and ("mt30",) all expand.

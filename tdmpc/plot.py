@@ -6,118 +6,15 @@ for min-max across seeds); --no-group draws every run separately.
 
 from __future__ import annotations
 
-import csv
-import json
 import sys
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
 
-import numpy as np
 import tyro
 
-from tdmpc.cli import BadInput, run_cli
-
-
-@dataclass
-class Curve:
-    label: str
-    steps: np.ndarray
-    returns: np.ndarray  # (seeds, len(steps)); NaN where a seed has no point
-    style: dict = field(default_factory=dict)
-
-
-@dataclass
-class Series:
-    """One task's evaluations in one run. A multi-task run has one per task; its env steps are the
-    task's own (the run's total divided among its tasks, which step equally)."""
-
-    run_dir: Path
-    task: str
-    exp_name: str  # a multi-task run's gets ", multi-task"
-    steps: np.ndarray
-    returns: np.ndarray
-    elapsed: np.ndarray  # training seconds at each evaluation, over resumed sessions
-
-    @property
-    def label(self) -> str:
-        return f"{self.task} ({self.exp_name})"
-
-    def seconds_per_100k(self) -> float | None:
-        """Training wall-clock per 100k env steps of this task, at the last evaluation."""
-        ok = (self.steps > 0) & ~np.isnan(self.elapsed)
-        return float(self.elapsed[ok][-1] / self.steps[ok][-1] * 100_000) if ok.any() else None
-
-
-def read_run(run_dir: Path) -> list[Series]:
-    """The evaluation series of a run directory: one, or one per task of a multi-task run."""
-    eval_csv = run_dir / "eval.csv"
-    if not eval_csv.is_file():
-        raise BadInput(f"{run_dir}: no eval.csv (is this a tdmpc run directory?)")
-    cfg_file = run_dir / "config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
-    with open(eval_csv, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("episode_return")]
-    exp_name = cfg.get("exp_name", "default")
-    by_task: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        by_task[r.get("task") or cfg.get("task", run_dir.name)].append(r)
-    by_task.pop("mean", None)
-    if len(by_task) > 1:
-        exp_name += ", multi-task"
-    return [Series(run_dir, task, exp_name, np.array([int(float(r["env_step"])) for r in rs]) // len(by_task),
-                   np.array([float(r["episode_return"]) for r in rs]),
-                   np.array([float(r["elapsed"]) if r.get("elapsed") else np.nan for r in rs]))
-            for task, rs in by_task.items()] or [Series(run_dir, cfg.get("task", run_dir.name), exp_name,
-                                                        *(np.zeros(0),) * 3)]
-
-
-def group_runs(runs: list[Path], group: bool = True) -> list[Curve]:
-    return group_series([s for run in runs for s in read_run(run)], group)
-
-
-def group_series(series_list: list[Series], group: bool = True) -> list[Curve]:
-    """Series of the same task and exp_name are seeds of one curve (group=False: a curve each)."""
-    grouped: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
-    for one in series_list:
-        grouped[one.label if group else f"{one.run_dir}: {one.task}"].append((one.steps, one.returns))
-    curves = []
-    for label, series in grouped.items():
-        steps = np.unique(np.concatenate([s for s, _ in series]))
-        table = np.full((len(series), len(steps)), np.nan)
-        for i, (s, r) in enumerate(series):
-            table[i, np.searchsorted(steps, s)] = r
-        curves.append(Curve(f"{label}, {len(series)} seed{'s' * (len(series) > 1)}" if group else label,
-                            steps, table))
-    return curves
-
-
-def draw(curves: list[Curve], out: Path, title: str | None = None) -> Path:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise BadInput("plotting needs matplotlib: pip install -e '.[plot]'") from None
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    for c in curves:
-        mean = np.nanmean(c.returns, axis=0)
-        (line,) = ax.plot(c.steps, mean, label=c.label, **c.style)
-        if c.returns.shape[0] > 1:
-            ax.fill_between(c.steps, np.nanmin(c.returns, 0), np.nanmax(c.returns, 0), alpha=0.15,
-                            color=line.get_color())
-    ax.set_xlabel("environment steps (action repeat included)")
-    ax.set_ylabel("eval episode return")
-    if title:
-        ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
-    plt.close(fig)
-    return out
+from tdmpc.errors import run_cli
+from tdmpc.report.curves import draw, group_runs
 
 
 @dataclass

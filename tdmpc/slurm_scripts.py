@@ -17,9 +17,10 @@ from typing import Optional
 
 import tyro
 
-from tdmpc.cli import EXIT_OK, BadInput, run_cli
+from tdmpc.errors import EXIT_OK, BadInput, run_cli
+from tdmpc.runtime.files import shipped_dir
 
-SCRIPTS = Path(__file__).resolve().parent / "slurm"
+SCRIPTS = shipped_dir("slurm")
 
 
 @dataclass

@@ -5,7 +5,7 @@ import torch
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
-from tdmpc.world_model import ModelDims
+from tdmpc.model.world_model import ModelDims
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,4 @@
-"""The Python API: import tdmpc, tdmpc.train(...), Agent.from_checkpoint, act() on one observation, callbacks,
+"""The Python API: import tdmpc, tdmpc.fit(...), Agent.from_checkpoint, act() on one observation, callbacks,
 env objects and factories, and wandb (against a stub of the wandb package)."""
 
 from __future__ import annotations
@@ -46,19 +46,19 @@ class DeclaredCorridor(Corridor):
     metadata = {"episodic": True}
 
 
-def test_version_and_the_train_function_survive_importing_the_cli_module():
+def test_version_and_the_fit_function_beside_the_train_command_module():
     from importlib.metadata import version
 
     assert tdmpc.__version__ == version("tdmpc")
-    from tdmpc.train import main  # the CLI module of the same name
+    from tdmpc import train  # the module of python -m tdmpc.train; the function is tdmpc.fit: no name is shared
 
-    assert callable(main) and callable(tdmpc.train) and tdmpc.train.__name__ == "train"
-    assert {"Agent", "Config", "train"} <= set(tdmpc.__all__)
+    assert callable(train.main) and callable(tdmpc.fit) and tdmpc.fit.__name__ == "fit" and tdmpc.train is train
+    assert {"Agent", "Config", "fit"} <= set(tdmpc.__all__)
 
 
 def test_train_from_python_returns_the_run_and_an_agent_that_acts_on_one_observation(tmp_path):
     logs, evals = [], []
-    run_dir, agent = tdmpc.train(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=logs.append,
+    run_dir, agent = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=logs.append,
                                  on_eval=evals.append, **TINY)
     assert run_dir == tmp_path / "run" and (run_dir / "checkpoints" / "latest.pt").is_file()
     assert [r["env_step"] for r in logs] == [100, 200, 300] and [r["env_step"] for r in evals] == [0, 300]
@@ -74,19 +74,19 @@ def test_train_from_python_returns_the_run_and_an_agent_that_acts_on_one_observa
 
 def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues(tmp_path):
     stop_at_first_log = lambda row: False  # noqa: E731
-    run_dir, _ = tdmpc.train(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=stop_at_first_log, **TINY)
+    run_dir, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=stop_at_first_log, **TINY)
     import torch
 
     ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["env_step"] == 100 and not ck["train"]["finished"]
-    _, _ = tdmpc.train(run_dir=run_dir, resume=True)
+    _, _ = tdmpc.fit(run_dir=run_dir, resume=True)
     ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["env_step"] == 300 and ck["train"]["finished"]
 
 
 def test_an_env_object_trains_as_is_and_is_copied_for_more_envs_and_evaluation(tmp_path, capsys):
     env = Corridor(terminates=True)
-    run_dir, agent = tdmpc.train(env=env, run_dir=tmp_path / "run", num_envs=2, **{**TINY, "seed_steps": 400,
+    run_dir, agent = tdmpc.fit(env=env, run_dir=tmp_path / "run", num_envs=2, **{**TINY, "seed_steps": 400,
                                                                                      "steps": 400, "eval_freq": 400})
     assert env.steps == 200  # the object itself was stepped (400 steps / 2 envs), its copies the rest
     assert agent.cfg.task == "custom:Corridor"
@@ -95,9 +95,9 @@ def test_an_env_object_trains_as_is_and_is_copied_for_more_envs_and_evaluation(t
 
 
 def test_a_factory_and_what_an_env_declares(tmp_path):
-    _, agent = tdmpc.train(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
+    _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
     assert agent.cfg.episodic is True and agent.dims.episodic
-    _, agent = tdmpc.train(env=lambda: Corridor(), run_dir=tmp_path / "run2", episodic=True, **TINY)
+    _, agent = tdmpc.fit(env=lambda: Corridor(), run_dir=tmp_path / "run2", episodic=True, **TINY)
     assert agent.cfg.episodic is True  # a setting, whatever the env says
 
 
@@ -107,7 +107,7 @@ def test_evaluation_scores_the_termination_head_on_every_transition_it_ran(bias)
 
     from tdmpc.agent import Agent
     from tdmpc.evaluate import run_episodes
-    from tdmpc.world_model import ModelDims
+    from tdmpc.model.world_model import ModelDims
 
     cfg = tdmpc.Config(model_size=1, precision="fp32", num_samples=32, num_elites=4, num_pi_trajs=2, iterations=1)
     agent = Agent(cfg, ModelDims.from_config(cfg, (2,), 1, True), episode_length=100, device=torch.device("cpu"))
@@ -162,9 +162,9 @@ def test_wandb_gets_a_unique_id_per_run_kept_on_resume_its_options_and_videos(tm
     options = dict(wandb=True, wandb_entity="lab", wandb_project="p", wandb_tags=("a", "b"), **TINY)
     stop = lambda row: row["env_step"] < 200  # noqa: E731 - stops at the log row of step 200
     env = "InvertedPendulum-v5"  # renders through MuJoCo (classic control would need pygame)
-    a, _ = tdmpc.train(env=env, run_dir=tmp_path / "a", on_log=stop, **options)
-    tdmpc.train(run_dir=a, resume=True, save_video=True)
-    tdmpc.train(env=env, run_dir=tmp_path / "b", wandb_group="mine", **options)
+    a, _ = tdmpc.fit(env=env, run_dir=tmp_path / "a", on_log=stop, **options)
+    tdmpc.fit(run_dir=a, resume=True, save_video=True)
+    tdmpc.fit(env=env, run_dir=tmp_path / "b", wandb_group="mine", **options)
     first, resumed, other = stub.inits
     assert first["id"] == resumed["id"] != other["id"] and first["resume"] == "allow"
     assert (first["entity"], first["project"], first["tags"]) == ("lab", "p", ["a", "b"])

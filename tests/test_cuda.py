@@ -10,8 +10,8 @@ from tdmpc.planners.mppi import MPPI, MPPIConfig
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
-from tdmpc.cuda_graphs import CUDAGraphed
-from tdmpc.world_model import ModelDims
+from tdmpc.runtime.cuda_graphs import CUDAGraphed
+from tdmpc.model.world_model import ModelDims
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 CUDA = torch.device("cuda")

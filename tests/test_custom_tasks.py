@@ -12,7 +12,7 @@ from test_envs import no_rendering_reason  # noqa: E402
 
 from tdmpc.envs import UnknownTaskError, make_env, make_vector_env  # noqa: E402
 from tdmpc.envs.dmcontrol import DMControlEnv, task_names  # noqa: E402
-from tdmpc.envs.tasks import Task, resolve_task  # noqa: E402
+from tdmpc.envs.names import Task, resolve_task  # noqa: E402
 
 # name: (dm_control (domain, task), obs dim, action dim); the dims are the reference's mt30 checkpoint's.
 CUSTOM = {

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import torch
 
-import tdmpc.dataset
+import tdmpc.offline.format
 from tdmpc.buffer import ReplayBuffer
-from tdmpc.dataset import DatasetError, Episode, open_dataset, read_episodes
-from tdmpc.dataset_cli import main as cli_main
-from tdmpc.dataset_convert import convert_buffer, episodes_from_buffer
-from tdmpc.dataset_sampler import InMemoryDataset, StreamingDataset
-from tdmpc.dataset_writer import DatasetWriter
+from tdmpc.offline.format import DatasetError, Episode, open_dataset, read_episodes
+from tdmpc.dataset import main as cli_main
+from tdmpc.offline.convert import convert_buffer, episodes_from_buffer
+from tdmpc.offline.sampler import InMemoryDataset, StreamingDataset
+from tdmpc.offline.writer import DatasetWriter
 
 # obs = [episode id (>0), step in episode, task id]; action and reward = the step they led to.
 
@@ -47,7 +47,7 @@ def digest(path: Path) -> str:
 @pytest.fixture
 def small_chunks(monkeypatch):
     """16-row chunks for 3-D obs and 1-D actions (22 bytes a row), so that small files span many chunks."""
-    monkeypatch.setattr(tdmpc.dataset, "CHUNK_BYTES", 16 * 22)
+    monkeypatch.setattr(tdmpc.offline.format, "CHUNK_BYTES", 16 * 22)
 
 
 def assert_episodes_equal(got: list[Episode], want: list[Episode]) -> None:
@@ -190,7 +190,7 @@ def test_value_check_streams_in_blocks(tmp_path, small_chunks, monkeypatch):
     corrupt(path, lambda f: f["action"].__setitem__((300, 0), np.nan))
     reads = []
     original = h5py.Dataset.__getitem__
-    monkeypatch.setattr(tdmpc.dataset, "BLOCK_BYTES", 64 * 22)
+    monkeypatch.setattr(tdmpc.offline.format, "BLOCK_BYTES", 64 * 22)
     monkeypatch.setattr(h5py.Dataset, "__getitem__", lambda ds, key: reads.append((ds.name, key)) or original(ds, key))
     with pytest.raises(DatasetError, match=r"'action' is not finite at row 300 \(episode 18, step 12\)"):
         open_dataset(path)
@@ -527,7 +527,7 @@ def read_all(path: Path) -> dict:
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_minari_round_trip_preserves_every_array(tmp_path, minari_root):
-    from tdmpc.dataset_minari import from_minari, to_minari
+    from tdmpc.offline.minari import from_minari, to_minari
 
     path = tmp_path / "ours.h5"
     eps = [make_episode(i + 1, 3 + i, terminated=i % 3 == 0, task=i % 2, obs_dim=4, action_dim=2) for i in range(7)]
@@ -553,7 +553,7 @@ def test_minari_import_of_a_dataset_made_by_minari(tmp_path, minari_root):
     import minari
     from minari.data_collector import EpisodeBuffer
 
-    from tdmpc.dataset_minari import from_minari
+    from tdmpc.offline.minari import from_minari
 
     env = gym.make("Pendulum-v1", max_episode_steps=20)
     rng = np.random.default_rng(0)
@@ -587,7 +587,7 @@ def test_minari_import_of_a_data_collector_dataset(tmp_path, minari_root):
     import gymnasium as gym
     import minari
 
-    from tdmpc.dataset_minari import from_minari
+    from tdmpc.offline.minari import from_minari
 
     env = minari.DataCollector(gym.make("Pendulum-v1", max_episode_steps=15))
     for i in range(3):

@@ -6,11 +6,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tdmpc.planners.mppi import MPPI, MPPIConfig
-from tdmpc import fused
+from tdmpc.model import fused
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
-from tdmpc.world_model import ModelDims, WorldModel, planning_copy, sync_copy
+from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
 needs_ext = pytest.mark.skipif(not fused.extension_available(), reason="fused CPU kernels could not be built here")
 
@@ -181,7 +181,7 @@ def test_no_host_sync_in_act_and_update():
 
 
 def test_cpu_dropout_rate_is_p_in_every_16_bit_lane():
-    from tdmpc.layers import dropout
+    from tdmpc.model.layers import dropout
 
     x = torch.ones(4 * 250_000)
     y = dropout(x, 0.01)

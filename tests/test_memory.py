@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 import torch
 
-from tdmpc import memory, speed_probe
+from tdmpc import memory
+from tdmpc.training import speed as speed_probe
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.config import Config, load_json, validate
 from tdmpc.envs import make_env
 from tdmpc.train import main as train_main
-from tdmpc.world_model import ModelDims
+from tdmpc.model.world_model import ModelDims
 
 from helpers import TINY as TINY_RUN
 
@@ -91,7 +92,7 @@ def test_parse_size_rejects(text):
 
 
 def test_eval_parallel_matches_evaluate():
-    from tdmpc.evaluate import MAX_PARALLEL
+    from tdmpc.episodes import MAX_PARALLEL
     assert memory.EVAL_PARALLEL == MAX_PARALLEL
     assert memory.eval_sizes(dataclasses.replace(Config(), eval_episodes=40)) == [8, 16]
 
@@ -267,7 +268,7 @@ def test_slow_run_warning_advises_by_config_size(cfg_name, advice, monkeypatch):
     """The advice to switch to cpu.json is given only where the config is bigger than cpu.json."""
     from types import SimpleNamespace
 
-    from tdmpc.train import _warn_if_slow
+    from tdmpc.training.speed import warn_if_slow as _warn_if_slow
     monkeypatch.setattr(speed_probe, "hours_left", lambda agent, steps, tasks: (1.0, 1.0, 50.0))
     said: list[str] = []
     trainer = SimpleNamespace(counters=SimpleNamespace(env_step=0), cfg=load_json(cfg_name), agent=None,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tdmpc.agent import Agent
-from tdmpc.task_sets import TASK_SETS
+from tdmpc.tasks.sets import TASK_SETS
 
 pytest.importorskip("dm_control")
 
@@ -134,7 +134,7 @@ def test_all_thirty_mt30_tasks_act_in_one_batched_call():
 def test_the_memory_estimate_counts_the_embedding_and_every_tasks_envs(tmp_path):
     from tdmpc import memory
     from tdmpc.config import Config
-    from tdmpc.multitask import task_setup
+    from tdmpc.tasks.multitask import task_setup
 
     cfg = Config(task="mt30", model_size=1, num_envs=2, device="cpu")
     tasks = task_setup(cfg)
@@ -154,7 +154,7 @@ def test_the_memory_estimate_counts_the_embedding_and_every_tasks_envs(tmp_path)
 
 def test_a_task_lists_default_run_dir_has_no_commas():
     from tdmpc.config import Config
-    from tdmpc.run_dir import default_run_dir
+    from tdmpc.training.run_dir import default_run_dir
 
     path = default_run_dir(Config(task="cheetah-run,finger-spin", seed=3))
     assert path.parts[:3] == ("runs", "cheetah-run+finger-spin", "seed3")

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from helpers import one_line_error, read_csv, run_module, run_train, tiny_json
-from tdmpc.dataset import open_dataset, read_episodes
+from tdmpc.offline.format import open_dataset, read_episodes
 
 OFFLINE = ["--eval-episodes", "1", "--log-every", "50", "--save-every", "100", "--eval-freq", "100"]
 
@@ -135,8 +135,8 @@ def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_p
 def test_ranks_pick_their_backend_by_device_and_a_rank_without_a_gpu_is_one_line(monkeypatch):
     """On a GPU machine, --device cpu ranks start gloo and leave the GPUs alone (this ran on an H100 and broke
     there: rank 1 asked for a second GPU); GPU ranks beyond the node's GPUs stop with a DeviceError."""
-    from tdmpc import distributed
-    from tdmpc.device import DeviceError
+    from tdmpc.runtime import distributed
+    from tdmpc.runtime.device import DeviceError
 
     started, pinned = [], []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 import zipfile
@@ -15,14 +16,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """A fresh venv (seeing the system's torch, numpy, ... but not this checkout) with the wheel installed."""
+    """A fresh venv with the wheel installed, seeing the dependencies (torch, gymnasium, ...) of the environment
+    running the tests but not this checkout: a .pth file names that environment's site-packages, whose own .pth
+    files (an editable install of this checkout among them) are not run from there. That holds whether the tests
+    run in a system install (CI) or in a venv (the README's)."""
     tmp = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", tmp / "dist",
                     ROOT], check=True, capture_output=True, timeout=300)
     wheel = next((tmp / "dist").glob("tdmpc-*.whl"))
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", tmp / "venv"], check=True, timeout=120)
-    subprocess.run([tmp / "venv" / "bin" / "python", "-m", "pip", "install", "-q", "--no-deps", wheel], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "venv", tmp / "venv"], check=True, timeout=120)
+    py = tmp / "venv" / "bin" / "python"
+    purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
+                             capture_output=True, text=True).stdout.strip()
+    (Path(purelib) / "outer_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], check=True, capture_output=True, timeout=300)
     return tmp
 
 
@@ -37,7 +44,7 @@ def test_the_wheel_holds_the_package_data_and_no_other_top_level_package(install
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == {"tdmpc"}, tops
     for needed in ("tdmpc/configs/cpu.json", "tdmpc/configs/a4000.json", "tdmpc/slurm/train.sh",
-                   "tdmpc/slurm/sweep.sh", "tdmpc/planners/mppi.py", "tdmpc/py.typed", "tdmpc/csrc/fused_cpu.cpp",
+                   "tdmpc/slurm/sweep.sh", "tdmpc/planners/mppi.py", "tdmpc/py.typed", "tdmpc/model/csrc/fused_cpu.cpp",
                    "tdmpc/data/dmc_published.csv"):
         assert needed in names, needed
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tdmpc.checkpoint import load_reference
-from tdmpc.world_model import squash_correction
+from tdmpc.model.checkpoint import load_reference
+from tdmpc.model.world_model import squash_correction
 
 FIXTURE = Path(__file__).parent / "fixtures" / "reference-ms1"
 

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from tdmpc.checkpoint import CheckpointError, load_file, load_reference, reference_to_ours
+from tdmpc.model.checkpoint import CheckpointError, load_file, load_reference, reference_to_ours
 from tdmpc.config import MODEL_SIZES, Config
-from tdmpc.checkpoint import read_checkpoint
-from tdmpc.checkpoint import architecture_from_checkpoint
-from tdmpc.world_model import ModelDims, WorldModel
+from tdmpc.model.checkpoint import read_checkpoint
+from tdmpc.training.init_from import architecture_from_checkpoint
+from tdmpc.model.world_model import ModelDims, WorldModel
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "reference-ms1"
@@ -396,7 +396,7 @@ def test_the_prerelease_nested_layout_loads_with_the_same_outputs(tmp_path):
 def test_an_mt80_model_of_size_5_is_imported_with_its_task_set(tmp_path):
     """mt80 at model size 5 (task dim 96, obs padded to 39, 6 action dims): every size and the task set
     inferred from the file, outputs equal on DMC and Meta-World tasks, and per-task masks in the policy."""
-    from tdmpc.task_sets import TASK_SETS, reference_info
+    from tdmpc.tasks.sets import TASK_SETS, reference_info
 
     tasks = TASK_SETS["mt80"]
     dims = ModelDims.from_config(Config(model_size=5), (39,), 6, False, tasks,
@@ -416,7 +416,7 @@ def test_an_mt80_model_of_size_5_is_imported_with_its_task_set(tmp_path):
 
 
 def test_a_multitask_checkpoint_whose_task_set_does_not_fit_is_one_line(tmp_path):
-    from tdmpc.task_sets import TASK_SETS
+    from tdmpc.tasks.sets import TASK_SETS
 
     m30 = load_reference(Path(__file__).parent / "fixtures" / "reference-mt30-ms1" / "reference_checkpoint.pt")
     sd = to_reference_layout(m30)

@@ -46,11 +46,11 @@ def wait_for(predicate, timeout: float = 120.0) -> None:
 def test_a_build_lock_held_by_a_killed_process_never_blocks_the_next(tmp_path):
     """A process killed (SIGKILL) while it holds the kernel build lock leaves nothing that makes the
     next process wait: the next one builds the kernels and runs."""
-    from tdmpc import fused
+    from tdmpc.model import fused
 
     name = f"tdmpc_fused_{fused._build_tag()}"
     holder = subprocess.Popen([PY, "-c", (
-        "import sys, time; from pathlib import Path; from tdmpc.fused import build_lock\n"
+        "import sys, time; from pathlib import Path; from tdmpc.model.fused import build_lock\n"
         f"with build_lock(Path({str(tmp_path)!r}) / '.{name}.lock'):\n"
         "    print('locked', flush=True); time.sleep(600)")], stdout=subprocess.PIPE, text=True, env=_env())
     assert holder.stdout.readline().strip() == "locked"
@@ -58,7 +58,7 @@ def test_a_build_lock_held_by_a_killed_process_never_blocks_the_next(tmp_path):
     holder.wait()
     (tmp_path / f".build-{name}-dead").mkdir()  # a half-done build directory of the killed process
     t0 = time.time()
-    out = subprocess.run([PY, "-c", "from tdmpc.fused import extension_available as ok; print(ok())"],
+    out = subprocess.run([PY, "-c", "from tdmpc.model.fused import extension_available as ok; print(ok())"],
                          capture_output=True, text=True, timeout=300, env=_env(TDMPC_BUILD_DIR=str(tmp_path)))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "True", out.stderr
@@ -66,7 +66,7 @@ def test_a_build_lock_held_by_a_killed_process_never_blocks_the_next(tmp_path):
     left = sorted(p.name for p in tmp_path.iterdir())
     assert f"{name}.so" in left and not [n for n in left if n.startswith(".build-")], (left, out.stderr)
     # Built once: a second start loads the library without the lock or a rebuild.
-    again = subprocess.run([PY, "-c", "from tdmpc.fused import extension_available as ok; print(ok())"],
+    again = subprocess.run([PY, "-c", "from tdmpc.model.fused import extension_available as ok; print(ok())"],
                            capture_output=True, text=True, timeout=120, env=_env(TDMPC_BUILD_DIR=str(tmp_path)))
     assert again.stdout.strip() == "True" and "building" not in again.stderr, again.stderr
     assert time.time() - t0 < 290
@@ -337,7 +337,7 @@ def test_seed_steps_0_and_a_resume_that_changes_num_envs_are_one_line(tmp_path, 
 
 def test_the_progress_bar_redraws_during_pretraining_and_a_resumed_eta_counts_this_session(tmp_path):
     from tdmpc.config import Config
-    from tdmpc.logger import RunLogger
+    from tdmpc.training.logger import RunLogger
 
     log = RunLogger(tmp_path, Config(tensorboard=False), total_steps=1000, start_step=500)
     redraws = []

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tdmpc import reproduce
-from tdmpc.cli import BadInput
-from tdmpc.reproduce import Action, decide, load_published, main, parse_seeds, seeds_text, train_command
+from tdmpc.errors import BadInput
+from tdmpc.reproduce import Action, decide, main, parse_seeds, seeds_text, train_command
+from tdmpc.report.published import load_published
 
 EVAL_COLUMNS = ["env_step", "episodes", "episode_return", "episode_return_std", "episode_length", "eval_seconds",
                 "elapsed"]

@@ -221,7 +221,7 @@ def tiny_dataset(path: Path) -> Path:
     """A dataset of 10 random-action Pendulum-v1 episodes of 200 steps."""
     import numpy as np
 
-    from tdmpc.dataset_writer import DatasetWriter
+    from tdmpc.offline.writer import DatasetWriter
 
     rng = np.random.default_rng(0)
     with DatasetWriter(path, (3,), 1, ["Pendulum-v1"], "state", 1, "tests/test_slurm.py") as w:

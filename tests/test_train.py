@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tdmpc.config import Config, validate
-from tdmpc.device import resolve_device
-from tdmpc.train import Trainer
+from tdmpc.runtime.device import resolve_device
+from tdmpc.training.setup import trainer_for as Trainer
 
 from helpers import TINY, read_csv, run_train, tiny_json  # noqa: E402
 
@@ -205,7 +205,7 @@ def test_evaluate_records_a_video_through_mujoco_offscreen_rendering(tmp_path):
 def test_resume_of_a_run_older_than_a_config_field_says_which_default_applies(tmp_path, capsys):
     """A config.json written before a field existed (train_precision, say) resumes with the field's default,
     and a line says so: nothing changes silently."""
-    from tdmpc.run_dir import saved_config
+    from tdmpc.training.run_dir import saved_config
 
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "latest.pt").write_bytes(b"")
@@ -219,7 +219,7 @@ def test_resume_of_a_run_older_than_a_config_field_says_which_default_applies(tm
 
 def test_explicit_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, capsys):
     """On AVX2-only CPUs bf16 matmuls run ~50x slower than fp32: an explicit bf16 says so, 'auto' picks fp32."""
-    from tdmpc import device
+    from tdmpc.runtime import device
     monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: False)
     device._warn_emulated_bf16.cache_clear()
     cpu = torch.device("cpu")

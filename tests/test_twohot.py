@@ -1,8 +1,8 @@
 import torch
 import torch.nn.functional as F
 
-from tdmpc.layers import simnorm
-from tdmpc.twohot import TwoHot, symexp, symlog
+from tdmpc.model.layers import simnorm
+from tdmpc.model.twohot import TwoHot, symexp, symlog
 
 
 def test_symlog_symexp_inverse():

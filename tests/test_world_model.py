@@ -3,7 +3,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from tdmpc.config import Config
-from tdmpc.world_model import ModelDims, WorldModel
+from tdmpc.model.world_model import ModelDims, WorldModel
 
 
 def make(model_size=1, episodic=False, obs=24, act=6):

@@ -12,9 +12,10 @@ import sys
 if sys.platform == "linux":
     os.environ.setdefault("MUJOCO_GL", "egl")
 
-from tdmpc.envs.make import (EnvSource, EnvSpec, env_rng_state, make_env, make_task_envs, make_vector_env,  # noqa: E402
-                             set_env_rng_state)
-from tdmpc.envs.tasks import TaskError, UnknownTaskError, episode_length  # noqa: E402
+from tdmpc.envs.make import (EnvSource, EnvSpec, VectorEnvs, env_rng_state, make_env, make_envs,  # noqa: E402
+                             make_task_envs, make_vector_env, set_env_rng_state)
+from tdmpc.envs.names import UnknownTaskError, episode_length  # noqa: E402
+from tdmpc.errors import TaskError  # noqa: E402
 
-__all__ = ["EnvSource", "EnvSpec", "TaskError", "UnknownTaskError", "env_rng_state", "episode_length", "make_env", "make_task_envs", "make_vector_env",
-           "set_env_rng_state"]
+__all__ = ["EnvSource", "EnvSpec", "TaskError", "UnknownTaskError", "VectorEnvs", "env_rng_state", "episode_length",
+           "make_env", "make_envs", "make_task_envs", "make_vector_env", "set_env_rng_state"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Sequence, Union, cast
 
 import gymnasium as gym
 import numpy as np
@@ -13,8 +13,9 @@ from gymnasium import spaces
 from gymnasium.wrappers import (AddRenderObservation, FlattenObservation, FrameStackObservation, RescaleAction,
                                 TimeLimit, TransformAction, TransformObservation)
 
-from tdmpc.envs.tasks import DEFAULT_EPISODE_STEPS, Task, TaskError, resolve_task
+from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, Task, resolve_task
 from tdmpc.envs.wrappers import ActionRepeat, SeedAndRNGState
+from tdmpc.errors import TaskError
 
 OBS_TYPES = ("state", "rgb")
 PIXELS, FRAME_STACK = 64, 3  # rgb observations: the last 3 frames of 64x64, channels first
@@ -154,6 +155,20 @@ def make_task_envs(
         fns += [functools.partial(_wrap_built, t, task, seed + len(fns) + j, "state", repeat, render,
                                   (obs_dim, action_dim)) for j in range(envs_per_task)]
     return _vector(fns, asynchronous, seed), specs
+
+
+def make_envs(env: EnvSource | Sequence[str], envs_per_task: int, *, seed: int, obs: str = "state",
+              action_repeat: int | None = None, pad_to: tuple[int, int] | None = None, asynchronous: bool = False,
+              render: bool = False) -> VectorEnvs:
+    """The vector env a model plays, whoever asks (training, evaluation, collection): for a single-task model
+    make_vector_env(env); for a multi-task one (pad_to: the model's obs and action dims) make_task_envs over
+    `env`, a task name or several, envs_per_task of each."""
+    if pad_to is None:
+        return make_vector_env(cast(EnvSource, env), envs_per_task, seed=seed, obs=obs, action_repeat=action_repeat,
+                               asynchronous=asynchronous, render=render)[0]
+    tasks = [env] if isinstance(env, str) else list(cast(Sequence[str], env))
+    return make_task_envs(tasks, envs_per_task, seed=seed, obs_dim=pad_to[0], action_dim=pad_to[1],
+                          action_repeat=action_repeat, asynchronous=asynchronous, render=render)[0]
 
 
 def _vector(fns: Sequence[Callable[[], gym.Env]], asynchronous: bool, seed: int) -> VectorEnvs:

@@ -1,0 +1,358 @@
+"""Peak device memory predicted from a config, before a run starts (tdmpc.memory.fit fits a config to a card).
+
+Running out of GPU memory hours into a run wastes the run; this module gives a number
+first. The estimate is built from the shapes the code allocates:
+
+* exactly known (a CPU test checks them against the bytes really allocated):
+  parameters, gradients and both Adam optimisers' states, target Qs and the planning
+  copy are counted on a `meta`-device WorldModel (no memory, any model size); the
+  planners' preallocated buffers and the replay buffer follow MPPI.__init__ and
+  ReplayBuffer.__init__ byte for byte.
+* modelled (formulas below, from the layer widths): activations saved for backward
+  in an update, the largest plan() call's temporaries, CUDA graph pools.
+* constants: the CUDA context (CUDA_CONTEXT) and allocator slack (ALLOCATOR_SLACK).
+* cuBLAS workspaces: PyTorch allocates them per stream a matmul ran on through its caching
+  allocator, so they are live tensors: the default stream's, and with CUDA graphs the one
+  side stream every graph warms up and is captured on (tdmpc.runtime.cuda_graphs). Their size is
+  PyTorch's default or what its environment variables set (cublas_workspace_bytes).
+
+Update activations. Under bf16 autocast on CUDA, one hidden Linear -> LayerNorm -> Mish
+element keeps 3 fp32 copies for backward (LayerNorm input, LayerNorm output kept by the
+affine multiply, Mish input) plus the next layer's autocast input (2 bytes): 14 bytes
+(16 in fp32). A Linear -> LayerNorm -> SimNorm element keeps 12 (LayerNorm input and
+output, softmax output), a logit kept by log_softmax 4, a dropout mask 1. Rows: the
+encoder sees B observations, dynamics H x B, reward/termination H x B, the Q ensemble
+num_q x H x B; each layer input is kept in the autocast dtype, and every weight is cast
+once per call (the dynamics H times). Add the sampled batch, the no-grad TD targets, the
+world model's gradients and a backward working set (2 fp32 copies of the widest
+activation). The policy update (pi, and 2 Q heads on (H+1) x B detached latents) runs
+after the world model's tensors are freed, so the larger of the two counts.
+
+Planner activations. One plan() call holds, at its peak, the inputs [z, a] of the
+N x (S - P) sampled candidates, the fused dynamics+reward first layer (2 x mlp_dim)
+with 2 LayerNorm/Mish temporaries, reward logits decoded in fp32; or, in the value
+step, pi and 2 Q heads on N x S latents; plus the sampled actions. Every
+(num_envs, role) pair has its own planner: training (num_envs) and evaluation (up to
+16 episodes at once, tdmpc.evaluate.MAX_PARALLEL).
+
+CUDA graphs keep a private pool per captured call, sized by that call's temporaries:
+one for update() and one per planner. The budget is the card's memory less
+SAFETY_MARGIN; headroom is 1 - total / card memory.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+import torch
+from torch import nn
+
+from tdmpc.config import Config
+from tdmpc.runtime.device import resolve_dtype
+from tdmpc.runtime.files import MiB, fmt_bytes
+from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy
+
+if TYPE_CHECKING:
+    from tdmpc.tasks.multitask import TaskSetup
+
+CUDA_CONTEXT = 500 * MiB  # CUDA runtime, cuBLAS/cuDNN kernels: not seen by torch's allocator
+ALLOCATOR_SLACK = 0.10  # caching allocator rounding and fragmentation, a fraction of what tensors use
+SAFETY_MARGIN = 0.10  # of the card's memory, left unplanned (other processes, driver, estimate error)
+EVAL_PARALLEL = 16  # evaluation episodes run at once (tdmpc.episodes), each group with a planner of its size
+SIZE_UNITS = {"": 10**9, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+              "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+# --- what we plan for --------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    """The memory a run gets: a CUDA card (detected, or named by --gpu-mem) or host memory."""
+
+    label: str
+    capacity: Optional[int]  # bytes; None when unknown (host memory without --gpu-mem)
+    cuda: bool
+    dtype: torch.dtype  # planning dtype
+    train_dtype: torch.dtype  # update (autocast) dtype
+    cublas_workspace: int = 0  # bytes of a stream's cuBLAS + cuBLASLt workspaces; 0 off CUDA
+
+    @property
+    def budget(self) -> Optional[int]:
+        return None if self.capacity is None else int(self.capacity * (1 - SAFETY_MARGIN))
+
+
+def parse_size(text: str) -> int:
+    """'16GB', '16G', '16000MB', '8GiB', '16' (GB) -> bytes. GB/MB are decimal, GiB/MiB binary."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]i?)?b?\s*", text, re.IGNORECASE)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"cannot read the memory size '{text}'; write e.g. 16GB, 16000MB or 8GiB")
+    return int(float(m.group(1)) * SIZE_UNITS[(m.group(2) or "").lower()])
+
+
+def cuda_target(cfg: Config, capacity: int, label: str, device: torch.device | None = None) -> Target:
+    """A CUDA card. 'auto' precision is bf16 there (Ampere and later; pass --precision fp32 for older cards)."""
+    if device is not None and device.type == "cuda":
+        dtype = resolve_dtype(cfg.precision, device)
+    else:
+        dtype = torch.float32 if cfg.precision == "fp32" else torch.bfloat16
+    # train_precision is never "auto", so its dtype does not depend on the device
+    major = torch.cuda.get_device_capability(device)[0] if device is not None and device.type == "cuda" else None
+    return Target(label, capacity, True, dtype, update_dtype(cfg), cublas_workspace_bytes(major))
+
+
+def cublas_workspace_bytes(major: int | None) -> int:
+    """A stream's cuBLAS and cuBLASLt workspaces as PyTorch sizes them (measured on an H100 with torch 2.11:
+    32 MiB and 1 MiB). cuBLAS: CUBLAS_WORKSPACE_CONFIG (':KiB:count' pairs) when set, else 32 MiB on compute
+    capability 9 and later and 8 MiB + 128 KiB before; a card named only by --gpu-mem (major None) is planned
+    at the larger size. cuBLASLt (linear layers with a bias): CUBLASLT_WORKSPACE_SIZE KiB, else 1 MiB."""
+    pairs = re.findall(r":(\d+):(\d+)", os.environ.get("CUBLAS_WORKSPACE_CONFIG", ""))
+    if pairs:
+        cublas = sum(int(kib) * int(n) for kib, n in pairs) * 1024
+    else:
+        cublas = 32 * MiB if major is None or major >= 9 else 2 * 4 * MiB + 8 * 16 * 1024
+    return cublas + int(os.environ.get("CUBLASLT_WORKSPACE_SIZE", "1024")) * 1024
+
+
+def update_dtype(cfg: Config) -> torch.dtype:
+    """The dtype update activations are counted in: 'mixed' keeps its largest ones (the Q ensemble's) in fp32,
+    so it is counted as fp32, an upper bound. train_precision is never 'auto': no device is needed."""
+    return torch.float32 if cfg.train_precision == "mixed" else resolve_dtype(cfg.train_precision, torch.device("cpu"))
+
+
+def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None = None) -> Target:
+    """--gpu-mem wins; else the CUDA device's total memory; else host memory (no budget)."""
+    if gpu_mem is not None:
+        label = (f"{torch.cuda.get_device_name(device)} planned as {gpu_mem}"
+                 if device is not None and device.type == "cuda" else f"a {gpu_mem} card")
+        return cuda_target(cfg, parse_size(gpu_mem), label, device)
+    if device is not None and device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return cuda_target(cfg, props.total_memory, props.name, device)
+    cpu = torch.device("cpu")
+    return Target("host memory (no CUDA device here)", None, False, resolve_dtype(cfg.precision, cpu),
+                  update_dtype(cfg))
+
+
+# --- the estimate ----------------------------------------------------------------------
+@dataclass
+class MemoryEstimate:
+    """Predicted peak device memory, in bytes, by component.
+
+    An update's temporaries (gradients + update_activations) and a plan's
+    (planner_activations) never coexist: only the larger counts in `total`."""
+
+    parameters: int  # fp32 masters and buffers, target Qs excluded
+    gradients: int  # fp32, the world model's (pi's come later and are fewer)
+    optimizer: int  # Adam exp_avg + exp_avg_sq per parameter, and a step tensor each
+    target_qs: int
+    planning_copy: int  # matmul weights in the planning dtype, LayerNorm in fp32
+    planner_buffers: int  # every planner's preallocated tensors
+    replay_buffer: int  # on the device; 0 when it lives in pinned host memory
+    update_activations: int  # saved for backward, the batch, TD targets, backward working set
+    planner_activations: int  # the largest plan() call's temporaries
+    cuda_graph_pools: int
+    cuda_context: int
+    cublas_workspaces: int = 0  # one per stream a matmul runs on, allocated through torch's allocator
+    host_buffer: int = 0  # pinned host memory for the replay buffer (not in the total)
+    learnable: int = 0  # learnable parameters (count)
+    notes: dict[str, str] = field(default_factory=dict)
+
+    PERSISTENT = ("parameters", "optimizer", "target_qs", "planning_copy", "planner_buffers", "replay_buffer",
+                  "cublas_workspaces")
+
+    @property
+    def transient(self) -> int:
+        return max(self.gradients + self.update_activations, self.planner_activations)
+
+    @property
+    def peak_allocated(self) -> int:
+        """What torch.cuda.max_memory_allocated() should read: live tensors at the peak (graph
+        pools, slack and the context are reserved memory, not live tensors)."""
+        return sum(getattr(self, p) for p in self.PERSISTENT) + self.transient
+
+    @property
+    def allocator_slack(self) -> int:
+        return int(ALLOCATOR_SLACK * (self.peak_allocated + self.cuda_graph_pools))
+
+    @property
+    def total(self) -> int:
+        return self.peak_allocated + self.cuda_graph_pools + self.allocator_slack + self.cuda_context
+
+    def table(self) -> str:
+        """The breakdown, one component a line, in MiB."""
+        update_peak = self.gradients + self.update_activations >= self.planner_activations
+        rows = [("parameters (fp32)", self.parameters, self.notes.get("parameters", "")),
+                ("Adam states (2 optimizers)", self.optimizer, "exp_avg, exp_avg_sq, step"),
+                ("target Qs", self.target_qs, ""),
+                ("planning copy", self.planning_copy, self.notes.get("planning_copy", "")),
+                ("planner buffers", self.planner_buffers, self.notes.get("planner_buffers", "")),
+                ("replay buffer", self.replay_buffer, self.notes.get("replay_buffer", "")),
+                ("cuBLAS workspaces", self.cublas_workspaces, self.notes.get("cublas_workspaces", "")),
+                ("gradients (fp32)", self.gradients, "" if update_peak else "not at the peak (a plan is larger)"),
+                ("update activations", self.update_activations,
+                 self.notes.get("update_activations", "") + ("" if update_peak else "; not at the peak")),
+                ("planner activations", self.planner_activations,
+                 "largest plan() call" + ("; not at the peak (an update is larger)" if update_peak else "")),
+                ("CUDA graph pools", self.cuda_graph_pools, self.notes.get("cuda_graph_pools", "")),
+                (f"allocator slack ({ALLOCATOR_SLACK:.0%})", self.allocator_slack, ""),
+                ("CUDA context", self.cuda_context, "runtime, kernels" if self.cuda_context else "")]
+        width = max(len(r[0]) for r in rows)
+        lines = [f"  {name:<{width}} {_mib(v):>13}  {note}".rstrip() for name, v, note in rows]
+        lines.append(f"  {'total (peak)':<{width}} {_mib(self.total):>13}  {fmt_bytes(self.total)}")
+        return "\n".join(lines)
+
+
+def _mib(n: int) -> str:
+    return f"{n / MiB:,.1f} MiB"
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype, device="meta").element_size()
+
+
+def _params(module: nn.Module | None) -> int:
+    return 0 if module is None else sum(p.numel() for p in module.parameters())
+
+
+def _world_model_params(model: WorldModel) -> list[nn.Parameter]:
+    """The world-model optimiser's parameters: everything learnable but the policy."""
+    pi = {id(p) for p in model._pi.parameters()}
+    return [p for p in model.parameters() if p.requires_grad and id(p) not in pi]
+
+
+def eval_sizes(cfg: Config) -> list[int]:
+    """The env counts evaluation plans for: eval_episodes in groups of up to EVAL_PARALLEL."""
+    sizes, left = set(), cfg.eval_episodes
+    while left > 0:
+        sizes.add(min(EVAL_PARALLEL, left))
+        left -= min(EVAL_PARALLEL, left)
+    return sorted(sizes)
+
+
+def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
+    """MPPI.__init__'s tensors, plus z_final (made at the first plan, in the planning dtype)."""
+    H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, dims.action_dim
+    fp32 = 4 * (H * N * S * A + H * N * (S - P) * A + 3 * H * N * A + 2 * N * S)
+    return fp32 + N * S * dims.latent_dim * _size(plan_dtype)
+
+
+def replay_buffer_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, num_envs: int) -> int:
+    """ReplayBuffer.nbytes: N x C rows of obs (fp32 state, uint8 pixels), action and reward (fp32),
+    terminated, first and valid (bool)."""
+    rows = (cfg.buffer_size // num_envs) * num_envs
+    return rows * _row_bytes(cfg, obs_shape, action_dim)
+
+
+def _row_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int) -> int:
+    return math.prod(obs_shape) * (1 if cfg.obs == "rgb" else 4) + 4 * action_dim + 4 + 1 + 1 + 1
+
+
+def _encoder_saved(dims: ModelDims, rows: int, d: int, hid: int, sim: int) -> int:
+    """Bytes the encoder keeps for backward for `rows` observations (state MLP or pixel convs)."""
+    if dims.pixels:
+        c, side, ch = dims.obs_shape[0], dims.obs_shape[-1], dims.num_channels
+        convs, s = 0, side
+        for k, stride in ((7, 2), (5, 2), (3, 2), (3, 1)):
+            s = (s - k) // stride + 1
+            convs += ch * s * s * d  # each conv's output, kept by ReLU and the next conv
+        augment = 3 * c * (side + 6) ** 2 * 4  # padded fp32 frames, sampling grid, shifted frames
+        return rows * (c * side * side * d + convs + dims.latent_dim * 2 * 4 + augment)
+    hidden = max(dims.num_enc_layers - 1, 1) * dims.enc_dim
+    return rows * (dims.obs_shape[0] * d + hidden * hid + dims.latent_dim * sim)
+
+
+def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dtype: torch.dtype) -> int:
+    """Temporaries of one update() besides the gradients (formulas in the module docstring)."""
+    B, H = cfg.batch_size, cfg.horizon
+    L, A, M, Q, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_q, dims.num_bins
+    d = _size(dtype)
+    hid, sim = 3 * 4 + d, 3 * 4  # bytes kept per hidden (LN -> Mish) and per SimNorm element
+    R = H * B
+    obs_bytes = math.prod(dims.obs_shape) * (1 if dims.pixels else 4)
+    batch = (H + 1) * B * obs_bytes + R * (4 * A + 4 + 1)
+    targets = R * L * 4 + 2 * R * 4  # next_z, TD targets
+    world = (_encoder_saved(dims, B, d, hid, sim)
+             + H * B * ((L + A) * d + 2 * M * hid + L * sim)  # dynamics rollout
+             + 2 * (H + 1) * B * L * 4  # the stacked latents (kept by the consistency loss) and their inputs
+             + R * ((L + A) * d + 2 * M * hid + nb * 4)  # reward head
+             + Q * R * ((L + A) * d + 2 * M * hid + M + nb * 4) + 2 * R * nb * 4  # Q ensemble, two-hot targets
+             + (R * (L * d + 2 * M * hid + 4) if dims.episodic else 0)  # termination head
+             + 2 * Q * R * M * 4)  # backward working set: gradients of the widest activation
+    if d < 4:  # autocast casts every weight at each call (no weight cache under CUDA graphs)
+        world += d * (_params(model._encoder) + H * _params(model._dynamics) + _params(model._reward)
+                      + _params(model._Qs) + _params(model._termination))
+    # The policy update and the no-grad TD targets run while the world model's gradients are not
+    # allocated (they are counted apart, in MemoryEstimate.gradients): subtract them there.
+    wm_grads = 4 * sum(p.numel() for p in _world_model_params(model))
+    Rp = (H + 1) * B
+    policy = (Rp * (L * d + 2 * M * hid + 2 * A * 4 * 4) + 2 * Rp * ((L + A) * d + 2 * M * hid + nb * 4)
+              + 4 * _params(model._pi) - wm_grads)
+    no_grad = R * (_encoder_saved(dims, 1, d, hid, sim) + 2 * ((L + A) * d + 3 * M * d + nb * 4)) - wm_grads
+    return batch + targets + max(world, policy, no_grad)
+
+
+def plan_activation_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
+    """Temporaries of one plan() call for num_envs environments (formulas in the module docstring)."""
+    N, S, P, H = num_envs, cfg.num_samples, cfg.num_pi_trajs, cfg.horizon
+    L, A, M, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_bins
+    dp = _size(plan_dtype)
+    Rp, Rs = N * (S - P), N * S
+    rollout = Rp * ((L + A) * dp + 3 * 2 * M * dp + 2 * L * dp + nb * (dp + 2 * 4))
+    value = Rs * (L * dp + 3 * M * dp + 2 * A * 4 * 3) + 2 * Rs * ((L + A) * dp + 3 * M * dp + nb * (dp + 2 * 4))
+    sampling = 2 * H * Rp * A * 4
+    obs = N * math.prod(dims.obs_shape) * 4 * (3 if dims.pixels else 1)
+    return max(rollout, value) + sampling + obs
+
+
+def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
+             buffer_on_device: bool = True, tasks: TaskSetup | None = None) -> MemoryEstimate:
+    """Peak device memory of a run of `cfg` on `target` (the model is in the module docstring); `tasks`:
+    a multi-task run's (its embedding, and num_envs envs of each task)."""
+    dims = ModelDims.from_config(cfg, tuple(obs_shape), action_dim, episodic,
+                                 *((tasks.task_set, tasks.action_dims) if tasks else ()))
+    num_envs = cfg.num_envs * (len(tasks.tasks) if tasks else 1)
+    with torch.device("meta"):  # exact shapes, no memory, any model size
+        model = WorldModel(dims)
+        plan_model = planning_copy(model, target.dtype)
+    target_q = list(model._target_Qs.parameters())
+    in_target = {id(p) for p in target_q}
+    learnable = [p for p in model.parameters() if p.requires_grad]
+    envs = ([] if cfg.dataset else [num_envs]) + eval_sizes(cfg)  # one planner per (num_envs, role)
+    plan_acts = [plan_activation_bytes(cfg, n, dims, target.dtype) for n in envs] if cfg.mpc else [0]
+    gradients = _nbytes(_world_model_params(model))
+    update = update_activation_bytes(cfg, dims, model, target.train_dtype)
+    buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs)  # offline: no buffer
+    graphs = target.cuda and cfg.cuda_graphs
+    dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
+    rows = f"{buffer // _row_bytes(cfg, obs_shape, action_dim):,} x {_row_bytes(cfg, obs_shape, action_dim):,} B"
+    return MemoryEstimate(
+        parameters=_nbytes(p for p in model.parameters() if id(p) not in in_target) + _nbytes(model.buffers()),
+        gradients=gradients,
+        optimizer=sum(2 * 4 * p.numel() + 4 for p in learnable),
+        target_qs=_nbytes(target_q),
+        planning_copy=_nbytes(plan_model.parameters()) + _nbytes(plan_model.buffers()),
+        planner_buffers=sum(planner_buffer_bytes(cfg, n, dims, target.dtype) for n in envs) if cfg.mpc else 0,
+        replay_buffer=buffer if buffer_on_device else 0,
+        update_activations=update,
+        planner_activations=max(plan_acts, default=0),
+        cuda_graph_pools=(gradients + update + sum(plan_acts)) if graphs else 0,
+        cuda_context=CUDA_CONTEXT if target.cuda else 0,
+        cublas_workspaces=(2 if graphs else 1) * target.cublas_workspace,
+        host_buffer=0 if buffer_on_device else buffer,
+        learnable=sum(p.numel() for p in learnable),
+        notes={"parameters": f"{sum(p.numel() for p in learnable) / 1e6:.2f}M learnable",
+               "planning_copy": f"matmul weights in {dt}",
+               "update_activations": f"batch {cfg.batch_size}, horizon {cfg.horizon}, {train_dt}",
+               "planner_buffers": f"{cfg.num_samples} samples; train {num_envs} env(s)"
+                                  + (f", eval {'/'.join(map(str, eval_sizes(cfg)))}" if eval_sizes(cfg) else ""),
+               "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",
+               "cuda_graph_pools": "update() + one per planner" if graphs else "",
+               "cublas_workspaces": (f"{'2 streams' if graphs else '1 stream'} x {fmt_bytes(target.cublas_workspace)}"
+                                     if target.cuda else "")})

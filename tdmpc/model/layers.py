@@ -1,0 +1,190 @@
+"""Building blocks: Linear -> LayerNorm -> Mish, SimNorm, a stacked ensemble, the pixel encoder.
+
+Parameter names mirror the reference implementation's NormedLinear (`weight`, `bias`,
+`ln.weight`, `ln.bias`) so its checkpoints map onto ours key by key.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tdmpc.model.fused import ln_act
+
+
+def simnorm(x: Tensor, group: int) -> Tensor:
+    """Softmax over groups of `group` features: keeps latents on a product of simplices."""
+    shape = x.shape
+    return torch.softmax(x.unflatten(-1, (-1, group)), dim=-1).view(shape)
+
+
+def dropout(x: Tensor, p: float) -> Tensor:
+    """Training-mode dropout. On the CPU, where ATen draws one random number per element
+    (~6 ns each), one 64-bit draw serves four elements (16 bits each): p is rounded to a
+    multiple of 1/65536 (0.01 -> 0.0099945)."""
+    if x.device.type != "cpu":
+        return F.dropout(x, p, training=True)
+    n = x.numel()
+    bits = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64).view(torch.int16)[:n]
+    drop_below = round(p * 65536) - 32768  # int16 values are uniform on [-32768, 32767]
+    scale = 1.0 / (1.0 - (drop_below + 32768) / 65536)
+    return x * ((bits >= drop_below).view(x.shape).to(x.dtype) * scale)
+
+
+class NormedLinear(nn.Linear):
+    """Linear -> (dropout) -> LayerNorm -> Mish, or -> LayerNorm -> SimNorm for latent outputs."""
+
+    def __init__(self, in_features: int, out_features: int, act: str = "mish",
+                 dropout: float = 0.0, simnorm_dim: int = 8):
+        super().__init__(in_features, out_features)
+        self.ln = nn.LayerNorm(out_features)
+        self.act, self.dropout, self.simnorm_dim = act, dropout, simnorm_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = F.linear(x, self.weight, self.bias)
+        if self.dropout and self.training:
+            x = dropout(x, self.dropout)
+        return ln_act(x, self.ln.weight, self.ln.bias, self.act, group=self.simnorm_dim)
+
+
+class MLP(nn.Sequential):
+    """Layers applied to (rows, features): every Linear is one addmm (3-D inputs would add a bias pass)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-1]
+        return super().forward(x.reshape(-1, x.shape[-1])).view(*lead, -1)
+
+
+def mlp(in_dim: int, hidden: list[int], out_dim: int, last: str = "linear",
+        dropout: float = 0.0, simnorm_dim: int = 8) -> MLP:
+    """Hidden NormedLinear layers (dropout only on the first), then a plain or SimNorm output."""
+    dims = [in_dim, *hidden]
+    layers: list[nn.Module] = [NormedLinear(dims[i], dims[i + 1], dropout=dropout if i == 0 else 0.0)
+                               for i in range(len(hidden))]
+    if last == "simnorm":
+        layers.append(NormedLinear(dims[-1], out_dim, act="simnorm", simnorm_dim=simnorm_dim))
+    else:
+        layers.append(nn.Linear(dims[-1], out_dim))
+    return MLP(*layers)
+
+
+class _StackedLayerNormAffine(nn.Module):
+    def __init__(self, num: int, features: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(num, features))
+        self.bias = nn.Parameter(torch.zeros(num, features))
+
+
+class EnsembleLinear(nn.Module):
+    """`num` Linear layers with stacked weights (num, out, in): every head in one batched matmul."""
+
+    def __init__(self, num: int, in_features: int, out_features: int, normed: bool = True,
+                 dropout: float = 0.0):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num, out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(num, out_features))
+        self.ln = _StackedLayerNormAffine(num, out_features) if normed else None
+        self.dropout = dropout
+
+    def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False) -> Tensor:
+        """x: (M, in) shared by all heads, or (heads, M, in). Returns (heads, M, out).
+
+        `heads` selects a subset (only those heads are computed); `detach` blocks
+        gradients into the weights while letting them flow into x.
+        """
+        params: list[Tensor] = [self.weight, self.bias]
+        params += [self.ln.weight, self.ln.bias] if self.ln is not None else []
+        if heads is not None:
+            params = [p.index_select(0, heads) for p in params]
+        if detach:
+            params = [p.detach() for p in params]
+        w, b = params[0], params[1]
+        if x.dim() == 2:  # one input for every head: a single GEMM over the stacked (heads*out, in) weight,
+            # whose backward sums the heads' input gradients inside the GEMM too
+            n_heads, out = w.shape[0], w.shape[1]
+            y = F.linear(x, w.reshape(n_heads * out, -1), b.reshape(-1))
+            y = y.view(x.shape[0], n_heads, out).transpose(0, 1).contiguous()
+        else:
+            y = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        if self.ln is None:
+            return y
+        if self.dropout and self.training:
+            y = dropout(y, self.dropout)
+        return ln_act(y, params[2], params[3], "mish", heads_first=True)
+
+
+class Ensemble(nn.Sequential):
+    """An MLP ensemble (the Q-functions) as a stack of EnsembleLinear layers."""
+
+    def __init__(self, num: int, in_dim: int, hidden: list[int], out_dim: int, dropout: float = 0.0):
+        dims = [in_dim, *hidden]
+        layers = [EnsembleLinear(num, dims[i], dims[i + 1], dropout=dropout if i == 0 else 0.0)
+                  for i in range(len(hidden))]
+        super().__init__(*layers, EnsembleLinear(num, dims[-1], out_dim, normed=False))
+        self.num = num
+
+    def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False) -> Tensor:
+        """x: (..., in) -> (heads, ..., out)."""
+        lead = x.shape[:-1]
+        y = x.reshape(-1, x.shape[-1])
+        for layer in self:
+            y = layer(y, heads, detach)
+        return y.view(y.shape[0], *lead, y.shape[-1])
+
+
+class ShiftAug(nn.Module):
+    """Random shift of up to `pad` pixels (DrQ-v2), applied while training only."""
+
+    def __init__(self, pad: int = 3):
+        super().__init__()
+        self.pad = pad
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training:
+            return x
+        n, _, h, w = x.shape
+        x = F.pad(x, (self.pad,) * 4, mode="replicate")
+        eps = 1.0 / (h + 2 * self.pad)
+        arange = torch.linspace(-1.0 + eps, 1.0 - eps, h + 2 * self.pad, device=x.device, dtype=x.dtype)[:h]
+        arange = arange.unsqueeze(0).repeat(h, 1).unsqueeze(2)
+        base_grid = torch.cat([arange, arange.transpose(1, 0)], dim=2).unsqueeze(0).repeat(n, 1, 1, 1)
+        shift = torch.randint(0, 2 * self.pad + 1, size=(n, 1, 1, 2), device=x.device, dtype=x.dtype)
+        return F.grid_sample(x, base_grid + shift * (2.0 / (h + 2 * self.pad)), padding_mode="zeros",
+                             align_corners=False)
+
+
+class PixelEncoder(nn.Sequential):
+    """4 conv layers (stride 2, 2, 2, 1) on 64x64 frames, then SimNorm; indices match the reference."""
+
+    def __init__(self, in_channels: int, num_channels: int, simnorm_dim: int):
+        super().__init__(
+            ShiftAug(), _PixelScale(),
+            nn.Conv2d(in_channels, num_channels, 7, stride=2), nn.ReLU(),
+            nn.Conv2d(num_channels, num_channels, 5, stride=2), nn.ReLU(),
+            nn.Conv2d(num_channels, num_channels, 3, stride=2), nn.ReLU(),
+            nn.Conv2d(num_channels, num_channels, 3, stride=1), nn.Flatten())
+        self.simnorm_dim = simnorm_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        lead = x.shape[:-3]
+        z = super().forward(x.reshape(-1, *x.shape[-3:]).to(cast(nn.Conv2d, self[2]).weight.dtype))
+        return simnorm(z, self.simnorm_dim).view(*lead, -1)
+
+
+class _PixelScale(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x / 255.0 - 0.5
+
+
+def init_weights(module: nn.Module) -> None:
+    """As the reference initialises: truncated normal (std 0.02) weights and zero biases, task embeddings
+    U(-0.02, 0.02) (convs keep torch's default)."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, EnsembleLinear)):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.uniform_(m.weight, -0.02, 0.02)

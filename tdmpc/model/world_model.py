@@ -1,0 +1,308 @@
+"""The TD-MPC2 world model: encoder, latent dynamics, reward, termination, Q-ensemble, policy prior.
+
+Module names (`_encoder`, `_dynamics`, `_reward`, `_termination`, `_pi`, `_Qs`,
+`_target_Qs`) follow the reference implementation so checkpoints map across by name.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal, Union, cast
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tdmpc.config import SIZE_FIELDS, Config
+from tdmpc.model.settings import NetworkSettings
+from tdmpc.planners.base import PolicyOutput as Policy
+from tdmpc.model.fused import ln_act
+from tdmpc.model.layers import Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, init_weights, mlp
+from tdmpc.model.twohot import TwoHot
+
+
+@dataclass(kw_only=True)
+class ModelDims(NetworkSettings):
+    """Everything that fixes the shapes of the networks (and so of a checkpoint).
+
+    The task gives obs_shape, action_dim and episodic; the network settings are inherited (NetworkSettings, as
+    Config inherits them), and the sizes are Config's size fields resolved (there None means the model_size
+    preset's). A multi-task model also has its task set: one embedding row of task_dim per task (the id is the
+    index in `tasks`), obs zero-padded to obs_shape and actions to action_dim, each task's own action dims
+    masked."""
+
+    obs_shape: tuple[int, ...]
+    action_dim: int
+    episodic: bool
+    latent_dim: int
+    mlp_dim: int
+    enc_dim: int
+    num_enc_layers: int
+    num_q: int
+    tasks: tuple[str, ...] = ()  # a multi-task model's task set; () for a single-task model
+    task_dim: int = 0
+    action_dims: tuple[int, ...] = ()  # each task's own action dims (the rest are masked)
+
+    @property
+    def pixels(self) -> bool:
+        return len(self.obs_shape) == 3
+
+    @property
+    def multitask(self) -> bool:
+        return bool(self.tasks)
+
+    @property
+    def pad_to(self) -> tuple[int, int] | None:
+        """A multi-task model's (obs dim, action dim), to which every task's envs are padded; None for one task."""
+        return (self.obs_shape[0], self.action_dim) if self.multitask else None
+
+    @classmethod
+    def from_config(cls, cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
+                    tasks: tuple[str, ...] = (), action_dims: tuple[int, ...] = ()) -> "ModelDims":
+        """From a config and the task's dims; a multi-task model's task set and each task's action dims too."""
+        values = {**cfg.to_dict(), **cfg.sizes()}
+        return cls(obs_shape=tuple(obs_shape), action_dim=action_dim, episodic=episodic,
+                   **{name: values[name] for name in CONFIG_DIMS},
+                   tasks=tuple(tasks), task_dim=cfg.embedding_dim(len(tasks)) if tasks else 0,
+                   action_dims=tuple(action_dims))
+
+    def config_values(self) -> dict:
+        """The Config fields that reproduce these dims (model_size None: the sizes are explicit)."""
+        return {"model_size": None, "episodic": self.episodic, "obs": "rgb" if self.pixels else "state",
+                "task_set": self.tasks, "task_dim": self.task_dim or None,
+                **{name: getattr(self, name) for name in CONFIG_DIMS}}
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["obs_shape"], d["tasks"], d["action_dims"] = list(self.obs_shape), list(self.tasks), list(self.action_dims)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelDims":
+        return cls(**{**d, "obs_shape": tuple(d["obs_shape"]), "tasks": tuple(d.get("tasks", ())),
+                      "action_dims": tuple(d.get("action_dims", ()))})
+
+
+# The ModelDims fields that are Config fields of the same name: the sizes and the network settings.
+CONFIG_DIMS: tuple[str, ...] = SIZE_FIELDS + tuple(f.name for f in dataclasses.fields(NetworkSettings))
+
+Task = Union[Tensor, int, None]  # one id per row (broadcast against the rows of the input), one id for all, or none
+
+
+class WorldModel(nn.Module):
+    """Every method that takes a latent takes an optional task (multi-task models): its embedding is
+    appended to the first input, [x, e], before the action, as the reference does."""
+
+    # buffers (register_buffer)
+    _action_masks: Tensor
+    log_std_min: Tensor
+    log_std_dif: Tensor
+
+    def __init__(self, dims: ModelDims):
+        super().__init__()
+        self.dims = dims
+        L, A, M, T = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.task_dim
+        if dims.multitask and (dims.episodic or dims.pixels):
+            raise ValueError("multi-task models are for state observations and tasks without terminations "
+                             "(as the reference's)")
+        if dims.multitask:
+            self._task_emb = nn.Embedding(len(dims.tasks), T, max_norm=1)
+            masks = torch.zeros(len(dims.tasks), A)
+            for i, n in enumerate(dims.action_dims):
+                masks[i, :n] = 1
+            self.register_buffer("_action_masks", masks)
+        if dims.pixels:
+            if L != dims.num_channels * 16:
+                raise ValueError(f"pixel observations need latent_dim = 16 x num_channels "
+                                 f"({16 * dims.num_channels}), got {L}")
+            self._encoder: nn.Module = PixelEncoder(dims.obs_shape[0], dims.num_channels, dims.simnorm_dim)
+        else:
+            self._encoder = mlp(dims.obs_shape[0] + T, max(dims.num_enc_layers - 1, 1) * [dims.enc_dim], L,
+                                last="simnorm", simnorm_dim=dims.simnorm_dim)
+        self._dynamics = mlp(L + T + A, [M, M], L, last="simnorm", simnorm_dim=dims.simnorm_dim)
+        self._reward = mlp(L + T + A, [M, M], dims.num_bins)
+        self._termination = mlp(L, [M, M], 1) if dims.episodic else None
+        self._pi = mlp(L + T, [M, M], 2 * A)
+        self._Qs = Ensemble(dims.num_q, L + T + A, [M, M], dims.num_bins, dropout=dims.dropout)
+        init_weights(self)
+        nn.init.zeros_(cast(nn.Linear, self._reward[-1]).weight)
+        nn.init.zeros_(cast(EnsembleLinear, self._Qs[-1]).weight)
+        self._target_Qs = copy.deepcopy(self._Qs).requires_grad_(False)
+        self.two_hot = TwoHot(dims.num_bins, dims.vmin, dims.vmax)
+        self.register_buffer("log_std_min", torch.tensor(float(dims.log_std_min)))
+        self.register_buffer("log_std_dif", torch.tensor(float(dims.log_std_max - dims.log_std_min)))
+        self._fused_first_layers: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # set in planning copies
+
+    # --- the interface planners use ---------------------------------------------------
+    @property
+    def num_q(self) -> int:
+        return self.dims.num_q
+
+    @property
+    def episodic(self) -> bool:
+        return self.dims.episodic
+
+    def task_vector(self, task: Task, rows: tuple[int, ...]) -> Tensor | None:
+        """The embedding rows of `task`, broadcast to rows + (task_dim,); None for a single-task model.
+
+        A row whose weight has norm > 1 is rescaled in place at the lookup (nn.Embedding's max_norm),
+        as in the reference."""
+        if not self.dims.multitask:
+            return None
+        if task is None:
+            raise ValueError("a multi-task model needs a task id for every row")
+        ids = torch.as_tensor(task, device=self._task_emb.weight.device)
+        return self._task_emb(ids).expand(*rows, self.dims.task_dim)
+
+    def _with_task(self, x: Tensor, task: Task) -> Tensor:
+        e = self.task_vector(task, x.shape[:-1])
+        return x if e is None else torch.cat([x, e.to(x.dtype)], dim=-1)
+
+    def action_mask(self, task: Task) -> Tensor | None:
+        """(..., A) ones on each task's own action dims; None for a single-task model."""
+        if not self.dims.multitask:
+            return None
+        return self._action_masks[torch.as_tensor(task, device=self._action_masks.device)]
+
+    def encode(self, obs: Tensor, task: Task = None) -> Tensor:
+        if obs.is_floating_point():  # a reduced-precision planning copy takes its inputs in its dtype
+            obs = obs.to(cast(NormedLinear, self._dynamics[-1]).weight.dtype)
+        return self._encoder(obs if self.dims.pixels else self._with_task(obs, task))
+
+    def next(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor:
+        return self._dynamics(torch.cat([self._with_task(z, task), a.to(z.dtype)], dim=-1))
+
+    def reward(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor:
+        """Reward logits over the two-hot bins."""
+        return self._reward(torch.cat([self._with_task(z, task), a.to(z.dtype)], dim=-1))
+
+    def next_and_reward(self, z: Tensor, a: Tensor, task: Task = None) -> tuple[Tensor, Tensor]:
+        """next(z, a) and reward(z, a) with one matmul for both first layers (they share [z, e, a])."""
+        w, b, gamma, beta = self._fused_first_layers or self._concat_first_layers()
+        a = a.to(w.dtype)
+        if z.dim() >= 2 and z.shape[-2] > 1 and z.stride(-2) == 0:
+            # Every candidate starts from the same latent (planning's first step, z expanded):
+            # its share of the matmul ([z, e]) is done once, the actions' share per candidate.
+            s = self._with_task(z[..., :1, :].to(w.dtype), None if task is None else _first_row(task))
+            h = F.linear(s, w[:, :s.shape[-1]], b) + F.linear(a, w[:, s.shape[-1]:])
+        else:
+            h = F.linear(torch.cat([self._with_task(z.to(w.dtype), task), a], dim=-1), w, b)
+        h = h.unflatten(-1, (2, -1))  # (..., 2, M)
+        h = ln_act(h, gamma, beta, "mish")
+        return self._dynamics[1:](h[..., 0, :]), self._reward[1:](h[..., 1, :])
+
+    def _concat_first_layers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        d, r = cast(NormedLinear, self._dynamics[0]), cast(NormedLinear, self._reward[0])
+        return (torch.cat([d.weight, r.weight]), torch.cat([d.bias, r.bias]),
+                torch.stack([d.ln.weight, r.ln.weight]), torch.stack([d.ln.bias, r.ln.bias]))
+
+    def termination(self, z: Tensor, logits: bool = False) -> Tensor:
+        """Probability (or logit) that the transition into z ended the episode (single-task models only)."""
+        assert self._termination is not None
+        out = self._termination(z)
+        return out if logits else torch.sigmoid(out)
+
+    def pi(self, z: Tensor, task: Task = None, eps: Tensor | None = None) -> Policy:
+        """Squashed Gaussian policy prior; `eps` (the N(0, 1) draw) is sampled unless given.
+
+        A multi-task model masks the raw mean, the log std and eps to the task's own action dims.
+        scaled_entropy is the reference's bonus, -(active dims) x the Gaussian log-prob *before* the tanh
+        correction, written as it writes it (entropy x scaled_log_prob / log_prob); squash_correction is
+        that correction, which the 2023 release added to it (Config.entropy_bonus)."""
+        mean, log_std = self._pi(self._with_task(z, task)).float().chunk(2, dim=-1)
+        log_std = self.log_std_min + 0.5 * self.log_std_dif * (torch.tanh(log_std) + 1)
+        eps = torch.randn_like(mean) if eps is None else eps
+        mask = self.action_mask(task)
+        if mask is not None:
+            mean, log_std, eps = mean * mask, log_std * mask, eps * mask
+            active: Tensor | int = mask.sum(-1, keepdim=True)
+        else:
+            active = mean.shape[-1]
+        gaussian_log_prob = (-0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1, keepdim=True)
+        action = torch.tanh(mean + eps * log_std.exp())
+        squash = squash_correction(action)
+        log_prob = gaussian_log_prob - squash
+        scaled_log_prob = gaussian_log_prob * active
+        scaled_entropy = -log_prob * (scaled_log_prob / (log_prob + 1e-8))  # the reference's order of operations
+        return Policy(action, torch.tanh(mean), log_std, -log_prob, scaled_entropy, squash)
+
+    def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Tensor | None = None, target: bool = False,
+          detach: bool = False) -> Tensor:
+        """Value logits of the chosen heads (all by default): (heads, ..., num_bins)."""
+        net = self._target_Qs if target else self._Qs
+        return net(torch.cat([self._with_task(z, task), a.to(z.dtype)], dim=-1), heads, detach)
+
+    def decode(self, logits: Tensor) -> Tensor:
+        """Two-hot logits -> scalar values (..., 1)."""
+        return self.two_hot.decode(logits)
+
+    # --- helpers -------------------------------------------------------------------
+    def sample_heads(self) -> Tensor:
+        """Two distinct random Q heads, chosen on the device (no host sync, CUDA-graph safe)."""
+        return torch.rand(self.num_q, device=self.log_std_min.device).argsort()[:2]
+
+    def q_value(self, z: Tensor, a: Tensor, reduce: Literal["min", "avg"], task: Task = None, target: bool = False,
+                detach: bool = False) -> Tensor:
+        """min or mean over 2 random heads, computing only those two."""
+        q = self.decode(self.Q(z, a, task, self.sample_heads(), target=target, detach=detach))
+        return q.min(0).values if reduce == "min" else q.mean(0)
+
+    @torch.no_grad()
+    def soft_update_targets(self, tau: float) -> None:
+        torch._foreach_lerp_(list(self._target_Qs.parameters()), list(self._Qs.parameters()), tau)
+
+    def train(self, mode: bool = True) -> "WorldModel":
+        super().train(mode)
+        self._target_Qs.train(False)
+        return self
+
+    @property
+    def num_learnable_params(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def squash_correction(action: Tensor) -> Tensor:
+    """sum log(1 - a^2) over the action dims (+1e-6 inside, as the reference): the log-det of tanh, (..., 1).
+    Near |a| = 1 it hangs on tanh's last bit (one float32 ulp below 1 moves it by ~0.1)."""
+    return torch.log(torch.relu(1 - action.pow(2)) + 1e-6).sum(-1, keepdim=True)
+
+
+def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
+    """A frozen copy for planning: matmul weights in `dtype`, LayerNorm parameters in fp32.
+
+    The first layers of dynamics and reward become views into one fused tensor, so
+    next_and_reward() needs no concatenation, and sync_copy() keeps it current in place.
+    """
+    copy_ = copy.deepcopy(model).requires_grad_(False).eval()
+    for m in copy_.modules():
+        if isinstance(m, (nn.Linear, EnsembleLinear, nn.Conv2d)):  # not LayerNorm affine parameters
+            m.weight = nn.Parameter(m.weight.to(dtype), requires_grad=False)
+            assert m.bias is not None  # every layer here has one
+            m.bias = nn.Parameter(m.bias.to(dtype), requires_grad=False)
+
+    def fuse(mod_d: nn.Module, mod_r: nn.Module, name: str) -> Tensor:
+        both = torch.stack([getattr(mod_d, name), getattr(mod_r, name)])
+        setattr(mod_d, name, nn.Parameter(both[0], requires_grad=False))
+        setattr(mod_r, name, nn.Parameter(both[1], requires_grad=False))
+        return both
+
+    d, r = cast(NormedLinear, copy_._dynamics[0]), cast(NormedLinear, copy_._reward[0])
+    copy_._fused_first_layers = (fuse(d, r, "weight").flatten(0, 1), fuse(d, r, "bias").flatten(0, 1),
+                                 fuse(d.ln, r.ln, "weight"), fuse(d.ln, r.ln, "bias"))
+    return copy_
+
+
+@torch.no_grad()
+def sync_copy(copy_: WorldModel, model: WorldModel) -> None:
+    """Refresh a planning copy from the trained model (one fused copy kernel per dtype group)."""
+    torch._foreach_copy_(list(copy_.parameters()) + list(copy_.buffers()), list(model.parameters()) + list(model.buffers()))
+
+
+def _first_row(task: Task) -> Task:
+    """The task ids of the first candidate of each env: (N, S)-shaped ids -> (N, 1); others as they are."""
+    if isinstance(task, Tensor) and task.dim() >= 2:
+        return task[..., :1]
+    return task

@@ -1,0 +1,1 @@
+"""Offline data: the dataset file format, its writer, samplers, conversion from replay buffers, Minari."""

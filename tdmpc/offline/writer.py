@@ -1,0 +1,235 @@
+"""DatasetWriter: append episodes to a dataset file without ever risking what it already holds."""
+
+from __future__ import annotations
+
+import fcntl
+import glob
+import itertools
+import json
+import shutil
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import h5py
+import numpy as np
+
+from tdmpc.runtime.files import atomic_write
+from tdmpc.offline.format import (CHUNK_BYTES, COMPRESSION, EPISODE_CHUNK, EPISODE_FIELDS, FORMAT, ROW_FIELDS, VERSION,
+                           DatasetError, DatasetFile, Episode, Schema, check_episode, make_schema, open_h5, read_file)
+
+
+class DatasetWriter:
+    """Append episodes to a dataset file (created if missing), crash-safely.
+
+    `add_episode` checks an episode and holds it in memory; `commit()` writes what is held:
+    it copies the file to a temp file beside it, appends there, fsyncs and renames it over
+    the original. A crash at any moment leaves the file as it was before the commit or as
+    it is after, never half of one; the price is that every commit copies the whole file,
+    so commit in large batches. One writer per file at a time (an flock on `.NAME.lock`);
+    opening removes temp files that killed writers left behind. On leaving a `with` block
+    normally the writer commits; on an exception it drops what was not committed.
+    """
+
+    def __init__(self, path: str | Path, obs_shape: Sequence[int], action_dim: int, tasks: Sequence[str],
+                 obs_type: str, action_repeat: int, source: str, task_obs_dims: Sequence[int] | None = None,
+                 task_action_dims: Sequence[int] | None = None):
+        self.path = Path(path)
+        self.schema = make_schema(self.path, obs_shape, action_dim, tasks, obs_type, action_repeat,
+                                  task_obs_dims, task_action_dims)
+        self.source = source
+        self._lock = _lock(self.path)
+        self._pending: list[Episode] = []
+        self.episodes = 0  # in the file
+        try:
+            for leftover in self.path.parent.glob(glob.escape(f".{self.path.name}.") + "*.tmp"):
+                leftover.unlink(missing_ok=True)
+            if self.path.exists():
+                with open_h5(self.path) as f:
+                    old = read_file(f, self.path)
+                self._check_extends(old)
+                self.episodes = old.episodes
+                if source not in old.source.splitlines():
+                    self.source = f"{old.source}\n{source}" if old.source else source
+        except BaseException:
+            self._lock.close()
+            raise
+
+    def _check_extends(self, old: DatasetFile) -> None:
+        for name in ("obs_shape", "action_dim", "obs_type", "action_repeat"):
+            have, want = getattr(old.schema, name), getattr(self.schema, name)
+            if have != want:
+                raise DatasetError(f"{self.path}: '{name}' is {have!r} in the file, {want!r} for the episodes "
+                                   "to append")
+        n = len(old.schema.tasks)
+        for name in ("tasks", "task_obs_dims", "task_action_dims"):
+            have, want = getattr(old.schema, name), getattr(self.schema, name)
+            if want[:n] != have:
+                raise DatasetError(f"{self.path}: '{name}' is {list(have)} in the file; appending needs it or an "
+                                   f"extension of it, got {list(want)}")
+
+    def add_episode(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, terminated: bool,
+                    truncated: bool, task: int = 0) -> None:
+        """Check one episode (obs (L+1, ...), action (L, A), reward (L,)) and hold it until commit()."""
+        where = f"{self.path} (episode {self.episodes + len(self._pending)}, being added)"
+        copies = Episode(np.array(obs), np.array(action), np.array(reward), terminated, truncated, task)  # callers
+        self._pending.append(check_episode(copies, self.schema, where))  # may reuse their arrays
+
+    def commit(self, episodes: Iterable[Episode] = ()) -> int:
+        """Write the held episodes, then `episodes` (streamed: e.g. a generator over another dataset), in
+        one atomic step; returns how many were written. A bad episode in `episodes` aborts the whole commit."""
+        first = self.episodes + len(self._pending)
+        checked = (check_episode(ep, self.schema, f"{self.path} (episode {first + i}, being added)")
+                   for i, ep in enumerate(episodes))
+        stream = iter(itertools.chain(self._pending, checked))
+        head = next(stream, None)
+        if head is None:
+            return 0
+        written = [0]
+
+        def write(tmp: Path) -> None:
+            exists = self.path.exists()
+            if exists:
+                shutil.copyfile(self.path, tmp)
+            with h5py.File(tmp, "a" if exists else "w", rdcc_nbytes=4 * CHUNK_BYTES) as f:
+                if not exists:
+                    self._create(f)
+                self._write_attrs(f)
+                written[0] = _append_all(f, itertools.chain([head], stream), self.schema)
+
+        atomic_write(self.path, write)  # on failure the held episodes stay held
+        self._pending = []
+        self.episodes += written[0]
+        return written[0]
+
+    def truncate(self, episodes: int) -> None:
+        """Keep the first `episodes` of the file (atomically, as a commit): a run resumed from a checkpoint
+        drops the episodes appended after it, which it will play again."""
+        if episodes >= self.episodes:
+            return
+
+        def write(tmp: Path) -> None:
+            shutil.copyfile(self.path, tmp)
+            with h5py.File(tmp, "a") as f:
+                rows = int(f["episode_start"][episodes]) if episodes else 0
+                for name in ROW_FIELDS:
+                    f[name].resize(rows, axis=0)
+                for name in EPISODE_FIELDS:
+                    f[name].resize(episodes, axis=0)
+
+        atomic_write(self.path, write)
+        self.episodes = episodes
+
+    def _create(self, f: h5py.File) -> None:
+        chunk = self.schema.chunk_rows()
+        for name, (shape, dtype) in self.schema.row_fields().items():
+            f.create_dataset(name, shape=(0, *shape), maxshape=(None, *shape), dtype=dtype, chunks=(chunk, *shape),
+                             **COMPRESSION)
+        for name in EPISODE_FIELDS:
+            f.create_dataset(name, shape=(0,), maxshape=(None,), dtype=np.int64, chunks=(EPISODE_CHUNK,), **COMPRESSION)
+
+    def _write_attrs(self, f: h5py.File) -> None:
+        s = self.schema
+        f.attrs.update(format=FORMAT, version=VERSION, tasks=json.dumps(list(s.tasks)), obs_type=s.obs_type,
+                       action_repeat=s.action_repeat, source=self.source)
+        if len(s.tasks) > 1:
+            f.attrs.update(task_obs_dims=json.dumps(list(s.task_obs_dims)),
+                           task_action_dims=json.dumps(list(s.task_action_dims)))
+
+    def close(self) -> None:
+        """Commit what is held and release the file."""
+        try:
+            self.commit()
+        finally:
+            self._lock.close()
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self._pending = []
+            self._lock.close()
+
+
+def _lock(path: Path):
+    """An exclusive flock on `.NAME.lock` beside the file, released by the kernel if the holder dies."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path.parent / f".{path.name}.lock", "a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise DatasetError(f"{path}: another writer is appending to it (it holds {handle.name})")
+    except OSError:  # a filesystem without flock (some network mounts): go on unlocked
+        pass
+    return handle
+
+
+def _append_all(f: h5py.File, episodes: Iterator[Episode], schema: Schema) -> int:
+    """Append checked episodes in batches of about BLOCK_BYTES; returns how many."""
+    block = schema.block_rows(schema.chunk_rows())
+    count, batch, rows = 0, [], 0
+    for ep in itertools.chain(episodes, [None]):
+        if ep is not None:
+            batch.append(ep)
+            rows += len(ep.obs)
+        if batch and (ep is None or rows >= block):
+            _append(f, batch)
+            count, batch, rows = count + len(batch), [], 0
+    return count
+
+
+def _append(f: h5py.File, episodes: list[Episode]) -> None:
+    R, E = f["reward"].shape[0], f["episode_start"].shape[0]
+    length = np.array([len(ep.reward) for ep in episodes], dtype=np.int64)
+    start = np.concatenate([[0], np.cumsum(length + 1)[:-1]])
+    last = start + length
+    n = int(last[-1]) + 1
+    zero_row = {name: np.zeros((1, *ep_field.shape[1:]), ep_field.dtype)
+                for name, ep_field in (("action", episodes[0].action), ("reward", episodes[0].reward))}
+    terminated, truncated = np.zeros(n, bool), np.zeros(n, bool)
+    terminated[last], truncated[last] = [ep.terminated for ep in episodes], [ep.truncated for ep in episodes]
+    data = {"obs": np.concatenate([ep.obs for ep in episodes]),
+            **{name: np.concatenate([a for ep in episodes for a in (zero_row[name], getattr(ep, name))])
+               for name in ("action", "reward")},
+            "terminated": terminated, "truncated": truncated, "episode_start": R + start, "episode_length": length,
+            "episode_task": np.array([ep.task for ep in episodes], dtype=np.int64)}
+    for name, values in data.items():
+        ds = f[name]
+        old = R if name in ROW_FIELDS else E
+        ds.resize(old + len(values), axis=0)
+        ds[old:] = values
+
+
+class EpisodeRecorder:
+    """The finished episodes of an online run's envs, held for a DatasetWriter (train --save-data). An episode
+    enters when it ends; those in flight at a checkpoint are dropped at a resume, as by the replay buffer."""
+
+    def __init__(self, writer: DatasetWriter, env_tasks: np.ndarray):
+        self.writer, self.env_tasks = writer, env_tasks
+        n = len(env_tasks)
+        self.obs: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.action: list[list[np.ndarray]] = [[] for _ in range(n)]
+        self.reward: list[list[float]] = [[] for _ in range(n)]
+
+    def start(self, obs: np.ndarray, envs: np.ndarray) -> None:
+        """Episodes begin in `envs` with these first observations."""
+        for i, e in enumerate(envs):
+            self.obs[e], self.action[e], self.reward[e] = [obs[i].copy()], [], []
+
+    def add(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, keep: np.ndarray) -> None:
+        """One step of every env in `keep`: the action taken, its reward and the observation it led to."""
+        for e in np.flatnonzero(keep):
+            self.obs[e].append(obs[e].copy())
+            self.action[e].append(action[e].copy())
+            self.reward[e].append(float(reward[e]))
+
+    def end(self, envs: np.ndarray, terminated: np.ndarray) -> None:
+        """The episodes of `envs` ended (terminated or cut by a time limit): they join the held ones."""
+        for e in envs:
+            if self.action[e]:
+                self.writer.add_episode(np.stack(self.obs[e]), np.stack(self.action[e]), np.array(self.reward[e]),
+                                        bool(terminated[e]), not terminated[e], int(self.env_tasks[e]))
+            self.obs[e], self.action[e], self.reward[e] = [], [], []

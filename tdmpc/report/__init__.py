@@ -1,0 +1,1 @@
+"""Results for people: the published curves, runs compared with them, and plots."""

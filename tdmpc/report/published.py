@@ -1,0 +1,49 @@
+"""The published TD-MPC2 curves (and the baselines beside them), packaged from the paper's results/ folder.
+
+tdmpc/data/dmc_published.csv holds the TD-MPC2 paper's DMControl results (ICLR 2024): TD-MPC2, SAC and
+DreamerV3, per task, seed and env step (action repeat included).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.resources
+import io
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+ALGORITHMS = {"tdmpc2": "TD-MPC2", "sac": "SAC", "dreamerv3": "DreamerV3"}
+
+
+@dataclass
+class Published:
+    """One algorithm's mean curve on one task, over the seeds present at each step."""
+
+    steps: np.ndarray
+    mean: np.ndarray
+    seeds: int
+
+    def at(self, step: int) -> tuple[float | None, bool]:
+        """(value, interpolated): linear between published points, None outside them."""
+        hit = np.flatnonzero(self.steps == step)
+        if hit.size:
+            return float(self.mean[hit[0]]), False
+        if step < self.steps[0] or step > self.steps[-1]:
+            return None, False
+        return float(np.interp(step, self.steps, self.mean)), True
+
+
+def load_published() -> dict[tuple[str, str], Published]:
+    """(algorithm, task) -> Published, from the packaged copy of the paper's results."""
+    text = (importlib.resources.files("tdmpc") / "data" / "dmc_published.csv").read_text()
+    values: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    seeds: dict[tuple[str, str], set] = defaultdict(set)
+    for r in csv.DictReader(io.StringIO(text)):
+        if r["episode_return"]:
+            values[(r["algorithm"], r["task"])][int(r["env_step"])].append(float(r["episode_return"]))
+            seeds[(r["algorithm"], r["task"])].add(r["seed"])
+    return {key: Published(np.array(sorted(by_step)), np.array([np.mean(by_step[s]) for s in sorted(by_step)]),
+                           len(seeds[key]))
+            for key, by_step in values.items()}

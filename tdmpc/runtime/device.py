@@ -1,0 +1,69 @@
+"""Which device and precision to run on; nothing else in the package hard-codes CUDA."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+import torch
+
+from tdmpc.errors import DeviceError
+
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"device '{name}' requested but CUDA is not available here; use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise DeviceError(f"device '{name}' requested but only {torch.cuda.device_count()} GPU(s) are visible")
+    return device
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AVX512-BF16 or AMX: bf16 matmuls run 3-7x faster than fp32 there."""
+    return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+@functools.cache
+def _warn_emulated_bf16() -> None:
+    """Once per process: without AVX512-BF16 or AMX (most laptops, AVX2 servers) bf16 matmuls are emulated; on
+    one AVX2 EPYC core they ran at 0.86 GFLOP/s against 48 in fp32, so an explicit bf16 would hang a run."""
+    print("precision: this CPU has no AVX512-BF16 or AMX, so bf16 runs emulated, tens of times slower than fp32; "
+          "--precision auto and --train-precision fp32 avoid it", file=sys.stderr)
+
+
+def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
+    """The autocast dtype: 'auto' picks bf16 where it is fast (CUDA, bf16-capable CPUs), else fp32; 'mixed'
+    autocasts in bf16 (the agent keeps its value computations in fp32)."""
+    if precision == "fp32":
+        return torch.float32
+    if precision in ("bf16", "mixed"):
+        if device.type == "cpu" and not cpu_has_fast_bf16():
+            _warn_emulated_bf16()
+        return torch.bfloat16
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+
+
+def set_threads(requested: int | None) -> int:
+    """Set torch's CPU threads: `requested`; else OMP_NUM_THREADS when set (Slurm jobs set it); else all
+    cores less those other processes keep busy (OpenMP threads spin, so two processes each using every
+    core run several times slower than with their share each), saying so when that is fewer than all
+    cores. Returns the count."""
+    if requested is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        requested = max(1, int(os.environ["OMP_NUM_THREADS"]))
+    if requested is None:
+        cores = os.cpu_count() or 1
+        busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
+        requested = max(1, cores - busy)
+        if requested < cores:
+            print(f"threads: {requested} of {cores} cores (the machine's load is {busy}: other processes use the "
+                  f"rest); pass --threads N to choose", file=sys.stderr)
+    torch.set_num_threads(requested)
+    return requested

@@ -1,0 +1,87 @@
+"""Safe file writes: atomic replacement, free-space checks, and how sizes are shown to people.
+
+Checkpoints, replay buffers and dataset files are written through atomic_write, so a crash or a kill
+leaves the old file or the new one, never half of one. Imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from tdmpc.errors import DiskError
+
+MiB, GiB = 2**20, 2**30
+
+
+def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
+    """Write via `write(tmp_path)` to a temp file in the same directory, fsync, then rename.
+
+    A crash at any point leaves either the old file or the new one, never half of one. A write that
+    fails leaves no temp file, and is an OSError naming the file (torch.save reports a write cut short
+    by a full disk as a RuntimeError).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        try:
+            write(Path(tmp))
+        except RuntimeError as e:
+            if "unexpected pos" not in str(e) and "write" not in str(e).lower():
+                raise
+            raise OSError(errno.ENOSPC, f"the write of {path} was cut short (is the disk full?)") from None
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def shipped_dir(name: str) -> Path:
+    """A folder the repository keeps at its top level and the wheel ships inside the package (configs, slurm;
+    pyproject.toml maps them): tdmpc/<name> in an installed wheel, else <repository>/<name> (an editable
+    install or a checkout)."""
+    package = Path(__file__).resolve().parents[1]
+    inside = package / name
+    return inside if inside.is_dir() else package.parent / name
+
+
+def free_bytes(path: Path) -> int:
+    """Free space where `path` is (or would be) written."""
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    return shutil.disk_usage(existing).free
+
+
+def ensure_space(path: Path, needed: int, what: str) -> None:
+    """Refuse a write that would not fit (HDF5 and torch.save fail badly on a full disk), with 5% + 16 MiB slack."""
+    free = free_bytes(path.parent)
+    if free < needed * 1.05 + 16 * MiB:
+        raise DiskError(f"not enough space to write {what} {path}: it needs about {fmt_bytes(needed, decimal=True)}, "
+                        f"{fmt_bytes(free, decimal=True)} are free on {path.parent}")
+
+
+def fmt_bytes(n: float | None, decimal: bool = False) -> str:
+    """Sizes for people ('?' when unknown): device memory in binary units (GiB from 1 GiB up, else MiB), as
+    cards and allocators count it; with decimal=True disk space in decimal ones (B, KB, MB, GB, TB), as disks
+    and `df -H` count it."""
+    if n is None:
+        return "?"
+    if decimal:
+        for unit in ("B", "KB", "MB", "GB"):
+            if abs(n) < 1000:
+                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+            n /= 1000
+        return f"{n:.1f} TB"
+    return f"{n / GiB:.2f} GiB" if abs(n) >= GiB else f"{n / MiB:.0f} MiB"

@@ -1,0 +1,81 @@
+"""--init-from: a run starts from a checkpoint's weights (ours or a reference TD-MPC2 one).
+
+The architecture fields the user did not set come from the checkpoint, so a released model fine-tunes
+without spelling out its sizes; a multi-task model gets new embedding rows for tasks it was not trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config, validate
+from tdmpc.errors import CheckpointError
+from tdmpc.model.checkpoint import check_dims_match, load_state_strict, read_checkpoint
+from tdmpc.model.world_model import ModelDims, WorldModel
+from tdmpc.tasks.sets import expand, task_set_name
+
+
+def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str]) -> tuple[Config, str]:
+    """The architecture fields the user did not give (`given`: the fields set on the command line) come
+    from the checkpoint, so a released model fine-tunes without spelling out its sizes. Sizes that were
+    given stay, and if they contradict the checkpoint, init_weights fails with 'architecture differs'.
+
+    Returns the config and a note saying what was taken (printed once the weights have loaded)."""
+    dims = read_checkpoint(path, mmap=True).dims  # shapes only: tensors stay on disk
+    theirs = {k: v for k, v in dims.config_values().items() if k not in ("model_size", "dropout")}
+    if "model_size" in given:  # the preset asked for stands
+        given = given | set(SIZE_FIELDS)
+    take = {name: value for name, value in theirs.items() if name not in given}
+    new_tasks: tuple[str, ...] = ()
+    if dims.multitask and "task_set" in take:  # tasks it was not trained on get new embedding rows
+        new_tasks = tuple(t for t in expand(cfg.task) if t not in dims.tasks)
+        take["task_set"] = dims.tasks + new_tasks
+    sizes = {**cfg.sizes(), **{k: v for k, v in take.items() if k in SIZE_FIELDS}}
+    preset = next((n for n, p in MODEL_SIZES.items() if p == sizes), None)
+    model_size = cfg.model_size if "model_size" in given else preset
+    new = validate(dataclasses.replace(cfg, **{**take, **sizes, "model_size": model_size}))
+    shown = {k: take[k] for k in (*SIZE_FIELDS, "episodic") if k in take}
+    shown.update({k: v for k, v in take.items() if k not in shown and v != getattr(cfg, k)})
+    if "task_set" in shown:
+        shown["task_set"] = task_set_name(dims.tasks) + (f" + new: {', '.join(new_tasks)}" if new_tasks else "")
+    if not shown:
+        return new, ""
+    size = f" (model size {preset})" if preset and "model_size" not in given else ""
+    return new, (f"init-from: architecture from the checkpoint{size}: "
+                 + ", ".join(f"{k} {v}" for k, v in shown.items()))
+
+
+def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...], action_dim: int, task: str) -> str:
+    """Load a checkpoint's model weights (online and target heads) into `model`, whose architecture must
+    be the checkpoint's; optimisers start fresh. Returns a line saying what was loaded."""
+    ck = read_checkpoint(path)
+    check_dims_match(ck.dims, obs_shape, action_dim, task, str(path))
+    ours, theirs = _architecture(model.dims), _architecture(ck.dims)
+    old = len(ck.dims.tasks)
+    extends = ck.dims.multitask and model.dims.tasks[:old] == ck.dims.tasks
+    if extends:  # new tasks appended: their embedding rows and masks stay as the model made them
+        for k in ("tasks", "action_dims"):
+            ours[k] = ours[k][:old]
+    if ours != theirs:
+        diffs = [f"{k}: checkpoint {theirs[k]}, config {ours.get(k)}" for k in theirs if theirs[k] != ours.get(k)]
+        raise CheckpointError(f"{path}: architecture differs from this config ({', '.join(diffs[:4])}); drop "
+                              f"those flags and --init-from takes the checkpoint's architecture")
+    state = dict(ck.state["model"])
+    if extends and len(model.dims.tasks) > old:
+        own = model.state_dict()
+        for key in ("_task_emb.weight", "_action_masks"):
+            state[key] = torch.cat([state[key], own[key][old:]])
+    load_state_strict(model, state, str(path))
+    origin = "an imported reference TD-MPC2 checkpoint" if ck.imported else "a tdmpc checkpoint"
+    added = f" (new embedding rows for {', '.join(model.dims.tasks[old:])})" if len(model.dims.tasks) > old else ""
+    return f"initialised weights from {origin}: {path}{added}"
+
+
+def _architecture(dims: ModelDims) -> dict:
+    """The fields of ModelDims that fix the networks (dropout is a training setting; the pixel
+    encoder has no enc_dim/num_enc_layers, the state encoder no num_channels)."""
+    unused = {"dropout"} | ({"enc_dim", "num_enc_layers"} if dims.pixels else {"num_channels"})
+    return {k: v for k, v in dims.to_dict().items() if k not in unused}

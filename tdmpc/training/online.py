@@ -1,0 +1,201 @@
+"""Online training: N vector envs step into a replay buffer, and the agent updates every k agent steps.
+
+One step reads top to bottom: act (random actions while seeding), step the envs, check the data, store
+the transitions, book the episodes that ended, then the updates due: a burst of pretraining updates on
+the seed data once seeding ends, then updates_per_round every update_every steps.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch, ReplayBuffer
+from tdmpc.envs import VectorEnvs, env_rng_state, set_env_rng_state
+from tdmpc.errors import BufferFileError
+from tdmpc.offline.writer import EpisodeRecorder
+from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes
+from tdmpc.training.run_dir import RunDirLock, set_aside_damaged
+from tdmpc.training.trainer import Callback, NonFiniteData, RunSetup, Trainer
+
+
+class OnlineTrainer(Trainer):
+    def __init__(self, setup: RunSetup, agent: Agent, envs: VectorEnvs, buffer: ReplayBuffer,
+                 recorder: EpisodeRecorder | None, lock: RunDirLock, no_buffer: bool = False,
+                 on_log: Callback | None = None, on_eval: Callback | None = None):
+        self.envs, self.buffer, self.recorder = envs, buffer, recorder
+        self.num_envs = envs.num_envs
+        self.env_tasks = None if setup.tasks is None else setup.tasks.env_tasks(setup.cfg.num_envs)
+        self.ended_episodes: list[tuple[float, int, int]] = []  # (return, length, env) since the last log row
+        self.ep_return = np.zeros(self.num_envs)
+        self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
+        self.warned_termination = self.warned_nonfinite = False
+        super().__init__(setup, agent, lock, no_buffer, on_log, on_eval)
+        self.obs, _ = self.envs.reset(seed=None if setup.resume else self.cfg.seed)
+        self.first = np.ones(self.num_envs, dtype=bool)
+        self._start_episodes(np.arange(self.num_envs))
+
+    def step(self) -> None:
+        """One step of all N envs, its transitions into the buffer, then any updates due."""
+        cfg, c = self.cfg, self.counters
+        if c.env_step < cfg.seed_steps:  # type: ignore[operator]
+            action = self.rng.uniform(-1, 1, (self.num_envs, self.spec.action_dim)).astype(np.float32)
+            if self.tasks is not None and self.env_tasks is not None:
+                action *= self.tasks.action_masks(self.env_tasks)
+        else:
+            self.doing = "act"
+            action = self.agent.act(self.obs, self.first, task=self.env_tasks)
+        obs, reward, terminated, truncated, info = self.envs.step(action)
+        done = terminated | truncated
+        stored = obs
+        if done.any():  # SAME_STEP autoreset: obs already holds the next episode's first observation
+            stored = obs.copy()
+            for i in np.flatnonzero(done):
+                stored[i] = info["final_obs"][i]
+            self._note_terminations(terminated)
+        bad = ~(np.isfinite(stored.reshape(len(stored), -1)).all(1) & np.isfinite(reward))
+        if bad.any():  # one vectorised check on host data: no device sync
+            obs, reward, terminated, done = self._nonfinite(bad, stored, reward, obs, terminated, done)
+            stored = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), obs, stored)
+        keep = ~bad
+        self.buffer.add(torch.from_numpy(stored), torch.from_numpy(action),
+                        torch.from_numpy(reward.astype(np.float32)), torch.from_numpy(terminated), keep)
+        if self.recorder is not None:
+            self.recorder.add(stored, action, reward, keep)
+        self.ep_return += reward
+        self.ep_length += 1
+        if done.any():
+            ended = np.flatnonzero(done)
+            if self.recorder is not None:
+                self.recorder.end(ended[keep[ended]], terminated)
+            self._start_episodes(ended, obs[ended])
+            self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i]), int(i)) for i in ended if keep[i]]
+            self.ep_return[ended], self.ep_length[ended] = 0, 0
+            c.episodes += len(ended)
+        self.obs, self.first = obs, done
+        c.vector_steps += 1
+        c.env_step += self.num_envs * cfg.action_repeat  # type: ignore[operator]
+
+        if c.env_step < cfg.seed_steps or c.env_step < c.refill_until:  # type: ignore[operator]
+            return
+        if c.pretrain_updates_left < 0:  # seeding just ended: pretrain on the seed data
+            c.pretrain_updates_left = c.vector_steps // cfg.update_every * cfg.updates_per_round  # type: ignore[operator]
+            self.logger.message(f"seeding done at step {c.env_step:,}: {c.pretrain_updates_left:,} pretraining updates")
+        if c.pretrain_updates_left > 0:
+            self._pretrain()
+        elif c.vector_steps % cfg.update_every == 0:
+            for _ in range(cfg.updates_per_round):  # type: ignore[arg-type]
+                self.update()
+
+    def _pretrain(self) -> None:
+        """The updates on the seed data, with a progress bar of their own (no env steps pass meanwhile)."""
+        c = self.counters
+        total = c.pretrain_updates_left + c.updates
+        while c.pretrain_updates_left > 0 and self.stop_reason is None:
+            self.update()
+            c.pretrain_updates_left -= 1
+            if c.pretrain_updates_left % 50 == 0:
+                self.logger.pretraining(c.updates, total)
+        self.logger.pretraining(c.updates, total, done=c.pretrain_updates_left == 0)
+
+    def sample(self) -> Batch:
+        return self.buffer.sample(self.cfg.batch_size)
+
+    def _start_episodes(self, envs: np.ndarray, obs: np.ndarray | None = None) -> None:
+        """Episodes begin in `envs` (with these first observations; default: the current ones)."""
+        first = self.obs[envs] if obs is None else obs
+        self.buffer.start(torch.from_numpy(first), envs)
+        if self.recorder is not None:
+            self.recorder.start(first, envs)
+
+    def episode_stats(self) -> dict[str, float]:
+        ended, self.ended_episodes = self.ended_episodes, []
+        row = {"episode_return": float(np.mean([r for r, _, _ in ended])) if ended else float("nan"),
+               "episode_length": float(np.mean([n for _, n, _ in ended])) if ended else float("nan")}
+        if self.tasks is not None and self.env_tasks is not None:  # each task's own training return
+            for t in self.tasks.tasks:
+                own = [r for r, _, e in ended if self.tasks.task_set[self.env_tasks[e]] == t]
+                row[f"episode_return_{t}"] = float(np.mean(own)) if own else float("nan")
+        return row
+
+    def _note_terminations(self, terminated: np.ndarray) -> None:
+        """A terminating env with episodic False: planning ignores terminations; say so once."""
+        if terminated.any() and not self.cfg.episodic and not self.warned_termination:
+            self.warned_termination = True
+            self.logger.message(f"note: {self.cfg.task} ended an episode in a terminal state, but episodic is off, "
+                                f"so the world model learns no termination head (values still stop there). If the "
+                                f"task can terminate, train with --episodic")
+
+    def _nonfinite(self, bad: np.ndarray, stored: np.ndarray, reward: np.ndarray, obs: np.ndarray,
+                   terminated: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """NaN or inf from an env: named at its source ('error'), or the transition dropped and the env's
+        episode restarted ('drop'). Returns obs, reward, terminated and done with the dropped envs reset."""
+        i = int(np.flatnonzero(bad)[0])
+        field = "reward" if not np.isfinite(reward[i]) else "observation"
+        task = self.spec.task if self.tasks is None or self.env_tasks is None else self.tasks.task_set[self.env_tasks[i]]
+        where = f"env {i} ({task}) returned a non-finite {field} at env step {self.counters.env_step:,}"
+        if self.cfg.nonfinite_data == "error":
+            raise NonFiniteData(f"{where}; pass --nonfinite-data drop to skip such transitions")
+        if not self.warned_nonfinite:
+            self.warned_nonfinite = True
+            self.logger.message(f"note: {where}; dropped (--nonfinite-data drop), its episode restarts")
+        fresh, _ = self.envs.reset(options={"reset_mask": bad})
+        obs = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), fresh, obs)
+        return obs, np.where(bad, 0.0, reward), terminated & ~bad, done | bad
+
+    def warn_if_disk_short(self) -> None:
+        """A checkpoint and a full buffer, twice (old and new coexist while a write is made atomic)."""
+        params = sum(p.numel() * p.element_size() for p in self.agent.model.parameters())
+        needed = 2 * (4 * params + (self.buffer.nbytes if self.cfg.save_buffer else 0))
+        free = free_bytes(self.checkpoint_path.parent)
+        if free < needed:
+            self.logger.message(f"warning: {fmt_bytes(free, decimal=True)} are free on {self.run_dir}, and checkpoints with the "
+                                f"full replay buffer need about {fmt_bytes(needed, decimal=True)}; free some space or pass "
+                                f"--no-save-buffer")
+
+    def buffer_on_device(self) -> bool:
+        return self.buffer.storage.type == "cuda"
+
+    # --- checkpoints ----------------------------------------------------------------
+    def save_data(self, ckpt_dir: Path) -> dict[str, Any]:
+        """The replay buffer under a new file name, the recorded episodes, the envs' RNG states."""
+        buffer_file = None
+        if self.cfg.save_buffer:
+            buffer_file = f"buffer_{self.counters.env_step:010d}.h5"
+            ensure_space(ckpt_dir / buffer_file, self.buffer.saved_bytes, "the replay buffer")
+            self.buffer.save(ckpt_dir / buffer_file)
+        if self.recorder is not None:  # the finished episodes, before the checkpoint that counts them
+            self.recorder.writer.commit()
+        return {"rng": {"envs": env_rng_state(self.envs)}, "buffer_file": buffer_file,
+                "data_episodes": self.recorder.writer.episodes if self.recorder is not None else None}
+
+    def restore_data(self, obj: dict, no_buffer: bool) -> None:
+        set_env_rng_state(self.envs, obj["rng"]["envs"])
+        if self.recorder is not None and obj.get("data_episodes") is not None:
+            self.recorder.writer.truncate(obj["data_episodes"])  # appended after this checkpoint: played again
+        buffer_file = obj.get("buffer_file")
+        if buffer_file and not no_buffer:
+            path = self.checkpoint_path.parent / buffer_file
+            try:
+                self.buffer.load(path)
+            except BufferFileError as e:
+                kept = set_aside_damaged(path)
+                raise BufferFileError(f"{e}{f'; kept as {kept.name}' if kept else ''}. Resume without it: --resume "
+                                      f"{self.run_dir} --no-buffer (weights, optimisers and counters are restored, "
+                                      f"the buffer refills by acting)") from None
+        elif self.counters.env_step >= (self.cfg.seed_steps or 0):  # no buffer to resume with: refill it first
+            self.counters.refill_until = self.counters.env_step + (self.cfg.seed_steps or 0)
+            why = "--no-buffer" if buffer_file else "the checkpoint holds no replay buffer (--no-save-buffer)"
+            print(f"resume: {why}: acting without updates until step {self.counters.refill_until:,} to refill the "
+                  f"replay buffer", file=sys.stderr)
+        self.buffer.end_episodes()  # the episode in flight at the stop is discarded, see README
+
+    def close_data(self) -> None:
+        self.envs.close()
+        if self.recorder is not None:
+            self.recorder.writer.close()

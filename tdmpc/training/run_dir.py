@@ -1,0 +1,173 @@
+"""What a run directory holds, and the housekeeping around it.
+
+    <run_dir>/config.json        the resolved config
+    <run_dir>/train.csv, eval.csv
+    <run_dir>/checkpoints/latest.pt and buffer_<step>.h5
+    <run_dir>/wandb_id           the run's wandb id, kept across resumes and requeues
+    <run_dir>/.lock              held (flock) by the one process writing the run
+
+A damaged file is never deleted: it is renamed <name>.damaged and the error says how to go on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import IO
+
+from tdmpc.config import Config, from_dict, read_json
+from tdmpc.errors import ConfigError, RunDirError
+
+
+
+
+def checkpoint_path(run_dir: Path) -> Path:
+    return run_dir / "checkpoints" / "latest.pt"
+
+
+def default_run_dir(cfg: Config) -> Path:
+    """runs/TASK/seedS/TIME; a task list's commas (and a module's colon) kept out of the path for shells."""
+    task = cfg.task.replace(":", "_").replace(",", "+")
+    return Path("runs") / task / f"seed{cfg.seed}" / time.strftime("%Y%m%d-%H%M%S")
+
+
+def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
+    """The config a run was started with (for --resume); fields added to Config since are said, one line each.
+
+    A damaged config.json is a one-line error with the way out: from_checkpoint=True takes the config the
+    checkpoint holds (the damaged file is kept as config.json.damaged)."""
+    path = run_dir / "config.json"
+    if not checkpoint_path(run_dir).is_file():
+        raise ConfigError(f"--resume {run_dir}: no run to continue there (no checkpoints/latest.pt)")
+    if from_checkpoint:
+        return _config_from_checkpoint(run_dir)
+    try:
+        raw = read_json(path, "the run's config") if path.is_file() else None
+        cfg = from_dict(raw, source=str(path)) if raw is not None else None
+    except ConfigError as e:
+        raise ConfigError(f"{e}; resume with the config the checkpoint holds: --resume {run_dir} "
+                          f"--config-from-checkpoint") from None
+    if cfg is None:
+        raise ConfigError(f"{path} is missing; resume with the config the checkpoint holds: --resume {run_dir} "
+                          f"--config-from-checkpoint")
+    assert raw is not None
+    for name in sorted(set(cfg.to_dict()) - set(raw)):
+        print(f"resume: {path} has no '{name}' (added to tdmpc since the run started); using the default "
+              f"{getattr(cfg, name)!r}", file=sys.stderr)
+    return cfg
+
+
+def _config_from_checkpoint(run_dir: Path) -> Config:
+    from tdmpc.model.checkpoint import load_file  # the checkpoint module imports the model
+
+    obj = load_file(checkpoint_path(run_dir), mmap=True)
+    if not isinstance(obj.get("config"), dict):
+        raise ConfigError(f"{checkpoint_path(run_dir)} holds no config to resume with")
+    cfg = from_dict(obj["config"], source=str(checkpoint_path(run_dir)))
+    damaged = set_aside_damaged(run_dir / "config.json")
+    print(f"resume: the config comes from {checkpoint_path(run_dir)}"
+          + (f"; the damaged config.json is kept as {damaged.name}" if damaged else ""), file=sys.stderr)
+    return cfg
+
+
+def set_aside_damaged(path: Path) -> Path | None:
+    """Rename a damaged file to <name>.damaged (numbered if taken); never delete it."""
+    if not path.exists():
+        return None
+    target, n = path.with_name(path.name + ".damaged"), 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.damaged{n}")
+    path.rename(target)
+    return target
+
+
+class RunDirLock:
+    """One writer per run directory: an flock on <run_dir>/.lock, which the kernel releases when its holder
+    exits or dies (kill -9, OOM killer, node failure of a local disk), so a stale lock never blocks."""
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / ".lock"
+        self.file: IO[str] | None = None
+        self.created: Path | None = None  # the topmost directory acquire() made, removed by abandon()
+
+    def acquire(self) -> None:
+        import fcntl
+
+        try:
+            self.created = next((p for p in reversed([self.path.parent, *self.path.parent.parents])
+                                 if not p.exists()), None)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            f: IO[str] = open(self.path, "a+")
+        except OSError as e:
+            raise RunDirError(f"cannot use the run directory {self.path.parent}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            f.close()
+            raise RunDirError(f"the run directory {self.path.parent} is in use by {holder}; one process writes a run "
+                              f"at a time (wait for it, stop it, or choose another --run-dir)") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        f.flush()
+        self.file = f
+
+    def release(self) -> None:
+        if self.file is not None:
+            self.file.close()  # closing releases the flock
+            self.file = None
+
+    def abandon(self) -> None:
+        """Release, and remove the directories acquire() made: a run that never started leaves nothing."""
+        if self.file is not None and self.created is not None:
+            shutil.rmtree(self.created, ignore_errors=True)
+        self.release()
+
+
+def remove_stale_temp_files(run_dir: Path) -> list[Path]:
+    """Temp files of writes a killed process left (.latest.pt.*.tmp, .buffer_*.h5.*.tmp); call with the lock held."""
+    stale = sorted((run_dir / "checkpoints").glob(".*.tmp")) if (run_dir / "checkpoints").is_dir() else []
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
+def check_fresh(run_dir: Path) -> None:
+    """A fresh start never takes over a directory that holds a run."""
+    if checkpoint_path(run_dir).exists():
+        raise RunDirError(f"run directory {run_dir} already holds a run; continue it with --resume {run_dir} "
+                          f"or choose another --run-dir")
+
+
+def set_aside_unfinished(run_dir: Path) -> None:
+    """A fresh start in a directory that an earlier session left without a checkpoint (a node
+    failure, say): move its files into no-checkpoint-<time>/, so no step appears twice in
+    train.csv and nothing is deleted."""
+    check_fresh(run_dir)
+    names = ("train.csv", "eval.csv", "config.json", "tb", "checkpoints", "videos", "wandb_id")
+    leftovers = [p for p in run_dir.glob("*") if p.name in names] if run_dir.is_dir() else []
+    if not leftovers:
+        return
+    stale = run_dir / f"no-checkpoint-{time.strftime('%Y%m%d-%H%M%S')}"
+    stale.mkdir()
+    for p in leftovers:
+        p.rename(stale / p.name)
+    print(f"{run_dir} held files of a session that left no checkpoint; moved them to {stale}", file=sys.stderr)
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """A unique wandb run id for this run directory, made at its first start and kept (resumes, requeues)."""
+    path = run_dir / "wandb_id"
+    if path.is_file():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:12]
+    path.write_text(run_id + "\n")
+    return run_id

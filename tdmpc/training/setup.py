@@ -1,0 +1,276 @@
+"""One way from a config to a running trainer, whoever starts the run.
+
+The command line (tdmpc.train), Python (tdmpc.fit), Slurm (its scripts run the command line) and
+data-parallel ranks (torchrun starts the command line once per rank) all go through here:
+
+    RunRequest --prepare()--> RunSetup --build()--> Trainer --run()--> exit code
+
+prepare() decides everything and writes nothing: the device, the task's spec, the config filled in
+for the task, the run directory and the memory plan (with --fit-memory's changes). build() makes the
+parts and hands them to the loop, as the reference's train.py hands its trainer cfg, env, agent,
+buffer and logger: it locks the run directory, builds the envs (or opens the dataset), the agent, the
+replay buffer and the episode recorder, loads --init-from weights and a resumed run's state.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from tdmpc import memory
+from tdmpc.agent import Agent
+from tdmpc.buffer import ReplayBuffer
+from tdmpc.config import Config, changed_fields, from_dict, validate
+from tdmpc.envs import EnvSource, EnvSpec, make_env, make_envs
+from tdmpc.errors import EXIT_OK, BadInput, ConfigError, DeviceError
+from tdmpc.offline.data import offline_spec, open_offline
+from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder
+from tdmpc.runtime import distributed
+from tdmpc.runtime.device import resolve_device, set_threads
+from tdmpc.model.world_model import ModelDims
+from tdmpc.tasks.multitask import TaskSetup, task_setup
+from tdmpc.training import speed
+from tdmpc.training.init_from import architecture_from_checkpoint, init_weights
+from tdmpc.training.offline import OfflineTrainer
+from tdmpc.training.online import OnlineTrainer
+from tdmpc.training.run_dir import (RunDirLock, check_fresh, default_run_dir, remove_stale_temp_files, saved_config,
+                                    set_aside_unfinished)
+from tdmpc.training.trainer import Callback, RunSetup, Trainer
+
+
+@dataclass
+class RunRequest:
+    """A run as asked for, by flags or keywords."""
+
+    cfg: Config  # validated; task-dependent fields may still be None
+    resume: Path | None = None  # the run directory to continue
+    no_buffer: bool = False  # resume without the saved replay buffer (it refills by acting)
+    init_from: str | None = None  # start from these weights
+    given: frozenset[str] = frozenset()  # Config fields set explicitly: --init-from takes the others from the checkpoint
+    base: Config | None = None  # with resume: the run's saved config (what changes is said)
+    env: EnvSource | None = None  # a user's env object or factory (None: cfg.task)
+    eval_env: EnvSource | None = None  # what to evaluate on (None: as env)
+    gpu_mem: str | None = None  # plan memory for a card of this size
+    fit_memory: bool = False  # lower settings until the estimate fits
+    dry_run: bool = False  # print the memory estimate and stop
+    notes: tuple[str | None, ...] = ()  # lines to print once the input is known good
+    on_log: Callback | None = None
+    on_eval: Callback | None = None
+
+
+def prepare(req: RunRequest) -> RunSetup | None:
+    """Resolve the run; None after a dry run (which prints the memory estimate). Bad input is a one-line error
+    before anything heavy is built."""
+    cfg, init_from, init_note = req.cfg, req.init_from, ""
+    if req.resume is not None and req.base is not None:
+        changed = changed_fields(dataclasses.replace(req.base, run_dir=cfg.run_dir), cfg)
+        if "num_envs" in changed:
+            raise BadInput(f"--num-envs cannot change on --resume: the replay buffer is laid out for the run's "
+                           f"{req.base.num_envs} env(s)")
+        for name, (old, new) in changed.items():
+            print(f"resume: {name} changed from {old!r} to {new!r} by the command line", file=sys.stderr)
+    if req.resume is not None and init_from:
+        print(f"resume: --init-from {init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
+        init_from = None
+    if init_from:
+        cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
+    shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
+    if shard.world > 1 and not cfg.dataset:
+        raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
+    try:
+        device: torch.device | None = resolve_device(distributed.device_for(shard, cfg.device))
+    except DeviceError:
+        if not req.dry_run:
+            raise
+        device = None  # a dry run still estimates (for --gpu-mem, or to say there is no GPU)
+    source: EnvSource = cfg.task if req.env is None else req.env
+    spec, tasks = env_spec(source, cfg)
+    run_dir = req.resume or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.for_task(spec)))
+    if req.resume is None:
+        check_fresh(run_dir)  # early, before the memory plan; build() checks again under the lock
+
+    def for_run(c: Config) -> Config:
+        return validate(dataclasses.replace(c.for_task(spec, len(tasks.tasks) if tasks else 1), run_dir=str(run_dir)))
+
+    filled = for_run(cfg)
+    plan = memory.assess_run(filled, spec.obs_shape, spec.action_dim, spec.episodic, device, req.gpu_mem,
+                             req.fit_memory, resuming=req.resume is not None, tasks=tasks)
+    if plan.applied and plan.changes:  # task-derived fields (updates per round) follow the lowered settings
+        filled = for_run(dataclasses.replace(cfg, **{k: new for ch in plan.changes for k, (_, new) in ch.values.items()}))
+    if req.dry_run:
+        print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device))
+        if init_note:
+            print(init_note, file=sys.stderr)
+    if not plan.fits:
+        raise BadInput(plan.error())
+    if req.dry_run:
+        return None
+    assert device is not None
+    notes = [n for n in (*req.notes, memory.summary_line(plan), init_note) if n]
+    user_env = req.env
+    eval_source: EnvSource = req.eval_env or ((lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env)
+                                              else source)
+    return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard,
+                    req.resume is not None, init_from, source, eval_source, notes)
+
+
+def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
+    """What the model is built for: the data's (offline), a multi-task run's padded dims, or the task's, read
+    off one environment (closed at once, unless it is the user's own env object)."""
+    if cfg.dataset:
+        return offline_spec(cfg)
+    tasks = task_setup(cfg) if isinstance(env, str) and env == cfg.task else None
+    if tasks is not None:
+        return tasks.spec(cfg), tasks
+    built, spec = make_env(env, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
+    if not isinstance(env, gym.Env):
+        built.close()
+    return spec, None
+
+
+def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
+          on_eval: Callback | None = None) -> Trainer:
+    """The parts of the run, handed to its loop. A fresh run directory whose setup fails is removed: a bad
+    input leaves nothing behind."""
+    cfg = s.cfg
+    lock = RunDirLock(s.run_dir)  # one writer per run directory, before anything is written
+    if s.shard.main:
+        lock.acquire()
+        for stale in remove_stale_temp_files(s.run_dir):
+            print(f"removed {stale}, left by a write that was killed", file=sys.stderr)
+        if not s.resume:
+            set_aside_unfinished(s.run_dir)
+    data, envs = None, None
+    try:
+        data = open_offline(cfg, s.device, cfg.seed, (s.shard.rank, s.shard.world)).sampler if cfg.dataset else None
+        envs = None if cfg.dataset else _vector_envs(s)
+        torch.manual_seed(cfg.seed)
+        lengths = s.tasks.episode_lengths if s.tasks else s.spec.episode_length
+        agent = Agent(cfg, model_dims(cfg, s.spec, s.tasks), lengths, s.device, s.shard)
+        if s.init_from:
+            print(init_weights(agent.model, s.init_from, s.spec.obs_shape, s.spec.action_dim, s.spec.task),
+                  file=sys.stderr)
+        trainer: Trainer
+        if data is not None:
+            trainer = OfflineTrainer(s, agent, data, lock, on_log, on_eval)
+        else:
+            assert envs is not None
+            env_tasks = None if s.tasks is None else s.tasks.env_tasks(cfg.num_envs)
+            buffer = ReplayBuffer(cfg.buffer_size, envs.num_envs, s.spec.obs_shape, s.spec.action_dim, cfg.horizon,
+                                  obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32, device=s.device,
+                                  storage=s.buffer_storage, env_tasks=env_tasks)
+            recorder = None if not cfg.save_data or not s.shard.main else EpisodeRecorder(DatasetWriter(
+                cfg.save_data, s.spec.obs_shape, s.spec.action_dim, s.tasks.task_set if s.tasks else (cfg.task,),
+                cfg.obs, cfg.action_repeat or 1, f"tdmpc.train --save-data, run {s.run_dir}",
+                *((s.tasks.obs_dims, s.tasks.action_dims) if s.tasks else ())),
+                env_tasks if env_tasks is not None else np.zeros(envs.num_envs, dtype=np.int64))
+            trainer = OnlineTrainer(s, agent, envs, buffer, recorder, lock, no_buffer, on_log, on_eval)
+            if s.shard.main:
+                trainer.warn_if_disk_short()
+        set_threads(cfg.threads)
+        return trainer
+    except BaseException:
+        for part in (envs, data):
+            if part is not None:
+                part.close()
+        lock.abandon()
+        raise
+
+
+def model_dims(cfg: Config, spec: EnvSpec, tasks: TaskSetup | None) -> ModelDims:
+    """The model a run trains: for the task of `spec`, or a multi-task one over the task set."""
+    assert cfg.episodic is not None
+    if tasks is None:
+        return ModelDims.from_config(cfg, spec.obs_shape, spec.action_dim, cfg.episodic)
+    return ModelDims.from_config(cfg, spec.obs_shape, spec.action_dim, cfg.episodic, tasks.task_set,
+                                 tasks.action_dims)
+
+
+def _vector_envs(s: RunSetup):
+    """The training envs: num_envs of the task, or of each task of a multi-task run; async workers ignore
+    SIGINT/SIGTERM so only the trainer handles a stop."""
+    cfg = s.cfg
+    asynchronous = cfg.vectorization == "async"
+    ignored = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)} if asynchronous else {}
+    try:
+        if s.tasks is None:
+            return make_envs(s.env, cfg.num_envs, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat,
+                             asynchronous=asynchronous)
+        return make_envs(s.tasks.tasks, cfg.num_envs, seed=cfg.seed, action_repeat=s.tasks.action_repeat,
+                         pad_to=(s.tasks.obs_dim, s.tasks.action_dim), asynchronous=asynchronous)
+    finally:
+        for sig, h in ignored.items():
+            signal.signal(sig, h)
+
+
+def open_run(req: RunRequest) -> Trainer | None:
+    """prepare() and build(), then the lines a user should see before training starts; None after a dry run."""
+    setup = prepare(req)
+    if setup is None:
+        return None
+    trainer = build(setup, req.no_buffer, req.on_log, req.on_eval)
+    if setup.shard.main:
+        for line in setup.notes:
+            print(line, file=sys.stderr)
+    if setup.device.type == "cpu" and isinstance(trainer, OnlineTrainer):
+        speed.warn_if_slow(trainer)
+    return trainer
+
+
+def run(trainer: Trainer) -> int:
+    """The loop, unless the run already reached its steps (then nothing changes)."""
+    c = trainer.counters
+    if c.finished and c.env_step >= trainer.cfg.steps:
+        trainer.close()
+        print(f"run in {trainer.run_dir} already finished at step {c.env_step:,}; pass --steps N to extend it",
+              file=sys.stderr)
+        return EXIT_OK
+    c.finished = False
+    return trainer.run()
+
+
+def trainer_for(cfg: Config, run_dir: Path, device: torch.device, resume: bool = False) -> Trainer:
+    """The trainer the pipeline builds for `cfg` in `run_dir` on `device`, to drive its loop by hand (tests,
+    notebooks, benchmarks)."""
+    cfg = dataclasses.replace(cfg, run_dir=str(run_dir), device=str(device))
+    trainer = open_run(RunRequest(cfg, resume=Path(run_dir) if resume else None,
+                                  base=saved_config(Path(run_dir)) if resume else None))
+    assert trainer is not None
+    return trainer
+
+
+def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str | Path | None = None,
+        resume: bool = False, init_from: str | Path | None = None, on_log: Callback | None = None,
+        on_eval: Callback | None = None, **overrides: Any) -> tuple[Path, Agent]:
+    """Train an agent and return (run_dir, agent).
+
+    env: a task name ('walker-walk', 'Pendulum-v1'), a gymnasium env, or a zero-argument function making
+    one (default: cfg.task). An env object is used as it is for the first environment; more environments
+    (num_envs > 1) and evaluation use deep copies of it. Every Config field is a keyword (steps=20_000,
+    model_size=1, ...), applied over `cfg` (default: Config()). resume=True continues the run in run_dir.
+    on_log / on_eval get each train.csv / eval.csv row as a dict; returning False stops the run (a
+    checkpoint is written, so it can be resumed)."""
+    if run_dir is not None:
+        overrides["run_dir"] = str(run_dir)
+    if isinstance(env, str):
+        overrides.setdefault("task", env)
+    if resume and run_dir is None:
+        raise BadInput("resume=True needs the run_dir of the run to continue")
+    base = saved_config(Path(run_dir)) if resume and run_dir is not None else cfg or Config()
+    config = validate(from_dict(overrides, source="fit() keywords", base=base))
+    trainer = open_run(RunRequest(config, resume=Path(run_dir) if resume and run_dir is not None else None,
+                                  init_from=str(init_from) if init_from else None, given=frozenset(overrides),
+                                  base=base if resume else None, env=None if isinstance(env, str) else env,
+                                  on_log=on_log, on_eval=on_eval))
+    assert trainer is not None  # not a dry run
+    run(trainer)
+    return trainer.run_dir, trainer.agent

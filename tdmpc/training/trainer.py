@@ -1,0 +1,383 @@
+"""The training loop: evaluate, step, log, checkpoint, until cfg.steps; a signal stops it cleanly.
+
+Trainer holds what every run shares: the loop, the agent's updates and their metrics, evaluation,
+log rows, checkpoints and exact resume, stop signals and running out of device memory. What a step
+is belongs to a subclass: OnlineTrainer (tdmpc.training.online) steps envs into a replay buffer,
+OfflineTrainer (tdmpc.training.offline) updates on a dataset. tdmpc.training.setup builds both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+from tdmpc import memory
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch
+from tdmpc.config import Config, save_json
+from tdmpc.envs import EnvSource, EnvSpec
+from tdmpc.episodes import run_episodes
+from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, RunDirError
+from tdmpc.model.checkpoint import load_file
+from tdmpc.runtime.distributed import Shard
+from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes
+from tdmpc.tasks.multitask import TaskSetup
+from tdmpc.training.logger import RunLogger
+from tdmpc.training.run_dir import RunDirLock, checkpoint_path
+
+STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, s))
+Callback = Callable[[dict], Optional[bool]]  # gets a log or eval row; returning False stops the run
+
+
+class TrainingDiverged(RuntimeError):
+    """Most updates produce non-finite gradients; continuing would waste the allocation."""
+
+
+class NonFiniteData(RuntimeError):
+    """An env returned NaN or inf; the message names the env, the step and the field."""
+
+
+@dataclass
+class RunSetup:
+    """Everything decided before anything is built or written."""
+
+    cfg: Config  # filled in for the task, with the memory plan's changes
+    spec: EnvSpec  # what the model is built for
+    tasks: TaskSetup | None  # a multi-task run's tasks; None for one task
+    run_dir: Path
+    device: torch.device
+    buffer_storage: torch.device  # where the replay buffer lives
+    shard: Shard
+    resume: bool
+    init_from: str | None
+    env: EnvSource
+    eval_env: EnvSource
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Counters:
+    """Where a run is; saved in every checkpoint so a resume continues from the same step."""
+
+    env_step: int = 0  # environment steps, action repeat included (offline: updates)
+    vector_steps: int = 0  # calls to envs.step()
+    episodes: int = 0
+    updates: int = 0
+    pretrain_updates_left: int = -1  # updates on the seed data still to do; -1 until seeding ends
+    refill_until: int = 0  # a run resumed without its replay buffer acts, without updates, up to this step
+    next_eval: int = 0
+    next_log: int = 0
+    next_save: int = 0
+    last_eval: int = -1
+    elapsed: float = 0.0  # seconds of training, over all sessions
+    finished: bool = False
+
+
+class Trainer:
+    """One run's loop. A subclass sets its parts (envs and buffer, or a dataset), then calls this __init__,
+    which restores a resumed run and opens its logs."""
+
+    steps_name = "env steps"  # what Counters.env_step counts, in messages
+
+    def __init__(self, setup: RunSetup, agent: Agent, lock: RunDirLock, no_buffer: bool = False,
+                 on_log: Callback | None = None, on_eval: Callback | None = None):
+        self.cfg = cfg = setup.cfg
+        self.run_dir, self.device, self.shard = setup.run_dir, setup.device, setup.shard
+        self.spec, self.tasks, self.eval_env = setup.spec, setup.tasks, setup.eval_env
+        self.agent, self.lock, self.on_log, self.on_eval = agent, lock, on_log, on_eval
+        self.rng = np.random.default_rng(cfg.seed)
+        self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
+        self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
+        self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
+        if setup.resume:
+            self._restore(load_file(self.checkpoint_path), no_buffer)
+        if self.shard.main:
+            try:
+                save_json(cfg, self.run_dir / "config.json")
+            except OSError as e:
+                raise RunDirError(f"cannot write {self.run_dir / 'config.json'}: {e.strerror or e} "
+                                  f"({fmt_bytes(free_bytes(self.run_dir), decimal=True)} free); choose another --run-dir") from None
+        self.logger = RunLogger(self.run_dir, cfg, cfg.steps, self.counters.env_step, writes=self.shard.main)
+        if setup.resume and self.shard.main:
+            self.logger.train_csv.truncate_after(self.counters.env_step)
+            self.logger.eval_csv.truncate_after(self.counters.env_step)
+        # Per-log-interval statistics: metric sums stay on the device until a log row is written.
+        self.metric_sum: dict[str, torch.Tensor] | None = None
+        self.metric_count = 0
+        self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
+        self.last_bar = 0.0
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return checkpoint_path(self.run_dir)
+
+    # --- what a subclass provides -------------------------------------------------------
+    def step(self) -> None:
+        """Advance the run by one step (and the updates due)."""
+        raise NotImplementedError
+
+    def sample(self) -> Batch:
+        """A training batch."""
+        raise NotImplementedError
+
+    def episode_stats(self) -> dict[str, float]:
+        """The train.csv columns of the episodes that ended since the last row (and forget them)."""
+        return {"episode_return": float("nan"), "episode_length": float("nan")}
+
+    def save_data(self, ckpt_dir: Path) -> dict[str, Any]:
+        """Write what a checkpoint needs beside the model (a replay buffer file, say); returns its entries."""
+        return {}
+
+    def restore_data(self, obj: dict, no_buffer: bool) -> None:
+        """Restore what save_data wrote."""
+
+    def close_data(self) -> None:
+        """Release envs, files and workers."""
+
+    # --- the loop -----------------------------------------------------------------
+    def run(self) -> int:
+        """Train to cfg.steps. Returns an exit code: 0 finished, 3 stopped (checkpoint written), 1 out of memory."""
+        handlers = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        try:
+            try:
+                return self._loop()
+            except NonFiniteData as e:  # the bad transition was not stored: the run is consistent
+                self.save()
+                self.logger.message(f"error: {e}; checkpoint written at step {self.counters.env_step:,} "
+                                    f"(resume with --resume {self.run_dir} --nonfinite-data drop)")
+                return EXIT_ERROR
+            except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or an error it caused (a graph capture)
+                oom = _out_of_memory_error(e)
+                if oom is None:
+                    raise
+                what = str(oom).strip().splitlines()[0] if str(oom).strip() else "CUDA out of memory"
+            return self._out_of_memory(what)  # outside the handler: the traceback's tensors are freed
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+            self.close()
+
+    def close(self) -> None:
+        """Close the logs and the data, and release the run directory."""
+        self.logger.close()
+        self.close_data()
+        self.lock.release()
+
+    def _loop(self) -> int:
+        cfg, c = self.cfg, self.counters
+        t_start = time.time() - c.elapsed
+        self.rate_mark = (time.time(), c.env_step, c.updates)
+        while c.env_step < cfg.steps and not self._stopping():
+            if c.env_step >= c.next_eval and not self.evaluate():
+                break
+            self.step()
+            c.elapsed = time.time() - t_start
+            if c.env_step >= c.next_log:
+                self._log()
+            if c.env_step >= c.next_save and self.stop_reason is None:
+                self.save()
+                c.next_save = next_multiple(c.env_step, cfg.save_every)
+            self.progress()
+        if self.stop_reason is not None:
+            self.save()
+            self.logger.message(f"stopped by {self.stop_reason} at step {c.env_step:,}; checkpoint written. "
+                                f"Resume with: python -m tdmpc.train --resume {self.run_dir}")
+            return EXIT_REQUEUE
+        if c.last_eval != c.env_step and not self.evaluate():
+            self.save()
+            return EXIT_REQUEUE
+        c.finished = True
+        self.save()
+        self.logger.message(f"finished {c.env_step:,} {self.steps_name} in {c.elapsed / 60:.1f} min; results in "
+                            f"{self.run_dir}")
+        return EXIT_OK
+
+    def _stopping(self) -> bool:
+        """A stop signal or callback; with several ranks, one that reached any rank stops them all together."""
+        if self.shard.any(self.stop_reason is not None, self.device) and self.stop_reason is None:
+            self.stop_reason = "a stop on another rank"
+        return self.stop_reason is not None
+
+    def update(self) -> None:
+        """One gradient step on a sampled batch; its metrics are summed on the device until the next log row."""
+        self.doing = "update"
+        metrics = self.agent.update(self.sample())
+        if self.cfg.debug:
+            bad = [k for k, v in metrics.items() if not torch.isfinite(v).all()]
+            if bad:
+                raise FloatingPointError(f"non-finite metrics at update {self.counters.updates}: {bad}")
+        if self.metric_sum is None:
+            self.metric_sum = {k: v.detach().clone().float() for k, v in metrics.items()}
+        else:
+            torch._foreach_add_(list(self.metric_sum.values()), [v.float() for v in metrics.values()])
+        self.metric_count += 1
+        self.counters.updates += 1
+
+    def evaluate(self) -> bool:
+        """Run the eval episodes (of every task); False if a stop signal arrived meanwhile (redone on resume)."""
+        cfg, c = self.cfg, self.counters
+        if cfg.eval_episodes == 0:
+            c.next_eval = next_multiple(c.env_step, cfg.eval_freq)
+            return True
+        if not self.shard.main:  # rank 0 evaluates; the others wait for it
+            self.shard.barrier()
+            c.next_eval, c.last_eval = next_multiple(c.env_step, cfg.eval_freq), c.env_step
+            return True
+        t0 = time.time()
+        self.doing = "evaluation"
+        rows = []
+        video = None
+        for task in self.tasks.tasks if self.tasks else (self.eval_env,):
+            name = f"_{task}" if self.tasks else ""
+            video = self.run_dir / "videos" / f"step_{c.env_step:09d}{name}.mp4" if cfg.save_video else None
+            res = run_episodes(self.agent, task, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1), obs=cfg.obs,
+                               action_repeat=cfg.action_repeat, video=video, stop=lambda: self.stop_reason is not None)
+            if res is None:
+                return False
+            rows.append(({"task": task} if self.tasks else {}) | res.summary())
+        if self.tasks:  # the tasks' mean, as the reference reports multi-task results
+            rows.append({"task": "mean", "episodes": sum(r["episodes"] for r in rows),
+                         **{k: float(np.mean([r[k] for r in rows])) for k in ("episode_return", "episode_length")}})
+        timing = {"eval_seconds": round(time.time() - t0, 1), "elapsed": round(c.elapsed, 1)}
+        rows = [{"env_step": c.env_step, **r, **timing} for r in rows]
+        self.logger.eval(rows, video)
+        c.next_eval = next_multiple(c.env_step, cfg.eval_freq)
+        c.last_eval = c.env_step
+        self.rate_mark = (time.time(), c.env_step, c.updates)  # keep eval time out of the step rate
+        self._callback(self.on_eval, rows[-1], "on_eval")
+        self.shard.barrier()
+        return True
+
+    def _log(self) -> None:
+        """One train.csv row: the only place device metrics are read back to the host."""
+        c = self.counters
+        now = time.time()
+        t0, s0, u0 = self.rate_mark
+        row: dict[str, Any] = {
+            "env_step": c.env_step, "episodes": c.episodes, "updates": c.updates, "elapsed": round(c.elapsed, 1),
+            "env_steps_per_s": (c.env_step - s0) / max(now - t0, 1e-9),
+            "updates_per_s": (c.updates - u0) / max(now - t0, 1e-9), **self.episode_stats()}
+        if self.metric_sum is not None:
+            values = torch.stack(list(self.metric_sum.values())).cpu().tolist()
+            row.update({k: v / self.metric_count for k, v in zip(self.metric_sum, values)})
+        self.logger.train(row)
+        if self.metric_count >= 10 and row.get("skipped", 0.0) > 0.5:
+            raise TrainingDiverged(
+                f"training diverged: {row['skipped']:.0%} of the last {self.metric_count} updates had non-finite "
+                f"gradients and were skipped; the last checkpoint is in {self.checkpoint_path.parent}. Try a lower "
+                f"--lr" + (" or --train-precision fp32" if self.cfg.train_precision == "bf16" else ""))
+        self.metric_sum, self.metric_count = None, 0
+        self.rate_mark = (now, c.env_step, c.updates)
+        c.next_log = next_multiple(c.env_step, self.cfg.log_every)
+        self._callback(self.on_log, row, "on_log")
+
+    def progress(self, force: bool = False) -> None:
+        """Redraw the progress bar (at most twice a second unless forced)."""
+        now = time.time()
+        if not force and now - self.last_bar < 0.5:
+            return
+        self.last_bar = now
+        t0, s0, u0 = self.rate_mark
+        dt = max(now - t0, 1e-9)
+        c = self.counters
+        env_sps = (c.env_step - s0) / dt if self.steps_name == "env steps" else None  # offline: steps are updates
+        self.logger.progress(c.env_step, env_sps, (c.updates - u0) / dt)
+
+    def _callback(self, fn: Callback | None, row: dict, name: str) -> None:
+        if fn is not None and fn(dict(row)) is False and self.stop_reason is None:
+            self.stop_reason = f"the {name} callback"
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stop_reason = f"signal {signal.Signals(signum).name}"
+        if signum == signal.SIGINT:  # a second Ctrl-C aborts at once
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _out_of_memory(self, what: str) -> int:
+        """Free what can be freed, write a checkpoint, set the estimate beside the real peak, advise."""
+        c = self.counters
+        for optim in (self.agent.optim, self.agent.pi_optim):
+            optim.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        try:
+            self.save()
+            saved = f"checkpoint written at step {c.env_step:,}"
+        except Exception as e:  # e.g. the device is unusable after a failed graph capture
+            saved = f"no checkpoint could be written ({type(e).__name__}: {e}); the last one in " \
+                    f"{self.checkpoint_path.parent} stays"
+        target = memory.detect_target(self.cfg, self.device)
+        estimate, flags = memory.out_of_memory_report(
+            self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
+            self.buffer_on_device(), self.device)
+        self.logger.message(f"error: out of device memory in {self.doing} at step {c.env_step:,} ({what}); {saved}.\n"
+                            f"{estimate}\nadvice: resume with lower settings: python -m tdmpc.train --resume "
+                            f"{self.run_dir} {flags} (--dry-run shows the breakdown)")
+        return EXIT_ERROR
+
+    def buffer_on_device(self) -> bool:
+        """Whether a replay buffer lives in device memory (the out-of-memory advice counts it there)."""
+        return False
+
+    # --- checkpoints ----------------------------------------------------------------
+    def save(self) -> None:
+        """Data first (a buffer under a new file name), then latest.pt naming it: a crash leaves a consistent
+        pair. A write that cannot be made (full or read-only disk) is refused before it starts where it can be
+        foreseen, leaves no partial file, and is a one-line DiskError saying where the last good checkpoint is."""
+        if not self.shard.main:  # rank 0 writes the run
+            return
+        ckpt_dir = self.checkpoint_path.parent
+        try:
+            extra = self.save_data(ckpt_dir)
+            rng: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": self.rng.bit_generator.state,
+                                   **extra.pop("rng", {})}
+            if self.device.type == "cuda":
+                rng["cuda"] = torch.cuda.get_rng_state(self.device)
+            state_bytes = sum(t.numel() * t.element_size() for t in self.agent.model.state_dict().values())
+            ensure_space(self.checkpoint_path, 4 * state_bytes, "the checkpoint")  # weights and Adam states
+            self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(self.counters), "rng": rng, **extra})
+        except OSError as e:
+            last = f"the last good checkpoint is {self.checkpoint_path}" if self.checkpoint_path.is_file() \
+                else "no checkpoint was written yet"
+            what = str(e) if isinstance(e, DiskError) else \
+                f"could not write in {ckpt_dir}: {e.strerror or e} ({fmt_bytes(free_bytes(ckpt_dir), decimal=True)} free)"
+            raise DiskError(f"{what}; {last}") from None
+        for old in ckpt_dir.glob("buffer_*.h5"):
+            if old.name != extra.get("buffer_file"):
+                old.unlink()
+
+    def _restore(self, obj: dict, no_buffer: bool) -> None:
+        self.agent.load_state_dict(obj, str(self.checkpoint_path))
+        saved = obj["train"]
+        saved.setdefault("pretrain_updates_left", saved.pop("burst_left", -1))  # its name before 0.2
+        self.counters = Counters(**saved)
+        rng = obj["rng"]
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and self.device.type == "cuda":
+            torch.cuda.set_rng_state(rng["cuda"], self.device)
+        self.rng.bit_generator.state = rng["numpy"]
+        self.restore_data(obj, no_buffer)
+
+
+def _out_of_memory_error(e: BaseException | None) -> BaseException | None:
+    """The torch.cuda.OutOfMemoryError behind `e`: itself, or the one being handled when `e` was raised
+    (a CUDA graph capture that ran out of memory fails again when the capture is closed)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def next_multiple(step: int, every: int) -> int:
+    return (step // every + 1) * every

@@ -1,0 +1,94 @@
+"""The package's layout: folders by job, no import cycles, errors and the runtime at the bottom, the commands on top,
+and every package listed for the build (pyproject.toml maps planners/, configs/ and slurm/ into it; no links)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = {"tdmpc.train", "tdmpc.evaluate", "tdmpc.dataset", "tdmpc.collect", "tdmpc.reproduce", "tdmpc.bench",
+            "tdmpc.plot", "tdmpc.slurm_scripts"}  # python -m tdmpc.<name>: imported by nothing else
+
+
+def _modules() -> dict[str, Path]:
+    """Module name -> file, for tdmpc/ and planners/ (which is tdmpc.planners once installed)."""
+    found = {}
+    for path in [*(ROOT / "tdmpc").rglob("*.py"), *(ROOT / "planners").glob("*.py")]:
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        if parts[0] == "planners":
+            parts = ["tdmpc", *parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The tdmpc modules `name` imports, at the top or inside functions; not those for type checking only."""
+    tree = ast.parse(path.read_text())
+    type_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                 for n in ast.walk(node)}
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.add(full if full in modules else base)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return {m for m in out if m in modules and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_no_import_cycles():
+    graph, state, cycles = _graph(), {}, []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for dep in sorted(graph[node]):
+            if state.get(dep) == "open":
+                cycles.append(path[path.index(dep):] + [dep] if dep in path else [node, dep])
+            elif dep not in state:
+                visit(dep, path + [dep])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, cycles
+
+
+def test_errors_and_runtime_are_the_bottom_and_commands_the_top():
+    graph = _graph()
+    assert graph["tdmpc.errors"] == set(), "errors.py imports nothing of tdmpc"
+    for name, deps in graph.items():
+        if name.startswith("tdmpc.runtime"):
+            assert deps <= {"tdmpc.errors"} | {d for d in deps if d.startswith("tdmpc.runtime")}, (name, deps)
+        if name.startswith("tdmpc.planners"):
+            assert all(d.startswith("tdmpc.planners") for d in deps), (name, deps)  # a planner needs only its protocol
+        assert not deps & COMMANDS, f"{name} imports the command module(s) {deps & COMMANDS}"
+
+
+def test_every_package_is_built_and_nothing_is_a_link():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    on_disk = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "tdmpc").rglob("__init__.py")}
+    assert on_disk <= listed, f"add {sorted(on_disk - listed)} to [tool.setuptools] packages in pyproject.toml"
+    assert config["package-dir"] == {"tdmpc.planners": "planners", "tdmpc.configs": "configs", "tdmpc.slurm": "slurm"}
+    links = [str(p) for p in [*ROOT.glob("tdmpc/**/*"), *ROOT.glob("planners/*")] if p.is_symlink()]
+    assert not links, links
