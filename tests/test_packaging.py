@@ -29,7 +29,9 @@ def installed(tmp_path_factory) -> Path:
     purelib = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], check=True,
                              capture_output=True, text=True).stdout.strip()
     (Path(purelib) / "outer_environment.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", wheel], check=True, capture_output=True, timeout=300)
+    # --ignore-installed: the outer environment's tdmpc (an editable install of this checkout, say) is not replaced
+    subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", wheel], check=True,
+                   capture_output=True, timeout=300)
     return tmp
 
 

@@ -234,6 +234,7 @@ def test_a_read_only_disk_is_one_line_and_evaluate_prints_before_its_report(tmp_
 
 # --- 5. kill -9 at any moment ----------------------------------------------------------------------
 
+@pytest.mark.slow  # a minute of random kills; the default suite kills at each phase on purpose (below)
 def test_kill_9_at_random_moments_then_resume_twenty_times(tmp_path):
     """Killed in start-up, seeding, updates, evaluation or a checkpoint write, each time the run resumes
     from its last complete checkpoint; at the end it finishes with every step logged once."""
@@ -254,6 +255,35 @@ def test_kill_9_at_random_moments_then_resume_twenty_times(tmp_path):
     assert r.returncode == 0, r.stderr
     steps = [int(x["env_step"]) for x in read_csv(run / "train.csv")]
     assert steps == sorted(set(steps)) and steps[-1] == 2400
+    assert not list((run / "checkpoints").glob(".*.tmp"))
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["finished"]
+
+
+# The phases of a run, in the order one run meets them: TDMPC_KILL_AT=<point>:<n> (tdmpc.runtime.faults) kills
+# the trainer at the n-th pass through that point. The writes are checkpoints' (a complete temp file, not yet
+# renamed): a checkpoint writes its replay buffer first, then latest.pt.
+KILL_PHASES = ["startup:1", "seeding:60", "write:2", "update:40", "evaluation:30", "update:300", "write:1"]
+
+
+def test_kill_9_in_each_phase_then_auto_resume(tmp_path):
+    """Killed (SIGKILL, by the process itself) in start-up, seeding, an update, an evaluation and both halves of
+    a checkpoint write, each at a point it is shown to have reached; each time --auto-resume starts or continues
+    the run from its last complete checkpoint, and at the end every step is logged once."""
+    cfg = tiny_json(tmp_path, steps=800, save_every=200, log_every=100, eval_freq=400, eval_episodes=1)
+    run = tmp_path / "run"
+    args = ["--cfg", cfg, "--auto-resume", run]
+    for phase in KILL_PHASES:
+        r = subprocess.run([PY, "-m", "tdmpc.train", *map(str, args)], capture_output=True, text=True, timeout=300,
+                           env=_env(TDMPC_KILL_AT=phase))
+        assert r.returncode == -signal.SIGKILL, f"{phase} was not reached: exit {r.returncode}\n{r.stderr}"
+        assert "Traceback" not in r.stderr and "error" not in r.stderr, r.stderr
+    assert list((run / "checkpoints").glob(".*.tmp")), "the last kill, mid-write, leaves a temp file"
+    r = run_train(*args, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "removed" in r.stderr  # the killed write's temp file
+    steps = [int(x["env_step"]) for x in read_csv(run / "train.csv")]
+    assert steps == list(range(100, 801, 100)), steps
+    assert [int(x["env_step"]) for x in read_csv(run / "eval.csv")] == [0, 400, 800]
     assert not list((run / "checkpoints").glob(".*.tmp"))
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["finished"]
 

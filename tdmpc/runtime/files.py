@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tdmpc.errors import DiskError
+from tdmpc.runtime.faults import kill_point
 
 MiB, GiB = 2**20, 2**30
 
@@ -38,6 +39,7 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
             raise OSError(errno.ENOSPC, f"the write of {path} was cut short (is the disk full?)") from None
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        kill_point("write")  # the tests' kill -9 between a complete temp file and its rename
         os.replace(tmp, path)
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:

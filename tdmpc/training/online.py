@@ -19,6 +19,7 @@ from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.envs import VectorEnvs, env_rng_state, set_env_rng_state
 from tdmpc.errors import BufferFileError
 from tdmpc.offline.writer import EpisodeRecorder
+from tdmpc.runtime.faults import kill_point
 from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes
 from tdmpc.training.run_dir import RunDirLock, set_aside_damaged
 from tdmpc.training.trainer import Callback, NonFiniteData, RunSetup, Trainer
@@ -44,6 +45,7 @@ class OnlineTrainer(Trainer):
         """One step of all N envs, its transitions into the buffer, then any updates due."""
         cfg, c = self.cfg, self.counters
         if c.env_step < cfg.seed_steps:  # type: ignore[operator]
+            kill_point("seeding")
             action = self.rng.uniform(-1, 1, (self.num_envs, self.spec.action_dim)).astype(np.float32)
             if self.tasks is not None and self.env_tasks is not None:
                 action *= self.tasks.action_masks(self.env_tasks)

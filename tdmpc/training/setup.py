@@ -57,8 +57,7 @@ class RunRequest:
     init_from: str | None = None  # start from these weights
     given: frozenset[str] = frozenset()  # Config fields set explicitly: --init-from takes the others from the checkpoint
     base: Config | None = None  # with resume: the run's saved config (what changes is said)
-    env: EnvSource | None = None  # a user's env object or factory (None: cfg.task)
-    eval_env: EnvSource | None = None  # what to evaluate on (None: as env)
+    env: EnvSource | None = None  # a user's env object or factory (None: cfg.task); evaluated on copies of it
     gpu_mem: str | None = None  # plan memory for a card of this size
     fit_memory: bool = False  # lower settings until the estimate fits
     dry_run: bool = False  # print the memory estimate and stop
@@ -71,15 +70,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     """Resolve the run; None after a dry run (which prints the memory estimate). Bad input is a one-line error
     before anything heavy is built."""
     cfg, init_from, init_note = req.cfg, req.init_from, ""
-    if req.resume is not None and req.base is not None:
-        changed = changed_fields(dataclasses.replace(req.base, run_dir=cfg.run_dir), cfg)
-        if "num_envs" in changed:
-            raise BadInput(f"--num-envs cannot change on --resume: the replay buffer is laid out for the run's "
-                           f"{req.base.num_envs} env(s)")
-        for name, (old, new) in changed.items():
-            print(f"resume: {name} changed from {old!r} to {new!r} by the command line", file=sys.stderr)
-    if req.resume is not None and init_from:
-        print(f"resume: --init-from {init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
+    if req.resume is not None:
+        _check_resume(req)
         init_from = None
     if init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
@@ -117,10 +109,23 @@ def prepare(req: RunRequest) -> RunSetup | None:
     assert device is not None
     notes = [n for n in (*req.notes, memory.summary_line(plan), init_note) if n]
     user_env = req.env
-    eval_source: EnvSource = req.eval_env or ((lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env)
-                                              else source)
+    eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard,
                     req.resume is not None, init_from, source, eval_source, notes)
+
+
+def _check_resume(req: RunRequest) -> None:
+    """What a resume may not change is refused; what it changes is said; --init-from gives way to the run's own
+    checkpoint."""
+    if req.base is not None:
+        changed = changed_fields(dataclasses.replace(req.base, run_dir=req.cfg.run_dir), req.cfg)
+        if "num_envs" in changed:
+            raise BadInput(f"--num-envs cannot change on --resume: the replay buffer is laid out for the run's "
+                           f"{req.base.num_envs} env(s)")
+        for name, (old, new) in changed.items():
+            print(f"resume: {name} changed from {old!r} to {new!r} by the command line", file=sys.stderr)
+    if req.init_from:
+        print(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
 
 
 def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:

@@ -28,6 +28,7 @@ from tdmpc.episodes import run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, RunDirError
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime.distributed import Shard
+from tdmpc.runtime.faults import kill_point
 from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes
 from tdmpc.tasks.multitask import TaskSetup
 from tdmpc.training.logger import RunLogger
@@ -146,6 +147,7 @@ class Trainer:
     def run(self) -> int:
         """Train to cfg.steps. Returns an exit code: 0 finished, 3 stopped (checkpoint written), 1 out of memory."""
         handlers = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        kill_point("startup")
         try:
             try:
                 return self._loop()
@@ -209,6 +211,7 @@ class Trainer:
     def update(self) -> None:
         """One gradient step on a sampled batch; its metrics are summed on the device until the next log row."""
         self.doing = "update"
+        kill_point("update")
         metrics = self.agent.update(self.sample())
         if self.cfg.debug:
             bad = [k for k, v in metrics.items() if not torch.isfinite(v).all()]
@@ -239,7 +242,7 @@ class Trainer:
             name = f"_{task}" if self.tasks else ""
             video = self.run_dir / "videos" / f"step_{c.env_step:09d}{name}.mp4" if cfg.save_video else None
             res = run_episodes(self.agent, task, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1), obs=cfg.obs,
-                               action_repeat=cfg.action_repeat, video=video, stop=lambda: self.stop_reason is not None)
+                               action_repeat=cfg.action_repeat, video=video, stop=self._eval_interrupted)
             if res is None:
                 return False
             rows.append(({"task": task} if self.tasks else {}) | res.summary())
@@ -255,6 +258,11 @@ class Trainer:
         self._callback(self.on_eval, rows[-1], "on_eval")
         self.shard.barrier()
         return True
+
+    def _eval_interrupted(self) -> bool:
+        """Asked at every evaluation step: has a stop signal arrived?"""
+        kill_point("evaluation")
+        return self.stop_reason is not None
 
     def _log(self) -> None:
         """One train.csv row: the only place device metrics are read back to the host."""
