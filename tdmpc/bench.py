@@ -91,7 +91,10 @@ def timeit(fn: Callable[[], object], device: torch.device, reps: int, warmup: in
 
 class _FlopsByDtype(TorchDispatchMode):
     """What FlopCounterMode counts (its registry of matmuls and convolutions), summed by the dtype each op ran
-    in: a mixed-precision update runs matmuls in both fp32 and bf16, each against its own peak."""
+    in: a mixed-precision update runs matmuls in both fp32 and bf16, each against its own peak.
+
+    An op outside the registry is decomposed first, as FlopCounterMode does: under inference_mode (planning)
+    F.linear reaches the mode as one aten.linear, which only its decomposition (addmm, mm) tells the cost of."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,6 +102,11 @@ class _FlopsByDtype(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func._overloadpacket not in flop_registry:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
         out = func(*args, **kwargs)
         count = flop_registry.get(func._overloadpacket)
         if count is not None:
