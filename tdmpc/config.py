@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -276,9 +277,15 @@ def validate(cfg: Config) -> Config:
     positive = ("steps", "num_envs", "update_every", "batch_size", "buffer_size", "iterations",
                 "num_samples", "num_elites", "horizon", "num_channels", "simnorm_dim", "eval_freq",
                 "save_every", "log_every")
+    for field in fields(cfg):  # inf or nan in any float field (--lr inf) is never meant
+        value = getattr(cfg, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise bad(field.name, "must be a finite number")
     for name in positive:
         if getattr(cfg, name) < 1:
             raise bad(name, "must be >= 1")
+    if cfg.seed < 0:
+        raise bad("seed", "must be >= 0 (gymnasium and numpy take non-negative seeds)")
     for name in ("updates_per_round", "num_pi_trajs", "eval_episodes"):
         if (getattr(cfg, name) or 0) < 0:
             raise bad(name, "must be >= 0")
@@ -300,6 +307,8 @@ def validate(cfg: Config) -> Config:
         raise bad("seed_steps", "must be >= 1: learning starts from the data of the seed steps")
     if cfg.action_repeat is not None and cfg.action_repeat < 1:
         raise bad("action_repeat", "must be >= 1")
+    if cfg.num_elites > cfg.num_samples:
+        raise bad("num_elites", f"must be <= num_samples ({cfg.num_samples})")
     if cfg.num_pi_trajs >= cfg.num_samples:
         raise bad("num_pi_trajs", f"must be < num_samples ({cfg.num_samples})")
     if cfg.num_elites > cfg.num_samples - cfg.num_pi_trajs:

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from tdmpc.agent import Agent
-from tdmpc.envs import make_env
+from tdmpc.envs import check_observations, make_env
 from tdmpc.episodes import run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, run_cli
 from tdmpc.model.checkpoint import check_dims_match
@@ -77,7 +77,10 @@ def evaluate(args: EvalArgs) -> int:
         agent.task_ids(args.task, 1)
     else:
         env, spec = make_env(cfg.task, seed=args.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
-        env.close()
+        try:
+            check_observations(env, spec)
+        finally:
+            env.close()
         check_dims_match(agent.dims, spec.obs_shape, spec.action_dim, spec.task, str(args.checkpoint))
 
     set_threads(args.threads)

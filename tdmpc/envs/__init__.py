@@ -12,10 +12,11 @@ import sys
 if sys.platform == "linux":
     os.environ.setdefault("MUJOCO_GL", "egl")
 
-from tdmpc.envs.make import (EnvSource, EnvSpec, VectorEnvs, env_rng_state, make_env, make_envs,  # noqa: E402
-                             make_task_envs, make_vector_env, set_env_rng_state)
+from tdmpc.envs.make import (EnvSource, EnvSpec, VectorEnvs, check_observations, env_rng_state, make_env,  # noqa: E402
+                             make_envs, make_task_envs, make_vector_env, set_env_rng_state)
 from tdmpc.envs.names import UnknownTaskError, episode_length  # noqa: E402
 from tdmpc.errors import TaskError  # noqa: E402
 
-__all__ = ["EnvSource", "EnvSpec", "TaskError", "UnknownTaskError", "VectorEnvs", "env_rng_state", "episode_length",
+__all__ = ["EnvSource", "EnvSpec", "TaskError", "UnknownTaskError", "VectorEnvs", "check_observations", "env_rng_state",
+           "episode_length",
            "make_env", "make_envs", "make_task_envs", "make_vector_env", "set_env_rng_state"]

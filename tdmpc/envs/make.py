@@ -10,8 +10,8 @@ from typing import Any, Callable, Sequence, Union, cast
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.wrappers import (AddRenderObservation, FlattenObservation, FrameStackObservation, RescaleAction,
-                                TimeLimit, TransformAction, TransformObservation)
+from gymnasium.wrappers import (AddRenderObservation, FlattenObservation, FrameStackObservation, TimeLimit,
+                                TransformAction, TransformObservation)
 
 from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, Task, resolve_task
 from tdmpc.envs.wrappers import ActionRepeat, SeedAndRNGState
@@ -52,7 +52,7 @@ def make_env(
 ) -> tuple[gym.Env, EnvSpec]:
     """Build one environment: ``env`` is a DMC ``domain-task``, a gymnasium id, or a factory.
 
-    Actions are in [-1, 1]^A (gymnasium's RescaleAction); observations float32 vectors (``obs="state"``) or
+    Actions are in [-1, 1]^A (mapped linearly onto the env's Box; a constant dimension held); observations float32 vectors (``obs="state"``) or
     stacked uint8 frames (``obs="rgb"``, DMC only). Each episode truncates after
     ``spec.episode_length`` agent steps; ``terminated`` only marks true terminal states.
     ``seed`` takes effect at the first ``reset()``. ``render=True`` asks a gymnasium task for
@@ -157,6 +157,17 @@ def make_task_envs(
     return _vector(fns, asynchronous, seed), specs
 
 
+def check_observations(env: gym.Env, spec: EnvSpec, step: bool = True) -> None:
+    """A reset and (unless step=False: a user's own env object is left unstepped) one random step: an observation
+    of another shape than the env's observation_space declares is a one-line TaskError naming both, before a run
+    starts (in a vector env it fails deep inside gymnasium)."""
+    got = [np.shape(env.reset()[0])] + ([np.shape(env.step(env.action_space.sample())[0])] if step else [])
+    for what, shape in zip(("reset()", "step()"), got):
+        if tuple(shape) != tuple(spec.obs_shape):
+            raise TaskError(f"task {spec.task!r}: {what} returned an observation of shape {tuple(shape)}, but its "
+                            f"observation_space declares {tuple(spec.obs_shape)}")
+
+
 def make_envs(env: EnvSource | Sequence[str], envs_per_task: int, *, seed: int, obs: str = "state",
               action_repeat: int | None = None, pad_to: tuple[int, int] | None = None, asynchronous: bool = False,
               render: bool = False) -> VectorEnvs:
@@ -244,7 +255,7 @@ def _wrap(built: gym.Env, task: Task, seed: int | None, obs: str, repeat: int,
         raise TaskError(problem)
     if not pixels:
         built = _flat_float32(built)
-    built = RescaleAction(built, np.float32(-1.0), np.float32(1.0))  # the policy samples in [-1, 1]^A
+    built = _rescaled(built)  # the policy samples in [-1, 1]^A
     if repeat > 1:
         built = ActionRepeat(built, repeat)
     # In agent steps, so that every episode is exactly episode_length long even when the
@@ -257,6 +268,19 @@ def _wrap(built: gym.Env, task: Task, seed: int | None, obs: str, repeat: int,
     built = SeedAndRNGState(built, seed)
     built.action_space.seed(seed)
     return built
+
+
+def _rescaled(env: gym.Env) -> gym.Env:
+    """Actions in [-1, 1]^A mapped linearly onto the env's Box, clipped to it. A dimension whose low equals its high
+    is held at that value: gymnasium's RescaleAction divides by zero there and sends NaN to the env."""
+    space = env.action_space
+    assert isinstance(space, spaces.Box)
+    low, high = space.low.astype(np.float64), space.high.astype(np.float64)
+
+    def rescale(action: np.ndarray) -> np.ndarray:
+        return np.clip(low + (high - low) * (np.asarray(action, np.float64) + 1) / 2, low, high).astype(space.dtype)
+
+    return TransformAction(env, rescale, spaces.Box(-1.0, 1.0, space.shape, np.float32))
 
 
 def _padded(env: gym.Env, obs_dim: int, action_dim: int) -> gym.Env:

@@ -1,6 +1,6 @@
 """The wrappers gymnasium does not have: action repeat, and seeding with a picklable RNG state.
 
-make_env uses gymnasium's own wrappers for everything else (RescaleAction, TimeLimit,
+make_env uses gymnasium's own wrappers for everything else (TransformAction, TimeLimit,
 AddRenderObservation, FrameStackObservation, ...). Each records its constructor arguments
 (RecordConstructorArgs), so ``env.spec`` of a wrapped gymnasium task can rebuild it with
 ``gymnasium.make(env.spec)``, as gymnasium's checker does.

@@ -17,7 +17,7 @@ import torch
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.envs import VectorEnvs, env_rng_state, set_env_rng_state
-from tdmpc.errors import BufferFileError
+from tdmpc.errors import BufferFileError, TaskError
 from tdmpc.offline.writer import EpisodeRecorder
 from tdmpc.runtime.faults import kill_point
 from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes
@@ -39,7 +39,10 @@ class OnlineTrainer(Trainer):
         super().__init__(setup, agent, lock, no_buffer, on_log, on_eval)
         self.obs, _ = self.envs.reset(seed=None if setup.resume else self.cfg.seed)
         self.first = np.ones(self.num_envs, dtype=bool)
-        self._start_episodes(np.arange(self.num_envs))
+        try:
+            self._start_episodes(np.arange(self.num_envs), self.obs)
+        except NonFiniteData as e:  # before the run starts: bad input, and the run directory is left as it was
+            raise TaskError(str(e)) from None
 
     def step(self) -> None:
         """One step of all N envs, its transitions into the buffer, then any updates due."""
@@ -75,7 +78,7 @@ class OnlineTrainer(Trainer):
             ended = np.flatnonzero(done)
             if self.recorder is not None:
                 self.recorder.end(ended[keep[ended]], terminated)
-            self._start_episodes(ended, obs[ended])
+            obs[ended] = self._start_episodes(ended, obs[ended])
             self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i]), int(i)) for i in ended if keep[i]]
             self.ep_return[ended], self.ep_length[ended] = 0, 0
             c.episodes += len(ended)
@@ -108,12 +111,37 @@ class OnlineTrainer(Trainer):
     def sample(self) -> Batch:
         return self.buffer.sample(self.cfg.batch_size)
 
-    def _start_episodes(self, envs: np.ndarray, obs: np.ndarray | None = None) -> None:
-        """Episodes begin in `envs` (with these first observations; default: the current ones)."""
-        first = self.obs[envs] if obs is None else obs
+    def _start_episodes(self, envs: np.ndarray, first: np.ndarray) -> np.ndarray:
+        """Episodes begin in `envs` with these first observations (checked as step() checks what it stores);
+        returns them, with any an env had to be reset for."""
+        first = self._checked_resets(envs, first)
         self.buffer.start(torch.from_numpy(first), envs)
         if self.recorder is not None:
             self.recorder.start(first, envs)
+        return first
+
+    def _checked_resets(self, envs: np.ndarray, first: np.ndarray, tries: int = 3) -> np.ndarray:
+        """NaN or inf in a reset's observation is an error naming the env ('error'), or the env is reset again
+        ('drop'), a few times at most."""
+        for _ in range(tries):
+            bad = ~np.isfinite(first.reshape(len(first), -1)).all(1)
+            if not bad.any():
+                return first
+            i = int(envs[np.flatnonzero(bad)[0]])
+            task = self.spec.task if self.tasks is None or self.env_tasks is None else self.tasks.task_set[self.env_tasks[i]]
+            where = f"env {i} ({task}) returned a non-finite observation at reset, at env step {self.counters.env_step:,}"
+            if self.cfg.nonfinite_data == "error":
+                raise NonFiniteData(f"{where}; pass --nonfinite-data drop to reset such envs again")
+            if not self.warned_nonfinite:
+                self.warned_nonfinite = True
+                self.logger.message(f"note: {where}; reset again (--nonfinite-data drop)")
+            mask = np.zeros(self.num_envs, dtype=bool)
+            mask[envs[bad]] = True
+            fresh, _ = self.envs.reset(options={"reset_mask": mask})
+            first = first.copy()
+            first[bad] = fresh[envs[bad]]
+        raise NonFiniteData(f"env {int(envs[np.flatnonzero(bad)[0]])} returned non-finite observations at {tries} "
+                            f"resets in a row")
 
     def episode_stats(self) -> dict[str, float]:
         ended, self.ended_episodes = self.ended_episodes, []

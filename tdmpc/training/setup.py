@@ -29,21 +29,23 @@ import torch
 from tdmpc import memory
 from tdmpc.agent import Agent
 from tdmpc.buffer import ReplayBuffer
-from tdmpc.config import Config, changed_fields, from_dict, validate
-from tdmpc.envs import EnvSource, EnvSpec, make_env, make_envs
-from tdmpc.errors import EXIT_OK, BadInput, ConfigError, DeviceError
+from tdmpc.config import SIZE_FIELDS, Config, changed_fields, from_dict, validate
+from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
+from tdmpc.errors import BadInput, ConfigError, DeviceError
+from tdmpc.model.checkpoint import load_file
 from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder
 from tdmpc.runtime import distributed
 from tdmpc.runtime.device import resolve_device, set_threads
+from tdmpc.model.settings import NetworkSettings
 from tdmpc.model.world_model import ModelDims
 from tdmpc.tasks.multitask import TaskSetup, task_setup
 from tdmpc.training import speed
 from tdmpc.training.init_from import architecture_from_checkpoint, init_weights
 from tdmpc.training.offline import OfflineTrainer
 from tdmpc.training.online import OnlineTrainer
-from tdmpc.training.run_dir import (RunDirLock, check_fresh, default_run_dir, remove_stale_temp_files, saved_config,
-                                    set_aside_unfinished)
+from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
+                                    saved_config, set_aside_unfinished)
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
@@ -67,12 +69,18 @@ class RunRequest:
 
 
 def prepare(req: RunRequest) -> RunSetup | None:
-    """Resolve the run; None after a dry run (which prints the memory estimate). Bad input is a one-line error
-    before anything heavy is built."""
+    """Resolve the run; None after a dry run (which prints the memory estimate) or for a resumed run that already
+    reached its steps (which is said, and nothing in its directory changes). Bad input is a one-line error before
+    anything heavy is built."""
     cfg, init_from, init_note = req.cfg, req.init_from, ""
     if req.resume is not None:
         _check_resume(req)
         init_from = None
+        done = load_file(checkpoint_path(req.resume), mmap=True).get("train", {})
+        if done.get("finished") and done.get("env_step", 0) >= cfg.steps:
+            print(f"run in {req.resume} already finished at step {done['env_step']:,}; pass --steps N to extend it",
+                  file=sys.stderr)
+            return None
     if init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
     shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
@@ -114,14 +122,27 @@ def prepare(req: RunRequest) -> RunSetup | None:
                     req.resume is not None, init_from, source, eval_source, notes)
 
 
+# What a resumed run cannot change: the replay buffer's layout and the networks' shapes, which its files hold.
+FIXED_ON_RESUME = ("task", "obs", "num_envs", "buffer_size", "horizon", "action_repeat", "episodic", "model_size",
+                   *SIZE_FIELDS, *(f.name for f in dataclasses.fields(NetworkSettings) if f.name != "dropout"),
+                   "task_set", "task_dim")
+
+
+BUFFER_LAYOUT = ("num_envs", "buffer_size", "horizon")
+
+
 def _check_resume(req: RunRequest) -> None:
-    """What a resume may not change is refused; what it changes is said; --init-from gives way to the run's own
-    checkpoint."""
+    """What a resume may not change is refused before anything in the run directory is touched; what it changes
+    is said; --init-from gives way to the run's own checkpoint."""
     if req.base is not None:
         changed = changed_fields(dataclasses.replace(req.base, run_dir=req.cfg.run_dir), req.cfg)
-        if "num_envs" in changed:
-            raise BadInput(f"--num-envs cannot change on --resume: the replay buffer is laid out for the run's "
-                           f"{req.base.num_envs} env(s)")
+        for name in FIXED_ON_RESUME:
+            if name in changed:
+                why = "its replay buffer is laid out for it" if name in BUFFER_LAYOUT else "its checkpoint is made for it"
+                keep = (f"; to keep its weights, start a new run with --init-from "
+                        f"{checkpoint_path(req.resume or Path('.'))}" if name in BUFFER_LAYOUT else "")
+                raise BadInput(f"--{name.replace('_', '-')} cannot change on --resume: this run has "
+                               f"{changed[name][0]!r} ({why}){keep}")
         for name, (old, new) in changed.items():
             print(f"resume: {name} changed from {old!r} to {new!r} by the command line", file=sys.stderr)
     if req.init_from:
@@ -137,8 +158,11 @@ def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
     if tasks is not None:
         return tasks.spec(cfg), tasks
     built, spec = make_env(env, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
-    if not isinstance(env, gym.Env):
-        built.close()
+    try:
+        check_observations(built, spec, step=not isinstance(env, gym.Env))
+    finally:
+        if not isinstance(env, gym.Env):
+            built.close()
     return spec, None
 
 
@@ -218,7 +242,8 @@ def _vector_envs(s: RunSetup):
 
 
 def open_run(req: RunRequest) -> Trainer | None:
-    """prepare() and build(), then the lines a user should see before training starts; None after a dry run."""
+    """prepare() and build(), then the lines a user should see before training starts; None where prepare() says
+    there is nothing to run."""
     setup = prepare(req)
     if setup is None:
         return None
@@ -232,14 +257,8 @@ def open_run(req: RunRequest) -> Trainer | None:
 
 
 def run(trainer: Trainer) -> int:
-    """The loop, unless the run already reached its steps (then nothing changes)."""
-    c = trainer.counters
-    if c.finished and c.env_step >= trainer.cfg.steps:
-        trainer.close()
-        print(f"run in {trainer.run_dir} already finished at step {c.env_step:,}; pass --steps N to extend it",
-              file=sys.stderr)
-        return EXIT_OK
-    c.finished = False
+    """The loop, to the config's steps (a finished run given more steps goes on)."""
+    trainer.counters.finished = False
     return trainer.run()
 
 
@@ -272,10 +291,12 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
         raise BadInput("resume=True needs the run_dir of the run to continue")
     base = saved_config(Path(run_dir)) if resume and run_dir is not None else cfg or Config()
     config = validate(from_dict(overrides, source="fit() keywords", base=base))
-    trainer = open_run(RunRequest(config, resume=Path(run_dir) if resume and run_dir is not None else None,
-                                  init_from=str(init_from) if init_from else None, given=frozenset(overrides),
-                                  base=base if resume else None, env=None if isinstance(env, str) else env,
-                                  on_log=on_log, on_eval=on_eval))
-    assert trainer is not None  # not a dry run
+    resumed = Path(run_dir) if resume and run_dir is not None else None
+    trainer = open_run(RunRequest(config, resume=resumed, init_from=str(init_from) if init_from else None,
+                                  given=frozenset(overrides), base=base if resume else None,
+                                  env=None if isinstance(env, str) else env, on_log=on_log, on_eval=on_eval))
+    if trainer is None:  # a resumed run that had already reached its steps
+        assert resumed is not None
+        return resumed, Agent.from_checkpoint(checkpoint_path(resumed), device=config.device)
     run(trainer)
     return trainer.run_dir, trainer.agent

@@ -1,0 +1,167 @@
+"""Faults found by probing the package as a demanding user would (bad values, odd envs, resumes that cannot be
+honoured): each is a one-line error with exit code 2, or handled, and nothing the user had is lost. Kept and run
+again, with others like them."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+
+from helpers import TINY, one_line_error, read_csv, run_module, run_train, tiny_json
+
+# Envs with faults, as a user's module (their names: probe_envs:<Name>-v0).
+PROBE_ENVS = textwrap.dedent('''
+    import gymnasium as gym
+    import numpy as np
+
+    class Point(gym.Env):
+        """A point that moves with the action's first dim; 50 steps an episode."""
+        observation_space = gym.spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+        def reset(self, *, seed=None, options=None):
+            super().reset(seed=seed)
+            self.x, self.t = 0.0, 0
+            return self.obs(), {}
+
+        def step(self, action):
+            assert np.isfinite(action).all(), f"the env got a non-finite action {action}"
+            self.x, self.t = float(np.clip(self.x + 0.1 * action[0], -1, 1)), self.t + 1
+            return self.obs(), self.x, False, False, {}
+
+        def obs(self):
+            return np.array([self.x, self.t / 50], np.float32)
+
+    class WrongShape(Point):
+        """Declares 2 observation dims, returns 3."""
+        def obs(self):
+            return np.array([self.x, self.t / 50, 0.0], np.float32)
+
+    class NanAtReset(Point):
+        """Every reset's observation holds a NaN."""
+        def reset(self, *, seed=None, options=None):
+            obs, info = super().reset(seed=seed)
+            return np.array([np.nan, 0.0], np.float32), info
+
+    class SometimesNanAtReset(Point):
+        """Every 3rd reset's observation holds a NaN (its episodes end after 10 steps)."""
+        resets = 0
+
+        def reset(self, *, seed=None, options=None):
+            obs, info = super().reset(seed=seed)
+            SometimesNanAtReset.resets += 1
+            return (obs * np.nan if SometimesNanAtReset.resets % 3 == 0 else obs), info
+
+        def step(self, action):
+            obs, reward, terminated, truncated, info = super().step(action)
+            return obs, reward, terminated, self.t >= 10, info
+
+    class ConstantDim(Point):
+        """Its second action dim has low == high: the env must get 0.5 there, never NaN."""
+        action_space = gym.spaces.Box(np.array([-1.0, 0.5], np.float32), np.array([1.0, 0.5], np.float32))
+
+        def step(self, action):
+            assert action[1] == 0.5, f"the constant dim got {action[1]}"
+            return super().step(action)
+
+    for name in ("Point", "WrongShape", "NanAtReset", "SometimesNanAtReset", "ConstantDim"):
+        gym.register(f"{name}-v0", entry_point=globals()[name], max_episode_steps=50)
+''')
+
+
+@pytest.fixture
+def probe_envs(tmp_path, monkeypatch):
+    """The module above importable by the CLIs these tests start (PYTHONPATH)."""
+    (tmp_path / "probe_envs.py").write_text(PROBE_ENVS)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    return tmp_path
+
+
+def small(tmp_path, **over):
+    return tiny_json(tmp_path, **{"steps": 300, "seed_steps": 100, "eval_freq": 300, "save_every": 300, **over})
+
+
+@pytest.mark.parametrize("flags, field", [(["--seed", "-1"], "'seed'"), (["--lr", "inf"], "'lr'"),
+                                          (["--temperature", "nan"], "'temperature'"),
+                                          (["--num-samples", "8", "--num-elites", "32"], "'num_elites'")])
+def test_bad_values_are_one_line_naming_the_field(tmp_path, flags, field):
+    r = run_train("--cfg", tiny_json(tmp_path), "--run-dir", tmp_path / "run", *flags)
+    assert field in one_line_error(r)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_config_file_names_the_field_it_set(tmp_path):
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({**TINY, "num_samples": 8, "num_elites": 32}))
+    assert "'num_elites'" in one_line_error(run_train("--cfg", cfg, "--run-dir", tmp_path / "run"))
+
+
+def test_an_observation_of_another_shape_than_declared_is_one_line(tmp_path, probe_envs):
+    r = run_train("--cfg", small(tmp_path), "--task", "probe_envs:WrongShape-v0", "--run-dir", tmp_path / "run")
+    line = one_line_error(r)
+    assert "shape (3,)" in line and "declares (2,)" in line, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_nonfinite_reset_observation_is_named_or_reset_again(tmp_path, probe_envs):
+    r = run_train("--cfg", small(tmp_path), "--task", "probe_envs:NanAtReset-v0", "--run-dir", tmp_path / "a")
+    assert "non-finite observation at reset" in one_line_error(r)
+    assert not (tmp_path / "a").exists()
+    # an env whose every 3rd reset is NaN trains with --nonfinite-data drop; the buffer holds no NaN
+    run = tmp_path / "b"
+    r = run_train("--cfg", small(tmp_path), "--task", "probe_envs:SometimesNanAtReset-v0", "--nonfinite-data",
+                  "drop", "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    assert "non-finite observation at reset" in r.stderr and "reset again" in r.stderr
+    import h5py
+
+    with h5py.File(next((run / "checkpoints").glob("buffer_*.h5"))) as f:
+        assert np.isfinite(f["obs"][...]).all()
+    # and the run resumes with the buffer it wrote
+    assert run_train("--resume", run, "--steps", 400).returncode == 0
+
+
+def test_a_constant_action_dimension_is_held_at_its_value(tmp_path, probe_envs):
+    run = tmp_path / "run"
+    r = run_train("--cfg", small(tmp_path), "--task", "probe_envs:ConstantDim-v0", "--run-dir", run)
+    assert r.returncode == 0, r.stderr  # the env asserts the value it gets
+    r = run_module("tdmpc.evaluate", "--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", 2,
+                   "--report", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A tiny finished run (Pendulum-v1, 300 env steps, replay buffer saved)."""
+    tmp = tmp_path_factory.mktemp("finished")
+    run = tmp / "run"
+    r = run_train("--cfg", small(tmp), "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    return run
+
+
+def _files(run):
+    return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.parametrize("flag, value, old", [("--horizon", 5, "3"), ("--num-envs", 2, "1"),
+                                               ("--mlp-dim", 64, "32"), ("--buffer-size", 4000, "5000"),
+                                               ("--task", "MountainCarContinuous-v0", "'Pendulum-v1'")])
+def test_a_resume_that_cannot_keep_a_flag_refuses_it_and_touches_nothing(finished, tmp_path, flag, value, old):
+    before = _files(finished)
+    line = one_line_error(run_train("--resume", finished, "--steps", 400, flag, value))
+    assert f"{flag} cannot change on --resume: this run has {old}" in line, line
+    assert _files(finished) == before  # no buffer set aside as damaged, no config.json rewritten
+    assert not list(finished.rglob("*.damaged*"))
+
+
+def test_a_resume_with_nothing_to_do_changes_nothing(finished):
+    before = _files(finished)
+    r = run_train("--resume", finished)
+    assert r.returncode == 0 and "already finished at step 300" in r.stderr, r.stderr
+    assert _files(finished) == before
+    assert json.loads((finished / "config.json").read_text())["steps"] == 300
+    assert [int(x["env_step"]) for x in read_csv(finished / "eval.csv")] == [0, 300]
