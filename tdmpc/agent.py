@@ -8,6 +8,7 @@ fused optimiser itself.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -18,7 +19,7 @@ from torch import Tensor
 
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
-from tdmpc.errors import CheckpointError, TaskError
+from tdmpc.errors import BadInput, CheckpointError, TaskError
 from tdmpc.model import checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 from tdmpc.planners.mppi import MPPI, MPPIConfig
@@ -48,6 +49,7 @@ class Agent:
         self.cfg, self.dims, self.device, self.shard = cfg, dims, device, shard
         self.episode_length = episode_length
         self.imported_from_reference = False  # set by from_checkpoint for a reference TD-MPC2 file
+        self._warned_large = False  # act() said once that observations are out of range
         if dims.multitask:
             lengths = list(episode_length) if isinstance(episode_length, Sequence) else [episode_length] * len(dims.tasks)
             if len(lengths) != len(dims.tasks):
@@ -150,14 +152,15 @@ class Agent:
 
         first_step marks envs whose episode just began (True for all at the first call of an
         episode): their plan starts afresh instead of from the last plan's mean. Default: none.
-        task: a multi-task model's task of each observation (a name or id, or one per row)."""
-        obs = torch.as_tensor(obs)
-        single = obs.dim() == len(self.dims.obs_shape)
-        obs = (obs.unsqueeze(0) if single else obs).to(self.device, non_blocking=True)
+        task: a multi-task model's task of each observation (a name or id, or one per row).
+
+        Integer or bool observations are converted as training converts them (to float32; pixels stay uint8).
+        An observation of the wrong shape, an empty batch, a bad first_step, and NaN or inf in observations
+        given on the host are a one-line ValueError (BadInput); values beyond 1e6 are warned about once."""
+        obs, single = self._observations(obs)
         n = obs.shape[0]
-        first = torch.zeros(n, dtype=torch.bool) if first_step is None else \
-            torch.as_tensor(first_step, dtype=torch.bool).reshape(-1).expand(n)
-        first = first.to(self.device, non_blocking=True)
+        first = self._first_steps(first_step, n).to(self.device, non_blocking=True)
+        obs = obs.to(self.device, non_blocking=True)
         ids = self.task_ids(task, n)
         if self._plan_model_stale:
             sync_copy(self.plan_model, self.model)
@@ -170,6 +173,49 @@ class Agent:
             a = policy.mean if eval_mode else policy.action
         actions = a.float().cpu().numpy()
         return actions[0] if single else actions
+
+    def _observations(self, obs: np.ndarray | Tensor) -> tuple[Tensor, bool]:
+        """(N, *obs_shape) observations in the dtype the model takes, and whether one was given unbatched."""
+        shape, pixels = tuple(self.dims.obs_shape), self.dims.pixels
+        want = f"one observation of shape {shape} or a batch of shape (N, {', '.join(map(str, shape))})"
+        try:
+            x = torch.as_tensor(obs)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise BadInput(f"act() takes {want} ({'uint8' if pixels else 'float32'}), not {type(obs).__name__}: "
+                           f"{str(e).splitlines()[0]}") from None
+        single = tuple(x.shape) == shape
+        if not single and not (x.dim() == len(shape) + 1 and tuple(x.shape[1:]) == shape and x.shape[0] > 0):
+            raise BadInput(f"act() takes {want}, got shape {tuple(x.shape)}")
+        if pixels:
+            if x.dtype != torch.uint8:
+                raise BadInput(f"act() takes pixel observations as uint8 frames, got {x.dtype}")
+        elif x.dtype != torch.float32:
+            if x.is_complex():
+                raise BadInput(f"act() takes real float32 observations, got {x.dtype}")
+            x = x.float()  # bool, integer and float64 observations, as the envs' float32 wrapper converts them
+        if x.device.type == "cpu" and not pixels:  # a device tensor is not checked: that would wait for the device
+            finite = torch.isfinite(x).flatten(1 if not single else 0)
+            if not finite.all():
+                row = 0 if single else int((~finite.all(-1)).nonzero()[0])
+                raise BadInput(f"act() got NaN or inf in observation {row}: the agent cannot plan from it")
+            big = float(x.abs().max())
+            if big > 1e6 and not self._warned_large:
+                self._warned_large = True
+                warnings.warn(f"act() got observation values up to {big:.3g}: far outside what the encoder was "
+                              f"trained on, so its latent is not to be trusted", stacklevel=4)
+        return (x.unsqueeze(0) if single else x), single
+
+    @staticmethod
+    def _first_steps(first_step: np.ndarray | Tensor | bool | None, n: int) -> Tensor:
+        """(n,) bool: one flag for every observation, or one per observation."""
+        if first_step is None:
+            return torch.zeros(n, dtype=torch.bool)
+        if isinstance(first_step, str) or not isinstance(first_step, (bool, np.bool_, np.ndarray, Tensor, list, tuple)):
+            raise BadInput(f"first_step takes a bool or one bool per observation, not {type(first_step).__name__}")
+        flags = torch.as_tensor(first_step, dtype=torch.bool).reshape(-1)
+        if flags.numel() not in (1, n):
+            raise BadInput(f"first_step has {flags.numel()} flags for {n} observations")
+        return flags.expand(n)
 
     @torch.inference_mode()
     def predicts_termination(self, obs: np.ndarray | Tensor, action: np.ndarray | Tensor) -> np.ndarray:

@@ -11,7 +11,6 @@ time comes with the fraction of the peak it achieves. It prints a table and writ
 from __future__ import annotations
 
 import gc
-import json
 import os
 import platform
 import resource
@@ -32,6 +31,7 @@ from torch.utils.flop_counter import flop_registry
 
 from tdmpc.model import fused
 from tdmpc.runtime import cuda_graphs
+from tdmpc.runtime.files import json_text
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, validate
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmarking offline sampling...", file=sys.stderr)
         result["offline"] = bench_offline(min(args.sizes), device, args.offline_rows, offline)
     print_table(result)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.write_text(json_text(result))
     print(f"\nwrote {args.out}")
     return 0
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from tdmpc.agent import Agent
 from tdmpc.envs import EnvSource, make_envs
-from tdmpc.errors import BadInput
+from tdmpc.errors import BadInput, NonFiniteData
 from tdmpc.memory.peak import EVAL_PARALLEL
 
 MAX_PARALLEL = EVAL_PARALLEL  # episodes at once; the memory estimate plans a planner of this size
@@ -29,14 +29,19 @@ class EvalResult:
     action_abs: list[float] = field(default_factory=list)  # mean |action| per episode: is the agent acting?
     # An episodic model's termination head on these (held-out) transitions: counts indexed [terminated, predicted].
     termination: np.ndarray | None = None
+    dropped: int = 0  # episodes left out for non-finite observations (drop_nonfinite)
 
     def summary(self) -> dict:
+        """Means over the episodes (NaN where there is none: JSON writes null)."""
         r = np.asarray(self.returns, dtype=np.float64)
-        out = {"episodes": len(r), "episode_return": float(r.mean()), "episode_return_std": float(r.std()),
-               "episode_length": float(np.mean(self.lengths)),
+        mean = (lambda x: float(np.mean(x)) if len(x) else float("nan"))  # noqa: E731
+        out = {"episodes": len(r), "episode_return": mean(r), "episode_return_std": float(r.std()) if len(r) else
+               float("nan"), "episode_length": mean(self.lengths),
                "action_abs_mean": float(np.mean(self.action_abs)) if self.action_abs else float("nan")}
         if self.successes:
             out["success_rate"] = float(np.mean(self.successes))
+        if self.dropped:
+            out["dropped_episodes"] = self.dropped
         if self.termination is not None:  # terminal steps are rare: accuracy alone would hide a head that never fires
             t = self.termination
             out |= {"termination_accuracy": float(np.trace(t) / max(t.sum(), 1)), "terminal_steps": int(t[1].sum()),
@@ -47,11 +52,13 @@ class EvalResult:
 
 def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: str = "state",
                  action_repeat: int | None = None, video: Path | None = None, video_fps: int = 30,
-                 stop: Callable[[], bool] | None = None) -> EvalResult | None:
+                 stop: Callable[[], bool] | None = None, drop_nonfinite: bool = False) -> EvalResult | None:
     """Run `episodes` episodes without exploration noise, up to MAX_PARALLEL at a time. A multi-task agent
     plays task `env` (a name in its task set) with its padded observations and its embedding row.
 
-    Returns None if `stop()` turns true meanwhile (a signal during a training-time eval)."""
+    NaN or inf in an observation is a NonFiniteData naming the env, or with drop_nonfinite its episode is left
+    out (counted in `dropped`). Returns None if `stop()` turns true meanwhile (a signal during a training-time
+    eval)."""
     result = EvalResult([], [], [])
     if agent.model.episodic:
         result.termination = np.zeros((2, 2), dtype=np.int64)
@@ -61,10 +68,10 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
     if multitask:
         agent.task_ids(cast(str, env), 1)  # a task outside the set is a one-line error before anything is built
         own_dims = agent.dims.action_dims[agent.dims.tasks.index(cast(str, env))]
-    while len(result.returns) < episodes:
-        n = min(MAX_PARALLEL, episodes - len(result.returns))
+    while len(result.returns) + result.dropped < episodes:
+        n = min(MAX_PARALLEL, episodes - len(result.returns) - result.dropped)
         record = video is not None and not frames
-        first_seed = seed + len(result.returns)
+        first_seed = seed + len(result.returns) + result.dropped
         envs = make_envs(env, n, seed=first_seed, obs=obs, action_repeat=action_repeat, pad_to=agent.dims.pad_to,
                          render=record)
         assert isinstance(envs, gym.vector.SyncVectorEnv)  # not asynchronous
@@ -74,9 +81,15 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
             ret, length, act_abs = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n)
             success = np.full(n, np.nan)
             first = np.ones(n, dtype=bool)
+            dropped = np.zeros(n, dtype=bool)
             if record:
                 frames.append(cast(np.ndarray, envs.envs[0].render()))
-            while not done.all():
+            while True:
+                obs_, bad = _finite(obs_, done, drop_nonfinite, env, length)
+                dropped |= bad
+                done |= bad
+                if done.all():
+                    break
                 if stop is not None and stop():
                     return None
                 action = agent.act(obs_, first, eval_mode=True, role=f"eval{n}",
@@ -101,14 +114,32 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
                 first = terminated | truncated
         finally:
             envs.close()
-        result.returns += ret.tolist()
-        result.lengths += length.tolist()
-        result.action_abs += (act_abs / np.maximum(length, 1)).tolist()
-        if not np.isnan(success).all():
-            result.successes += np.nan_to_num(success).tolist()
+        kept = ~dropped
+        result.dropped += int(dropped.sum())
+        result.returns += ret[kept].tolist()
+        result.lengths += length[kept].tolist()
+        result.action_abs += (act_abs / np.maximum(length, 1))[kept].tolist()
+        if not np.isnan(success[kept]).all():
+            result.successes += np.nan_to_num(success[kept]).tolist()
     if video is not None and frames:
         write_video(video, frames, video_fps)
     return result
+
+
+def _finite(obs: np.ndarray, done: np.ndarray, drop: bool, env: EnvSource, length: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """NaN or inf in an observation an episode still acts on is a NonFiniteData naming the env, or with drop=True
+    that episode is dropped (returned mask); rows of finished episodes are zeroed (their actions are not used)."""
+    bad = ~np.isfinite(obs.reshape(len(obs), -1)).all(1)
+    if not bad.any():
+        return obs, bad
+    live = bad & ~done
+    if live.any() and not drop:
+        i = int(np.flatnonzero(live)[0])
+        name = env if isinstance(env, str) else "the user's env"
+        raise NonFiniteData(f"evaluation env {i} ({name}) returned a non-finite observation at step {int(length[i]):,} "
+                            f"of its episode; pass --nonfinite-data drop to leave such episodes out")
+    return np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), np.zeros_like(obs), obs), live
 
 
 def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:

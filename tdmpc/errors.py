@@ -41,6 +41,11 @@ class RunDirError(ValueError):
     """The run directory cannot be used as asked (held by another process, unwritable); one line."""
 
 
+class NonFiniteData(ValueError):
+    """An env returned NaN or inf; the message names the env, the step and the field. (Training writes a
+    checkpoint first and exits 1: see tdmpc.training.trainer.)"""
+
+
 class BadInput(ValueError):
     """Any other input the user can fix; one line."""
 
@@ -49,7 +54,8 @@ class DiskError(OSError):
     """A write that failed or would fail for lack of space or permission; one line with the free space."""
 
 
-USER_ERRORS = (ConfigError, CheckpointError, DeviceError, TaskError, DatasetError, BufferFileError, RunDirError, BadInput)
+USER_ERRORS = (ConfigError, CheckpointError, DeviceError, TaskError, DatasetError, BufferFileError, RunDirError,
+               NonFiniteData, BadInput)
 
 
 def run_cli(fn: Callable[[], int]) -> int:

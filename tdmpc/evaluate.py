@@ -6,12 +6,11 @@ Episodes run in parallel environments, planned for in one batched call per step.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import torch
 
@@ -21,6 +20,7 @@ from tdmpc.episodes import run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, run_cli
 from tdmpc.model.checkpoint import check_dims_match
 from tdmpc.runtime.device import set_threads
+from tdmpc.runtime.files import json_text
 from tdmpc.tasks.sets import task_set_name
 
 
@@ -52,6 +52,9 @@ class EvalArgs:
     num_samples: Optional[int] = None
     num_elites: Optional[int] = None
     num_pi_trajs: Optional[int] = None
+    nonfinite_data: Optional[Literal["error", "drop"]] = None
+    """NaN or inf in an observation: stop with one line naming the env ('error'), or leave that episode out of
+    the report ('drop'); default: the checkpoint's."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,7 +70,7 @@ def evaluate(args: EvalArgs) -> int:
     if args.threads is not None and args.threads < 1:
         raise BadInput(f"--threads must be >= 1, got {args.threads}")
     overrides = {k: getattr(args, k) for k in ("mpc", "precision", "iterations", "num_samples", "num_elites",
-                                                "num_pi_trajs") if getattr(args, k) is not None}
+                                                "num_pi_trajs", "nonfinite_data") if getattr(args, k) is not None}
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, **overrides)
     cfg = agent.cfg
     if agent.dims.multitask:
@@ -86,7 +89,8 @@ def evaluate(args: EvalArgs) -> int:
     set_threads(args.threads)
     torch.manual_seed(args.seed)  # the planner's samples: the same seed repeats the same evaluation
     t0 = time.time()
-    res = run_episodes(agent, cfg.task, args.episodes, args.seed, cfg.obs, cfg.action_repeat, args.video)
+    res = run_episodes(agent, cfg.task, args.episodes, args.seed, cfg.obs, cfg.action_repeat, args.video,
+                       drop_nonfinite=cfg.nonfinite_data == "drop")
     assert res is not None  # only a stop() callback ends it early
     imported = agent.imported_from_reference
     summary = {"checkpoint": str(args.checkpoint), "imported_reference": imported, "task": cfg.task,
@@ -97,7 +101,9 @@ def evaluate(args: EvalArgs) -> int:
     success = f", success {summary['success_rate']:.2f}" if "success_rate" in summary else ""
     print(f"{cfg.task}{origin}: return {summary['episode_return']:.1f} ± {summary['episode_return_std']:.1f} "
           f"over {summary['episodes']} episodes, length {summary['episode_length']:.0f}{success} "
-          f"[{summary['seconds']}s]" + (f"\nvideo: {args.video}" if args.video else ""), flush=True)
+          f"[{summary['seconds']}s]" + (f"\nvideo: {args.video}" if args.video else "")
+          + (f"\n{res.dropped} episode(s) left out: NaN or inf in an observation (--nonfinite-data drop)"
+             if res.dropped else ""), flush=True)
     if res.termination is not None:
         t = res.termination
         print(f"termination head: {summary['termination_accuracy']:.4f} of {t.sum():,} transitions right; "
@@ -105,7 +111,7 @@ def evaluate(args: EvalArgs) -> int:
     report = args.report or args.checkpoint.with_name(f"eval_{cfg.task}_seed{args.seed}.json")
     try:
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json.dumps(summary, indent=2) + "\n")
+        report.write_text(json_text(summary))
     except OSError as e:
         print(f"error: the report could not be written to {report} ({e.strerror or e}); the result is above. "
               f"Choose another place with --report PATH", file=sys.stderr)

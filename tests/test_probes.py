@@ -67,7 +67,12 @@ PROBE_ENVS = textwrap.dedent('''
             assert action[1] == 0.5, f"the constant dim got {action[1]}"
             return super().step(action)
 
-    for name in ("Point", "WrongShape", "NanAtReset", "SometimesNanAtReset", "ConstantDim"):
+    class NanAfter5(Point):
+        """From its 6th step on, the observations hold a NaN."""
+        def obs(self):
+            return np.array([self.x if self.t <= 5 else np.nan, 0.0], np.float32)
+
+    for name in ("Point", "WrongShape", "NanAtReset", "SometimesNanAtReset", "ConstantDim", "NanAfter5"):
         gym.register(f"{name}-v0", entry_point=globals()[name], max_episode_steps=50)
 ''')
 
@@ -165,3 +170,45 @@ def test_a_resume_with_nothing_to_do_changes_nothing(finished):
     assert _files(finished) == before
     assert json.loads((finished / "config.json").read_text())["steps"] == 300
     assert [int(x["env_step"]) for x in read_csv(finished / "eval.csv")] == [0, 300]
+
+
+def test_evaluate_stops_on_nan_observations_or_drops_them_and_writes_valid_json(tmp_path, probe_envs):
+    run = tmp_path / "run"
+    assert run_train("--cfg", small(tmp_path), "--task", "probe_envs:Point-v0", "--run-dir", run).returncode == 0
+    ckpt, report = run / "checkpoints" / "latest.pt", tmp_path / "report.json"
+    args = ["--checkpoint", ckpt, "--task", "probe_envs:NanAfter5-v0", "--episodes", 2, "--report", report]
+    line = one_line_error(run_module("tdmpc.evaluate", *args))
+    assert "non-finite observation at step 6" in line and "--nonfinite-data drop" in line, line
+    assert not report.exists()
+    r = run_module("tdmpc.evaluate", *args, "--nonfinite-data", "drop")
+    assert r.returncode == 0 and "2 episode(s) left out" in r.stdout, r.stderr
+
+    def no_nan(token):
+        raise AssertionError(f"{token} in the JSON report")
+
+    rep = json.loads(report.read_text(), parse_constant=no_nan)
+    assert rep["episodes"] == 0 and rep["dropped_episodes"] == 2 and rep["episode_return"] is None
+
+
+def test_act_on_wrong_input_is_one_clear_error_and_converts_what_training_converts():
+    import torch
+
+    from tdmpc.bench import make_agent
+    from tdmpc.errors import BadInput
+
+    agent = make_agent(1, torch.device("cpu"), "fp32", num_samples=16, num_elites=2, num_pi_trajs=2, iterations=1)
+    D = agent.dims.obs_shape[0]
+    for obs, first, says in [(np.zeros(D - 1), None, f"got shape ({D - 1},)"), (np.float32(1), None, "got shape ()"),
+                             (np.zeros((0, D)), None, f"got shape (0, {D})"), ("abc", None, "not str"),
+                             (np.zeros(D), "yes", "first_step takes a bool"),
+                             (np.zeros((3, D)), [True, False], "2 flags for 3 observations"),
+                             (np.full((2, D), np.nan), None, "NaN or inf in observation 0"),
+                             (np.stack([np.zeros(D), np.full(D, np.inf)]), None, "NaN or inf in observation 1")]:
+        with pytest.raises(BadInput, match=".*") as e:
+            agent.act(obs, first)
+        assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+        assert f"({D},)" in str(e.value) or "first_step" in str(e.value) or "NaN" in str(e.value)
+    for obs in (np.zeros(D, np.int64), np.zeros(D, bool), np.zeros((2, D), np.float64)):  # as training converts
+        assert np.isfinite(agent.act(obs)).all()
+    with pytest.warns(UserWarning, match="values up to 1e"):
+        assert np.isfinite(agent.act(np.full(D, 1e30, np.float32))).all()

@@ -7,6 +7,8 @@ leaves the old file or the new one, never half of one. Imports nothing heavy.
 from __future__ import annotations
 
 import errno
+import json
+import math
 import os
 import shutil
 import tempfile
@@ -58,6 +60,20 @@ def shipped_dir(name: str) -> Path:
     package = Path(__file__).resolve().parents[1]
     inside = package / name
     return inside if inside.is_dir() else package.parent / name
+
+
+def json_text(obj: Any) -> str:
+    """Indented JSON in which NaN and inf, which JSON does not have, are written as null."""
+    def clean(x: Any) -> Any:
+        if isinstance(x, float) and not math.isfinite(x):
+            return None
+        if isinstance(x, dict):
+            return {k: clean(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v) for v in x]
+        return x
+
+    return json.dumps(clean(obj), indent=2, allow_nan=False) + "\n"
 
 
 def free_bytes(path: Path) -> int:

@@ -17,12 +17,12 @@ import torch
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.envs import VectorEnvs, env_rng_state, set_env_rng_state
-from tdmpc.errors import BufferFileError, TaskError
+from tdmpc.errors import BufferFileError, NonFiniteData, TaskError
 from tdmpc.offline.writer import EpisodeRecorder
 from tdmpc.runtime.faults import kill_point
 from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes
 from tdmpc.training.run_dir import RunDirLock, set_aside_damaged
-from tdmpc.training.trainer import Callback, NonFiniteData, RunSetup, Trainer
+from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
 class OnlineTrainer(Trainer):

@@ -25,7 +25,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config, save_json
 from tdmpc.envs import EnvSource, EnvSpec
 from tdmpc.episodes import run_episodes
-from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, RunDirError
+from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFiniteData, RunDirError
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime.distributed import Shard
 from tdmpc.runtime.faults import kill_point
@@ -40,10 +40,6 @@ Callback = Callable[[dict], Optional[bool]]  # gets a log or eval row; returning
 
 class TrainingDiverged(RuntimeError):
     """Most updates produce non-finite gradients; continuing would waste the allocation."""
-
-
-class NonFiniteData(RuntimeError):
-    """An env returned NaN or inf; the message names the env, the step and the field."""
 
 
 @dataclass
@@ -242,7 +238,8 @@ class Trainer:
             name = f"_{task}" if self.tasks else ""
             video = self.run_dir / "videos" / f"step_{c.env_step:09d}{name}.mp4" if cfg.save_video else None
             res = run_episodes(self.agent, task, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1), obs=cfg.obs,
-                               action_repeat=cfg.action_repeat, video=video, stop=self._eval_interrupted)
+                               action_repeat=cfg.action_repeat, video=video, stop=self._eval_interrupted,
+                               drop_nonfinite=cfg.nonfinite_data == "drop")
             if res is None:
                 return False
             rows.append(({"task": task} if self.tasks else {}) | res.summary())
