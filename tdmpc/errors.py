@@ -2,7 +2,8 @@
 
 0 finished, 1 a failed write (disk full or read-only: one line) or anything unexpected (with its
 traceback), 2 bad input (config, task, checkpoint, dataset, device, a damaged run file, a run
-directory in use), 3 stopped by a signal after writing a checkpoint (requeue me).
+directory in use), 3 stopped by a signal after writing a checkpoint (requeue me), 130 interrupted at once (a
+Ctrl-C outside training's loop, or a second one inside it): one line, no traceback.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from typing import Callable
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 3
+EXIT_INTERRUPTED = 130  # Ctrl-C that stopped a command at once (128 + SIGINT, as shells report it)
 
 
 class ConfigError(ValueError):
@@ -59,9 +61,13 @@ USER_ERRORS = (ConfigError, CheckpointError, DeviceError, TaskError, DatasetErro
 
 
 def run_cli(fn: Callable[[], int]) -> int:
-    """Run a command's body: a user error is one line and exit 2, a failed write one line and exit 1."""
+    """Run a command's body: a user error is one line and exit 2, a failed write one line and exit 1, a Ctrl-C
+    one line and exit 130."""
     try:
         return fn()
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT

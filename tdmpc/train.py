@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from tdmpc.config import CPU_CONFIG, Config, load_json, parse_cli
-from tdmpc.errors import EXIT_ERROR, EXIT_OK, run_cli
+from tdmpc.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, run_cli
 from tdmpc.training import run_dir as runs
 from tdmpc.training.setup import RunRequest, open_run, run
 from tdmpc.training.trainer import TrainingDiverged
@@ -97,6 +97,10 @@ def _main(argv: list[str]) -> int:
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except KeyboardInterrupt:  # a second Ctrl-C: the first asked for a checkpoint, this one stops at once
+        print(f"error: interrupted again, so stopped at once without a new checkpoint; {trainer.last_checkpoint()} "
+              f"(resume with --resume {trainer.run_dir})", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -71,6 +71,43 @@ def test_sigterm_then_resume_continues_from_the_same_step(tmp_path):
     assert "steps changed" in r.stderr or "steps changed from" in r.stderr
 
 
+def _stop_after_seeding(tmp_path, *signals: signal.Signals, gap: float = 0.0) -> tuple[subprocess.CompletedProcess, Path]:
+    """Start a tiny run, send `signals` (`gap` seconds apart) once its pretraining updates run, wait for it."""
+    cfg = tiny_json(tmp_path, steps=100_000, save_every=100_000, eval_freq=100_000, seed_steps=400)
+    run, log = tmp_path / "run", tmp_path / "err.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tdmpc.train", "--cfg", str(cfg), "--run-dir", str(run)],
+                                stderr=err, stdout=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        deadline = time.time() + 120
+        while "pretraining updates" not in log.read_text():
+            assert time.time() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.05)
+        for i, sig in enumerate(signals):
+            if i:
+                time.sleep(gap)
+            proc.send_signal(sig)
+        proc.wait(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "", log.read_text()), run
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGUSR1])
+def test_ctrl_c_or_sigusr1_outside_slurm_checkpoint_and_exit_3(tmp_path, sig):
+    r, run = _stop_after_seeding(tmp_path, sig)
+    assert r.returncode == 3 and f"stopped by signal {sig.name}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] >= 400
+
+
+def test_a_second_ctrl_c_stops_at_once_with_one_line_and_the_run_resumes(tmp_path):
+    r, run = _stop_after_seeding(tmp_path, signal.SIGINT, signal.SIGINT, gap=0.01)
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert r.returncode == 130 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "interrupted" in errors[0]
+    if (run / "checkpoints" / "latest.pt").is_file():  # the first Ctrl-C's checkpoint may have been cut short
+        r = run_train("--resume", run, "--steps", 600)
+        assert r.returncode == 0, r.stderr
+        assert "removed" in r.stderr or not list((run / "checkpoints").glob(".*.tmp"))
+
+
 def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
     cfg = validate(Config(**{**TINY, "steps": 700, "eval_freq": 10_000, "save_every": 10_000}))
     run = tmp_path / "run"

@@ -277,7 +277,7 @@ class Trainer:
         if self.metric_count >= 10 and row.get("skipped", 0.0) > 0.5:
             raise TrainingDiverged(
                 f"training diverged: {row['skipped']:.0%} of the last {self.metric_count} updates had non-finite "
-                f"gradients and were skipped; {self._last_checkpoint()}. Try a lower "
+                f"gradients and were skipped; {self.last_checkpoint()}. Try a lower "
                 f"--lr" + (" or --train-precision fp32" if self.cfg.train_precision == "bf16" else ""))
         self.metric_sum, self.metric_count = None, 0
         self.rate_mark = (now, c.env_step, c.updates)
@@ -352,12 +352,12 @@ class Trainer:
         except OSError as e:
             what = str(e) if isinstance(e, DiskError) else \
                 f"could not write in {ckpt_dir}: {e.strerror or e} ({fmt_bytes(free_bytes(ckpt_dir), decimal=True)} free)"
-            raise DiskError(f"{what}; {self._last_checkpoint()}") from None
+            raise DiskError(f"{what}; {self.last_checkpoint()}") from None
         for old in ckpt_dir.glob("buffer_*.h5"):
             if old.name != extra.get("buffer_file"):
                 old.unlink()
 
-    def _last_checkpoint(self) -> str:
+    def last_checkpoint(self) -> str:
         """Where the run can be taken up again, for an error message."""
         if self.checkpoint_path.is_file():
             return f"the last good checkpoint is {self.checkpoint_path}"
