@@ -132,6 +132,30 @@ def damage(path: Path, kind: str) -> None:
         raise ValueError(kind)
 
 
+@pytest.mark.parametrize("kind", ["truncated", "random"])
+def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, kind):
+    """Each checkpoint write keeps the one before as previous.pt, with its buffer: a damaged latest.pt is kept
+    aside and the run resumes from previous.pt, saying which steps run again; with neither usable, one line."""
+    run, ck = tmp_path / "run", tmp_path / "run" / "checkpoints"
+    r = run_train("--cfg", tiny_json(tmp_path, steps=500, save_every=300, eval_freq=300), "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    assert (ck / "previous.pt").is_file() and len(list(ck.glob("buffer_*.h5"))) == 2
+    saved = run.parent / "saved"
+    shutil.copytree(run, saved, ignore=shutil.ignore_patterns(".lock"))
+    damage(ck / "latest.pt", kind)
+    r = run_train("--resume", run, "--steps", 600)
+    assert r.returncode == 0, r.stderr
+    assert "Resuming from previous.pt" in r.stderr and "(step 300)" in r.stderr and "run again" in r.stderr
+    assert (ck / "latest.pt.damaged").is_file()
+    steps = [int(x["env_step"]) for x in read_csv(run / "train.csv")]
+    assert steps == list(range(100, 601, 100)), steps
+    assert torch.load(ck / "latest.pt", weights_only=True)["train"]["env_step"] == 600
+    damage(saved / "checkpoints" / "latest.pt", kind)  # and with no previous.pt to fall back to
+    (saved / "checkpoints" / "previous.pt").unlink()
+    line = one_line_error(run_train("--resume", saved, "--steps", 600))
+    assert "no older checkpoint to fall back to" in line and "--init-from" in line, line
+
+
 @pytest.mark.parametrize("kind", ["truncated", "random", "missing", "nan"])
 def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
@@ -207,7 +231,7 @@ def test_a_full_disk_stops_with_one_line_and_the_last_checkpoint_intact(tmp_path
     assert "not enough space to write the replay buffer" in line and "MB are free on" in line
     assert f"the last good checkpoint is {run / 'checkpoints' / 'latest.pt'}" in line
     assert (run / "checkpoints" / "latest.pt").read_bytes() == before
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["buffer_0000000300.h5", "latest.pt"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["buffer_0000000300.h5", "latest.pt", "previous.pt"]
     filler.unlink()  # space again: the run goes on from its last good checkpoint
     r = run_train("--resume", run, "--steps", 400)
     assert r.returncode == 0, r.stderr

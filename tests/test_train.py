@@ -30,7 +30,7 @@ def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
     evals = read_csv(run / "eval.csv")
     assert [int(r["env_step"]) for r in evals] == [0, 400, 600]  # the first at step 0, as the reference
     assert (run / "checkpoints" / "latest.pt").is_file()
-    assert len(list((run / "checkpoints").glob("buffer_*.h5"))) == 1
+    assert len(list((run / "checkpoints").glob("buffer_*.h5"))) == 2  # latest.pt's and previous.pt's
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["episodic"] is False and cfg["action_repeat"] == 1 and cfg["seed_steps"] == 200
 

@@ -53,6 +53,18 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
             os.unlink(tmp)
 
 
+def keep_previous(path: Path, previous: Path) -> None:
+    """Make `previous` the file `path` holds now (a hard link, else a copy), atomically, before `path` is replaced:
+    a checkpoint damaged later still has its predecessor to fall back to."""
+    tmp = previous.with_name(f".{previous.name}.link.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(path, tmp)
+    except OSError:  # a filesystem without hard links
+        shutil.copy2(path, tmp)
+    os.replace(tmp, previous)
+
+
 def shipped_dir(name: str) -> Path:
     """A folder the repository keeps at its top level and the wheel ships inside the package (configs, slurm;
     pyproject.toml maps them): tdmpc/<name> in an installed wheel, else <repository>/<name> (an editable

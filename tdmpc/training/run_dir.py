@@ -2,7 +2,7 @@
 
     <run_dir>/config.json        the resolved config
     <run_dir>/train.csv, eval.csv
-    <run_dir>/checkpoints/latest.pt and buffer_<step>.h5
+    <run_dir>/checkpoints/latest.pt, previous.pt and the buffer_<step>.h5 each names
     <run_dir>/wandb_id           the run's wandb id, kept across resumes and requeues
     <run_dir>/.lock              held (flock) by the one process writing the run
 
@@ -21,13 +21,40 @@ from pathlib import Path
 from typing import IO
 
 from tdmpc.config import Config, from_dict, read_json
-from tdmpc.errors import ConfigError, RunDirError
+from tdmpc.errors import CheckpointError, ConfigError, RunDirError
 
 
 
 
 def checkpoint_path(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "latest.pt"
+
+
+def previous_checkpoint_path(run_dir: Path) -> Path:
+    """The checkpoint before latest.pt, kept (with its replay buffer) until a newer one is complete."""
+    return run_dir / "checkpoints" / "previous.pt"
+
+
+def resume_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a resume starts from: latest.pt, or, when that is damaged, previous.pt, with a line saying
+    what is lost (the damaged file is kept as latest.pt.damaged). Neither usable: a one-line CheckpointError."""
+    from tdmpc.model.checkpoint import load_file  # the checkpoint module imports the model
+
+    latest, previous = checkpoint_path(run_dir), previous_checkpoint_path(run_dir)
+    try:
+        load_file(latest, mmap=True)
+        return latest
+    except CheckpointError as e:
+        damaged = str(e)
+    try:
+        step = load_file(previous, mmap=True)["train"]["env_step"]
+    except (CheckpointError, KeyError, TypeError):
+        raise CheckpointError(f"{damaged}; there is no older checkpoint to fall back to: copy one you have over "
+                              f"{latest} and --resume, or start a new run with --init-from it") from None
+    kept = set_aside_damaged(latest)
+    print(f"resume: {damaged}; kept as {kept.name if kept else latest.name}. Resuming from {previous.name}, the "
+          f"checkpoint before it (step {step:,}): the steps after it run again", file=sys.stderr)
+    return previous
 
 
 def default_run_dir(cfg: Config) -> Path:

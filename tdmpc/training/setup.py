@@ -45,7 +45,7 @@ from tdmpc.training.init_from import architecture_from_checkpoint, init_weights
 from tdmpc.training.offline import OfflineTrainer
 from tdmpc.training.online import OnlineTrainer
 from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
-                                    saved_config, set_aside_unfinished)
+                                    resume_checkpoint, saved_config, set_aside_unfinished)
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
@@ -72,11 +72,12 @@ def prepare(req: RunRequest) -> RunSetup | None:
     """Resolve the run; None after a dry run (which prints the memory estimate) or for a resumed run that already
     reached its steps (which is said, and nothing in its directory changes). Bad input is a one-line error before
     anything heavy is built."""
-    cfg, init_from, init_note = req.cfg, req.init_from, ""
+    cfg, init_from, init_note, checkpoint = req.cfg, req.init_from, "", None
     if req.resume is not None:
         _check_resume(req)
         init_from = None
-        done = load_file(checkpoint_path(req.resume), mmap=True).get("train", {})
+        checkpoint = resume_checkpoint(req.resume)
+        done = load_file(checkpoint, mmap=True).get("train", {})
         if done.get("finished") and done.get("env_step", 0) >= cfg.steps:
             print(f"run in {req.resume} already finished at step {done['env_step']:,}; pass --steps N to extend it",
                   file=sys.stderr)
@@ -119,7 +120,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard,
-                    req.resume is not None, init_from, source, eval_source, notes)
+                    req.resume is not None, checkpoint, init_from, source, eval_source, notes)
 
 
 # What a resumed run cannot change: the replay buffer's layout and the networks' shapes, which its files hold.

@@ -29,10 +29,10 @@ from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFinite
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime.distributed import Shard
 from tdmpc.runtime.faults import kill_point
-from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes
+from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes, keep_previous
 from tdmpc.tasks.multitask import TaskSetup
 from tdmpc.training.logger import RunLogger
-from tdmpc.training.run_dir import RunDirLock, checkpoint_path
+from tdmpc.training.run_dir import RunDirLock, checkpoint_path, previous_checkpoint_path
 
 STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, s))
 Callback = Callable[[dict], Optional[bool]]  # gets a log or eval row; returning False stops the run
@@ -54,6 +54,7 @@ class RunSetup:
     buffer_storage: torch.device  # where the replay buffer lives
     shard: Shard
     resume: bool
+    checkpoint: Path | None  # what a resume starts from: latest.pt, or previous.pt when latest.pt is damaged
     init_from: str | None
     env: EnvSource
     eval_env: EnvSource
@@ -94,8 +95,8 @@ class Trainer:
         self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
         self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
         self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
-        if setup.resume:
-            self._restore(load_file(self.checkpoint_path), no_buffer)
+        if setup.checkpoint is not None:
+            self._restore(load_file(setup.checkpoint), no_buffer)
         if self.shard.main:
             try:
                 save_json(cfg, self.run_dir / "config.json")
@@ -348,13 +349,17 @@ class Trainer:
                 rng["cuda"] = torch.cuda.get_rng_state(self.device)
             state_bytes = sum(t.numel() * t.element_size() for t in self.agent.model.state_dict().values())
             ensure_space(self.checkpoint_path, 4 * state_bytes, "the checkpoint")  # weights and Adam states
+            previous = previous_checkpoint_path(self.run_dir)
+            if self.checkpoint_path.is_file():  # the last checkpoint becomes the one to fall back to
+                keep_previous(self.checkpoint_path, previous)
+            keep = load_file(previous, mmap=True).get("buffer_file") if previous.is_file() else None
             self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(self.counters), "rng": rng, **extra})
         except OSError as e:
             what = str(e) if isinstance(e, DiskError) else \
                 f"could not write in {ckpt_dir}: {e.strerror or e} ({fmt_bytes(free_bytes(ckpt_dir), decimal=True)} free)"
             raise DiskError(f"{what}; {self.last_checkpoint()}") from None
-        for old in ckpt_dir.glob("buffer_*.h5"):
-            if old.name != extra.get("buffer_file"):
+        for old in ckpt_dir.glob("buffer_*.h5"):  # the buffers of latest.pt and previous.pt stay
+            if old.name not in (extra.get("buffer_file"), keep):
                 old.unlink()
 
     def last_checkpoint(self) -> str:
