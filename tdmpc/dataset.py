@@ -9,7 +9,7 @@ from typing import Annotated, Callable, Optional
 import numpy as np
 import tyro
 
-from tdmpc.errors import run_cli
+from tdmpc.errors import ActionRangeError, run_cli
 from tdmpc.offline.format import DatasetFile, episode_blocks, open_dataset, open_h5
 
 
@@ -38,7 +38,12 @@ def info(paths: Annotated[list[Path], tyro.conf.Positional]) -> int:
         paths: dataset files.
     """
     for path in paths:  # one by one: unrelated files need not be readable together
-        print(describe(open_dataset(path).files[0]))
+        try:
+            info = open_dataset(path, unit_actions=True)
+        except ActionRangeError as e:  # readable, but not trainable as it is: said, then described
+            print(f"warning: {e}; training refuses this file", file=sys.stderr)
+            info = open_dataset(path)
+        print(describe(info.files[0]))
     return 0
 
 

@@ -35,6 +35,10 @@ class DatasetError(ValueError):
     """A dataset file that cannot be used; one line naming the file and what is wrong."""
 
 
+class ActionRangeError(DatasetError):
+    """A dataset whose actions leave [-1, 1], the agent's range: training refuses it, `dataset info` warns."""
+
+
 class BufferFileError(ValueError):
     """A saved replay buffer that cannot be restored; the message is one line naming the file."""
 

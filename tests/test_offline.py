@@ -81,6 +81,7 @@ def test_collect_appends_a_trained_agents_episodes(online, tmp_path):
 @pytest.mark.parametrize("kind,needle", [
     ("task", "the data are of task 'Pendulum-v1'; pass --task Pendulum-v1"),
     ("nan", "'reward'"),
+    ("range", "'action' is outside [-1, 1]"),
     ("truncated", "truncated"),
     ("missing", "'terminated'"),
 ])
@@ -96,6 +97,9 @@ def test_bad_data_is_one_line_naming_the_file_and_field(online, tmp_path, kind, 
     elif kind == "nan":
         with h5py.File(bad, "r+") as f:
             f["reward"][10] = np.nan
+    elif kind == "range":  # actions as an env with bounds [-2, 2] gives them, not rescaled
+        with h5py.File(bad, "r+") as f:
+            f["action"][10] = 1.7
     elif kind == "truncated":
         bad.write_bytes(data.read_bytes()[: bad.stat().st_size // 2])
     elif kind == "missing":

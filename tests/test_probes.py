@@ -212,3 +212,26 @@ def test_act_on_wrong_input_is_one_clear_error_and_converts_what_training_conver
         assert np.isfinite(agent.act(obs)).all()
     with pytest.warns(UserWarning, match="values up to 1e"):
         assert np.isfinite(agent.act(np.full(D, 1e30, np.float32))).all()
+
+
+def test_datasets_with_actions_outside_the_unit_range_are_named_by_info_and_refused_by_training(tmp_path):
+    import h5py
+
+    from tdmpc.offline.writer import DatasetWriter
+
+    path = tmp_path / "d.h5"
+    obs, reward = np.zeros((51, 3), np.float32), np.zeros(50, np.float32)
+    with DatasetWriter(path, (3,), 1, ["Pendulum-v1"], "state", 1, "test") as writer:
+        for _ in range(4):
+            writer.add_episode(obs, np.zeros((50, 1), np.float32), reward, False, True)
+    assert run_module("tdmpc.dataset", "info", path).returncode == 0
+    with h5py.File(path, "r+") as f:  # the env's own action range (Pendulum's is [-2, 2]), not rescaled
+        f["action"][2] = -1.5
+    r = run_module("tdmpc.dataset", "info", path)  # described, with one line saying training refuses it
+    assert r.returncode == 0 and "4 episodes" in r.stdout, r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("warning:")] == [
+        f"warning: {path}: 'action' is outside [-1, 1] at row 2 (episode 0, step 2); actions are stored in [-1, 1], "
+        f"the agent's range: map the env's action bounds onto it; training refuses this file"]
+    r = run_train("--dataset", path, "--task", "Pendulum-v1", "--cfg", tiny_json(tmp_path), "--steps", 10,
+                  "--run-dir", tmp_path / "run")
+    assert "'action' is outside [-1, 1]" in one_line_error(r)

@@ -34,7 +34,7 @@ class OfflineData:
 def open_offline(cfg: Config, device: torch.device, seed: int, shard: tuple[int, int] = (0, 1)) -> OfflineData:
     """Open cfg.dataset for training on `device`; `shard` (rank, world size) takes this rank's part of every
     batch. Bad files, and data for other tasks or dims, are one-line DatasetErrors."""
-    info = open_dataset(cfg.dataset)
+    info = open_dataset(cfg.dataset, unit_actions=True)
     spec, tasks = model_spec(cfg, info)
     return OfflineData(info, spec, tasks, _sampler(cfg, info, device, seed, shard))
 

@@ -20,7 +20,7 @@ from typing import Iterator, NoReturn, Sequence, cast
 import h5py
 import numpy as np
 
-from tdmpc.errors import DatasetError
+from tdmpc.errors import ActionRangeError, DatasetError
 
 FORMAT, VERSION = "tdmpc-dataset", 1
 OBS_DTYPES: dict[str, np.dtype] = {"state": np.dtype(np.float32), "rgb": np.dtype(np.uint8)}
@@ -112,6 +112,15 @@ def _first_nonfinite(a: np.ndarray) -> int | None:
     """Index along axis 0 of the first row holding a NaN or inf, None if all are finite."""
     bad = ~np.isfinite(a.reshape(len(a), -1)).all(axis=1)
     return int(bad.argmax()) if bad.any() else None
+
+
+def _first_out_of_range(action: np.ndarray) -> int | None:
+    """The first row with an action outside [-1, 1] (float32 rounding allowed), or None."""
+    out = np.flatnonzero((np.abs(action) > 1 + 1e-6).reshape(len(action), -1).any(1))
+    return int(out[0]) if len(out) else None
+
+
+OUT_OF_RANGE = "actions are stored in [-1, 1], the agent's range: map the env's action bounds onto it"
 
 
 def check_episode(ep: Episode, schema: Schema, where: str) -> Episode:
@@ -269,14 +278,19 @@ def _episode_of(file: DatasetFile, row: int) -> str:
     return f"row {row} (episode {e}, step {row - file.episode_start[e]})"
 
 
-def check_values(f: h5py.File, file: DatasetFile) -> None:
-    """Stream over the rows once: obs/action/reward finite, flags set exactly on the last row of each episode."""
+def check_values(f: h5py.File, file: DatasetFile, unit_actions: bool = False) -> None:
+    """Stream over the rows once: obs/action/reward finite, flags set exactly on the last row of each episode, and
+    with unit_actions every action in [-1, 1] (what training and `dataset info` ask)."""
     ends = file.episode_start + file.episode_length
     flagged = 0
     for lo, hi in _row_blocks(file):
         for name in ("obs", "action", "reward") if file.schema.obs_type == "state" else ("action", "reward"):
-            if (bad := _first_nonfinite(_read(f, file, name, lo, hi))) is not None:
+            values = _read(f, file, name, lo, hi)
+            if (bad := _first_nonfinite(values)) is not None:
                 _fail(file.path, f"'{name}' is not finite at {_episode_of(file, lo + bad)}")
+            if unit_actions and name == "action" and (bad := _first_out_of_range(values)) is not None:
+                raise ActionRangeError(f"{file.path}: 'action' is outside [-1, 1] at {_episode_of(file, lo + bad)}; "
+                                       f"{OUT_OF_RANGE}")
         rows = np.flatnonzero(_read(f, file, "terminated", lo, hi) | _read(f, file, "truncated", lo, hi)) + lo
         stray = rows[~np.isin(rows, ends)]
         if len(stray):
@@ -319,12 +333,14 @@ def _merge(files: list[DatasetFile]) -> DatasetInfo:
 
 
 def open_dataset(paths: str | Path | Sequence[str | Path], expect_obs_shape: Sequence[int] | None = None,
-                 expect_action_dim: int | None = None, check_rows: bool = True) -> DatasetInfo:
+                 expect_action_dim: int | None = None, check_rows: bool = True,
+                 unit_actions: bool = False) -> DatasetInfo:
     """Check every file and read them together, or raise a one-line DatasetError naming the file and field.
 
     `expect_*` are the dims the caller's model uses (for multi-task data, the padded ones).
-    `check_rows` streams over every row once (NaN/inf, episode flags): the one check that
-    costs a pass over the data (~200 MB/s); the rest reads attributes and the episode table.
+    `check_rows` streams over every row once (NaN/inf, episode flags; with `unit_actions`, actions in [-1, 1],
+    the agent's range, as training needs them): the one check that costs a pass over the data (~200 MB/s);
+    the rest reads attributes and the episode table.
     """
     paths = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
     if not paths:
@@ -343,7 +359,7 @@ def open_dataset(paths: str | Path | Sequence[str | Path], expect_obs_shape: Seq
     if check_rows:
         for file in info.files:
             with open_h5(file.path) as f:
-                check_values(f, file)
+                check_values(f, file, unit_actions)
     return info
 
 

@@ -105,7 +105,9 @@ def from_minari(source: str | Path, out_path: str | Path, task: str | None = Non
     def episodes() -> Iterator[Episode]:
         indices = dataset.episode_indices
         for ep, info in zip(dataset.iterate_episodes(indices), dataset.storage.get_episode_metadata(indices)):
-            action = ep.actions if unit else (np.asarray(ep.actions, np.float64) - low) / (high - low) * 2 - 1
+            # [low, high] onto [-1, 1]; a dimension with low == high (a constant) maps to 0, not to 0 / 0
+            span = np.where(high > low, high - low, 1.0)
+            action = ep.actions if unit else np.where(high > low, (np.asarray(ep.actions, np.float64) - low) / span * 2 - 1, 0.0)
             terminated = bool(ep.terminations[-1])
             yield Episode(ep.observations, action, ep.rewards, terminated, bool(ep.truncations[-1]) or not terminated,
                           int(info.get("task", 0)))
