@@ -13,7 +13,7 @@ import pytest
 
 import tdmpc
 
-from helpers import TINY as TINY_RUN
+from helpers import TINY as TINY_RUN, import_or_skip
 
 # The tiny run of the CLI tests, trained to 300 env steps with an evaluation at the end.
 TINY = {**{k: v for k, v in TINY_RUN.items() if k != "task"}, "eval_freq": 300, "save_every": 300, "steps": 300}
@@ -154,7 +154,7 @@ class WandbStub(types.ModuleType):
 
 
 def test_wandb_gets_a_unique_id_per_run_kept_on_resume_its_options_and_videos(tmp_path, monkeypatch):
-    pytest.importorskip("imageio")
+    import_or_skip("imageio")
     stub = WandbStub()
     monkeypatch.setitem(sys.modules, "wandb", stub)
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4242")

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("dm_control")
+from helpers import import_or_skip, skip_unless_ci
+
+import_or_skip("dm_control")
 
 from dm_control import suite  # noqa: E402
 from test_envs import no_rendering_reason  # noqa: E402
@@ -105,7 +107,7 @@ def test_vector_env_with_action_repeat():
 
 def test_renders():
     if (reason := no_rendering_reason()) is not None:
-        pytest.skip(reason)
+        skip_unless_ci(reason)
     env, spec = make_env("reacher-three-easy", seed=0, obs="rgb")
     obs, _ = env.reset()
     assert spec.obs_shape == obs.shape == (9, 64, 64) and obs.std() > 0

@@ -21,6 +21,8 @@ from tdmpc.offline.convert import convert_buffer, episodes_from_buffer
 from tdmpc.offline.sampler import InMemoryDataset, StreamingDataset
 from tdmpc.offline.writer import DatasetWriter
 
+from helpers import import_or_skip
+
 # obs = [episode id (>0), step in episode, task id]; action and reward = the step they led to.
 
 
@@ -515,7 +517,7 @@ def test_sigkilled_appends_never_corrupt_the_file(tmp_path):
 
 @pytest.fixture
 def minari_root(tmp_path, monkeypatch):
-    pytest.importorskip("minari")
+    import_or_skip("minari")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     return tmp_path / "minari"
 
@@ -583,7 +585,7 @@ def test_minari_import_of_a_dataset_made_by_minari(tmp_path, minari_root):
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 def test_minari_import_of_a_data_collector_dataset(tmp_path, minari_root):
-    pytest.importorskip("jax", reason="minari.DataCollector needs minari[create] (jax)")
+    import_or_skip("jax", "minari.DataCollector needs minari[create] (jax)")
     import gymnasium as gym
     import minari
 

@@ -12,7 +12,15 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 
-needs_ext = pytest.mark.skipif(not fused.extension_available(), reason="fused CPU kernels could not be built here")
+from helpers import skip_unless_ci
+
+@pytest.fixture
+def fused_extension():
+    if not fused.extension_available():
+        skip_unless_ci("the fused CPU kernels could not be built here (no C++ compiler?)")
+
+
+needs_ext = pytest.mark.usefixtures("fused_extension")
 
 LAYOUTS = [((64, 96), 1, False), ((64, 2, 96), 2, False), ((3, 64, 96), 3, True)]
 

@@ -18,7 +18,9 @@ import torch
 from tdmpc.agent import Agent
 from tdmpc.tasks.sets import TASK_SETS
 
-pytest.importorskip("dm_control")
+from helpers import import_or_skip
+
+import_or_skip("dm_control")
 
 ROOT = Path(__file__).resolve().parent.parent
 MT30 = ROOT / "tests" / "fixtures" / "reference-mt30-ms1" / "reference_checkpoint.pt"

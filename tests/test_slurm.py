@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TINY as TINY_RUN
+from helpers import TINY as TINY_RUN, skip_unless_ci
 
 pytestmark = pytest.mark.slurm
 
@@ -39,10 +39,10 @@ def cluster():
     try:
         r = subprocess.run([CLUSTER, "start", "--fake-gpus", "2"], capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
-        pytest.skip("slurm/local_cluster.sh start took over 10 minutes")
+        skip_unless_ci("slurm/local_cluster.sh start took over 10 minutes")
     if r.returncode != 0:
         reason = (r.stderr.strip() or r.stdout.strip() or f"exit code {r.returncode}").splitlines()[-1]
-        pytest.skip(f"cannot start a local Slurm: {reason}")
+        skip_unless_ci(f"cannot start a local Slurm: {reason}")
     yield
     if not was_up:
         subprocess.run([CLUSTER, "stop"], capture_output=True, timeout=120)

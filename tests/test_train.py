@@ -17,7 +17,7 @@ from tdmpc.config import Config, validate
 from tdmpc.runtime.device import resolve_device
 from tdmpc.training.setup import trainer_for as Trainer
 
-from helpers import TINY, read_csv, run_train, tiny_json  # noqa: E402
+from helpers import TINY, import_or_skip, read_csv, run_train, tiny_json  # noqa: E402
 
 
 def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
@@ -224,8 +224,8 @@ def test_fresh_start_sets_aside_a_session_without_checkpoint(tmp_path):
 
 
 def test_evaluate_records_a_video_through_mujoco_offscreen_rendering(tmp_path):
-    pytest.importorskip("dm_control")
-    imageio = pytest.importorskip("imageio.v3")
+    import_or_skip("dm_control")
+    imageio = import_or_skip("imageio.v3")
     run = tmp_path / "run"
     cfg = tiny_json(tmp_path, task="cartpole-swingup", steps=100, seed_steps=1000, eval_episodes=0)
     r = run_train("--cfg", cfg, "--run-dir", run)
