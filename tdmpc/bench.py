@@ -59,6 +59,9 @@ class BenchArgs:
     """Agent steps timed end to end (default 300, quick 60)."""
     rss_steps: Optional[int] = None
     """Agent steps of the RSS run after warm-up (default 20000, quick 2000), with a small model."""
+    warmup_steps: Optional[int] = None
+    """Seeding steps before the end-to-end and RSS runs, and as many pretraining updates (default 1000, quick
+    200)."""
     compare_plain: bool = True
     """Also time the plain fp32 eager variant (no fused kernels) for same-run ratios."""
     threads: Optional[int] = None
@@ -252,7 +255,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
     R = spec.action_repeat
     over: dict[str, Any] = dict(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3,
                                 batch_size=64) if small else {}
-    settle = 20  # agent steps after the pretraining burst, before timing starts
+    settle = min(20, agent_steps)  # agent steps after the pretraining burst, before timing starts
     cfg = validate(Config(task=task, device=str(device), seed_steps=warmup_steps * R,
                           steps=(warmup_steps + settle + agent_steps) * R, eval_freq=10**9, eval_episodes=0,
                           save_every=10**9, log_every=10**9, progress=False, tensorboard=False, threads=threads,
@@ -363,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         task = "Pendulum-v1"
     print("benchmarking the training loop...", file=sys.stderr)
     e2e = args.e2e_steps or (60 if args.quick else 300)
-    warmup = 200 if args.quick else 1000
+    warmup = args.warmup_steps or (200 if args.quick else 1000)
     threads = torch.get_num_threads()  # the training loop's too (its own default would re-read the load)
     result["end_to_end"] = bench_training(task, device, e2e, warmup_steps=warmup, small=False, threads=threads)
     rss = args.rss_steps or (2000 if args.quick else 20_000)

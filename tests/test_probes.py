@@ -235,3 +235,70 @@ def test_datasets_with_actions_outside_the_unit_range_are_named_by_info_and_refu
     r = run_train("--dataset", path, "--task", "Pendulum-v1", "--cfg", tiny_json(tmp_path), "--steps", 10,
                   "--run-dir", tmp_path / "run")
     assert "'action' is outside [-1, 1]" in one_line_error(r)
+
+
+def test_update_every_runs_one_round_every_k_agent_steps(tmp_path):
+    """--update-every 2: seeding's 200 steps give 100 pretraining updates, the 400 steps after them 200."""
+    import torch
+
+    run = tmp_path / "run"
+    r = run_train("--cfg", tiny_json(tmp_path, steps=600, seed_steps=200, eval_episodes=0), "--update-every", 2,
+                  "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["updates"] == 300
+    assert "100 pretraining updates" in r.stderr
+
+
+def test_async_vectorization_trains(tmp_path):
+    """--vectorization async: each env in its own process (forkserver), stopped with the run."""
+    import torch
+
+    run = tmp_path / "run"
+    cfg = tiny_json(tmp_path, steps=400, seed_steps=200, eval_freq=400, eval_episodes=1)
+    r = run_train("--cfg", cfg, "--num-envs", 2, "--vectorization", "async", "--run-dir", run)
+    assert r.returncode == 0, r.stderr
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] == 400
+
+
+def test_debug_stops_at_the_first_nonfinite_metric_with_one_line(tmp_path):
+    assert run_train("--cfg", small(tmp_path), "--debug", "--run-dir", tmp_path / "a").returncode == 0
+    r = run_train("--cfg", small(tmp_path), "--debug", "--lr", "1e30", "--run-dir", tmp_path / "b")
+    line = one_line_error(r, code=1)
+    assert "--debug: non-finite metrics at update" in line, line
+
+
+def test_dataset_stream_auto_streams_what_would_not_fit_in_half_the_free_memory(tmp_path, monkeypatch):
+    import torch
+
+    from tdmpc.config import Config
+    from tdmpc.offline import data
+    from tdmpc.offline.format import open_dataset
+    from tdmpc.offline.sampler import InMemoryDataset, StreamingDataset
+    from tdmpc.offline.writer import DatasetWriter
+
+    path = tmp_path / "d.h5"
+    with DatasetWriter(path, (3,), 1, ["Pendulum-v1"], "state", 1, "test") as writer:
+        for _ in range(4):
+            writer.add_episode(np.zeros((51, 3), np.float32), np.zeros((50, 1), np.float32), np.zeros(50), False, True)
+    info, cfg = open_dataset(path), Config(dataset=(str(path),), dataset_stream="auto", batch_size=8)
+    size = info.rows * info.schema.row_bytes()
+    for free, kind in ((100 * size, InMemoryDataset), (size, StreamingDataset)):
+        monkeypatch.setattr(data, "_free_memory", lambda: free)
+        sampler = data._sampler(cfg, info, torch.device("cpu"), 0, (0, 1))
+        try:
+            assert type(sampler) is kind and sampler.sample(8).obs.shape == (4, 8, 3)
+        finally:
+            sampler.close()
+
+
+def test_bench_quick_writes_its_json_and_table(tmp_path):
+    """python -m tdmpc.bench --quick, shrunk to one size, one env count and a short warm-up."""
+    out = tmp_path / "bench.json"
+    r = run_module("tdmpc.bench", "--quick", "--sizes", 1, "--envs", 1, "--task", "Pendulum-v1", "--e2e-steps", 3,
+                   "--rss-steps", 3, "--warmup-steps", 10, "--offline-updates", 0, "--no-compare-plain",
+                   "--threads", 1, "--out", out, timeout=600)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    (model,) = result["models"]
+    assert model["model_size"] == 1 and result["end_to_end"]["agent_steps"] >= 3 and result["peak"]["fp32"]["peak"] > 0
+    assert "plan" in r.stdout and f"wrote {out}" in r.stdout

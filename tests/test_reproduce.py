@@ -273,3 +273,27 @@ def test_a_multitask_run_gathers_as_one_curve_per_task_at_its_own_env_steps(tmp_
     assert checks[("cartpole-swingup", "default, multi-task")].ours == 850.0
     assert checks[("cup-catch", "default")].ours == 960.0
     assert mt.sec_per_100k == pytest.approx(200_000 * 0.05 / 100_000 * 100_000)  # both tasks' steps took it
+
+
+def test_gather_bar_sets_the_verdict(tmp_path, capsys):
+    """--bar is the fraction of the published mean that passes: the same run fails at 0.9 and passes at 0.8."""
+    cart = load_published()[("tdmpc2", "cartpole-swingup")].at(100_000)[0]
+    fake_run(tmp_path / "runs/cartpole-swingup/seed1", "cartpole-swingup", 1, [(100_000, 0.85 * cart)])
+    for bar, verdict in (("0.9", "FAIL"), ("0.8", "PASS")):
+        out = tmp_path / f"out{bar}"
+        assert main(["--gather", str(tmp_path / "runs"), "--out", str(out), "--bar", bar]) == 0
+        (row,) = [r for r in read_rows(out / "results.csv") if r["check"]]
+        assert row["check"] == verdict, (bar, row)
+    assert main(["--gather", str(tmp_path / "runs"), "--bar", "0"]) == 2  # outside (0, 10]
+
+
+def test_plot_command_draws_runs_grouped_as_seeds(tmp_path):
+    """python -m tdmpc.plot: two seeds of one task become one curve in a PNG; a folder that is no run is one line."""
+    from helpers import one_line_error, run_module
+
+    runs = [fake_run(tmp_path / f"s{seed}", "cup-catch", seed, [(0, 10.0), (50_000, 400.0 + seed)]) for seed in (1, 2)]
+    out = tmp_path / "cup.png"
+    r = run_module("tdmpc.plot", *runs, "--out", out)
+    assert r.returncode == 0 and f"wrote {out}" in r.stdout, r.stderr
+    assert out.stat().st_size > 5_000
+    assert "no eval.csv" in one_line_error(run_module("tdmpc.plot", tmp_path, "--out", tmp_path / "x.png"))

@@ -213,7 +213,8 @@ class Trainer:
         if self.cfg.debug:
             bad = [k for k, v in metrics.items() if not torch.isfinite(v).all()]
             if bad:
-                raise FloatingPointError(f"non-finite metrics at update {self.counters.updates}: {bad}")
+                raise TrainingDiverged(f"--debug: non-finite metrics at update {self.counters.updates}: "
+                                       f"{', '.join(bad)}; {self.last_checkpoint()}")
         if self.metric_sum is None:
             self.metric_sum = {k: v.detach().clone().float() for k, v in metrics.items()}
         else:
