@@ -237,9 +237,10 @@ def eval_sizes(cfg: Config) -> list[int]:
 
 
 def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
-    """MPPI.__init__'s tensors, plus z_final (made at the first plan, in the planning dtype)."""
+    """MPPI.__init__'s tensors (actions, noise; mean, std, prev_mean; value, G, alive; gamma), plus z_final (made
+    at the first plan, in the planning dtype). A test measures what a planner really keeps allocated."""
     H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, dims.action_dim
-    fp32 = 4 * (H * N * S * A + H * N * (S - P) * A + 3 * H * N * A + 2 * N * S)
+    fp32 = 4 * (H * N * S * A + H * N * (S - P) * A + 3 * H * N * A + 3 * N * S + N)
     return fp32 + N * S * dims.latent_dim * _size(plan_dtype)
 
 
