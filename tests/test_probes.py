@@ -113,14 +113,14 @@ def test_an_observation_of_another_shape_than_declared_is_one_line(tmp_path, pro
 
 def test_a_nonfinite_reset_observation_is_named_or_reset_again(tmp_path, probe_envs):
     r = run_train("--cfg", small(tmp_path), "--task", "probe_envs:NanAtReset-v0", "--run-dir", tmp_path / "a")
-    assert "non-finite observation at reset" in one_line_error(r)
+    assert "non-finite observation from reset()" in one_line_error(r)
     assert not (tmp_path / "a").exists()
     # an env whose every 3rd reset is NaN trains with --nonfinite-data drop; the buffer holds no NaN
     run = tmp_path / "b"
     r = run_train("--cfg", small(tmp_path), "--task", "probe_envs:SometimesNanAtReset-v0", "--nonfinite-data",
                   "drop", "--run-dir", run)
     assert r.returncode == 0, r.stderr
-    assert "non-finite observation at reset" in r.stderr and "reset again" in r.stderr
+    assert "non-finite observation from reset()" in r.stderr and "reset again" in r.stderr
     import h5py
 
     with h5py.File(next((run / "checkpoints").glob("buffer_*.h5"))) as f:

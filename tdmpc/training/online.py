@@ -127,14 +127,8 @@ class OnlineTrainer(Trainer):
             bad = ~np.isfinite(first.reshape(len(first), -1)).all(1)
             if not bad.any():
                 return first
-            i = int(envs[np.flatnonzero(bad)[0]])
-            task = self.spec.task if self.tasks is None or self.env_tasks is None else self.tasks.task_set[self.env_tasks[i]]
-            where = f"env {i} ({task}) returned a non-finite observation at reset, at env step {self.counters.env_step:,}"
-            if self.cfg.nonfinite_data == "error":
-                raise NonFiniteData(f"{where}; pass --nonfinite-data drop to reset such envs again")
-            if not self.warned_nonfinite:
-                self.warned_nonfinite = True
-                self.logger.message(f"note: {where}; reset again (--nonfinite-data drop)")
+            self._on_nonfinite(int(envs[np.flatnonzero(bad)[0]]), "observation from reset()", "reset such envs again",
+                               "reset again")
             mask = np.zeros(self.num_envs, dtype=bool)
             mask[envs[bad]] = True
             fresh, _ = self.envs.reset(options={"reset_mask": mask})
@@ -166,17 +160,22 @@ class OnlineTrainer(Trainer):
         """NaN or inf from an env: named at its source ('error'), or the transition dropped and the env's
         episode restarted ('drop'). Returns obs, reward, terminated and done with the dropped envs reset."""
         i = int(np.flatnonzero(bad)[0])
-        field = "reward" if not np.isfinite(reward[i]) else "observation"
-        task = self.spec.task if self.tasks is None or self.env_tasks is None else self.tasks.task_set[self.env_tasks[i]]
-        where = f"env {i} ({task}) returned a non-finite {field} at env step {self.counters.env_step:,}"
-        if self.cfg.nonfinite_data == "error":
-            raise NonFiniteData(f"{where}; pass --nonfinite-data drop to skip such transitions")
-        if not self.warned_nonfinite:
-            self.warned_nonfinite = True
-            self.logger.message(f"note: {where}; dropped (--nonfinite-data drop), its episode restarts")
+        self._on_nonfinite(i, "reward" if not np.isfinite(reward[i]) else "observation", "skip such transitions",
+                           "dropped, and its episode restarts")
         fresh, _ = self.envs.reset(options={"reset_mask": bad})
         obs = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), fresh, obs)
         return obs, np.where(bad, 0.0, reward), terminated & ~bad, done | bad
+
+    def _on_nonfinite(self, env: int, what: str, remedy: str, done: str) -> None:
+        """NaN or inf from env `env`: a NonFiniteData naming the env, its task, the step and `what` ('error'), or a
+        note the first time, saying what was `done` ('drop')."""
+        task = self.spec.task if self.tasks is None or self.env_tasks is None else self.tasks.task_set[self.env_tasks[env]]
+        where = f"env {env} ({task}) returned a non-finite {what} at env step {self.counters.env_step:,}"
+        if self.cfg.nonfinite_data == "error":
+            raise NonFiniteData(f"{where}; pass --nonfinite-data drop to {remedy}")
+        if not self.warned_nonfinite:
+            self.warned_nonfinite = True
+            self.logger.message(f"note: {where}; {done} (--nonfinite-data drop)")
 
     def warn_if_disk_short(self) -> None:
         """A checkpoint and a full buffer, twice (old and new coexist while a write is made atomic)."""
