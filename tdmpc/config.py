@@ -307,13 +307,15 @@ def validate(cfg: Config) -> Config:
         raise bad("seed_steps", "must be >= 1: learning starts from the data of the seed steps")
     if cfg.action_repeat is not None and cfg.action_repeat < 1:
         raise bad("action_repeat", "must be >= 1")
+    # num_elites first where it is what is too large: {num_samples: 8, num_elites: 32} names num_elites, not the
+    # num_pi_trajs default the user never set.
+    if cfg.num_pi_trajs < cfg.num_samples and cfg.num_elites > cfg.num_samples - cfg.num_pi_trajs:
+        raise bad("num_elites", f"must be <= num_samples - num_pi_trajs "
+                                f"({cfg.num_samples} - {cfg.num_pi_trajs} = {cfg.num_samples - cfg.num_pi_trajs})")
     if cfg.num_elites > cfg.num_samples:
         raise bad("num_elites", f"must be <= num_samples ({cfg.num_samples})")
     if cfg.num_pi_trajs >= cfg.num_samples:
         raise bad("num_pi_trajs", f"must be < num_samples ({cfg.num_samples})")
-    if cfg.num_elites > cfg.num_samples - cfg.num_pi_trajs:
-        raise bad("num_elites", f"must be <= num_samples - num_pi_trajs "
-                                f"({cfg.num_samples} - {cfg.num_pi_trajs} = {cfg.num_samples - cfg.num_pi_trajs})")
     if cfg.min_std > cfg.max_std:
         raise bad("min_std", f"must be <= max_std ({cfg.max_std})")
     if cfg.num_bins < 2:
