@@ -131,7 +131,7 @@ class RunLogger:
         else:  # no env step since the last call (pretraining updates): redraw, as update(0) would not
             self.bar.refresh()
 
-    def pretraining(self, updates: int, total: int, done: bool = False) -> None:
+    def pretraining(self, updates: int, total: int, step: int, done: bool = False) -> None:
         """The burst of updates on the seed data, where no env step passes: a bar of its own counts updates, and
         the step bar starts afresh after it, so that its rate and ETA are not those of the burst."""
         if self.pretrain_bar is None:
@@ -142,7 +142,7 @@ class RunLogger:
         if done:
             self.pretrain_bar.close()
             self.pretrain_bar = None
-            self.bar = self._bar(self.total_steps, self.bar.n, "step", self.task)
+            self.bar = self._bar(self.total_steps, step, "step", self.task)
 
     def message(self, text: str) -> None:
         """Human-readable lines go to stderr, with the progress bar, so stdout stays clean."""

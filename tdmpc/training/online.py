@@ -105,8 +105,8 @@ class OnlineTrainer(Trainer):
             self.update()
             c.pretrain_updates_left -= 1
             if c.pretrain_updates_left % 50 == 0:
-                self.logger.pretraining(c.updates, total)
-        self.logger.pretraining(c.updates, total, done=c.pretrain_updates_left == 0)
+                self.logger.pretraining(c.updates, total, c.env_step)
+        self.logger.pretraining(c.updates, total, c.env_step, done=c.pretrain_updates_left == 0)
 
     def sample(self) -> Batch:
         return self.buffer.sample(self.cfg.batch_size)
