@@ -119,8 +119,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     notes = [n for n in (*req.notes, memory.summary_line(plan), init_note) if n]
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
-    return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard,
-                    req.resume is not None, checkpoint, init_from, source, eval_source, notes)
+    return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
+                    init_from, source, eval_source, notes)
 
 
 # What a resumed run cannot change: the replay buffer's layout and the networks' shapes, which its files hold.

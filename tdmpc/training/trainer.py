@@ -53,12 +53,15 @@ class RunSetup:
     device: torch.device
     buffer_storage: torch.device  # where the replay buffer lives
     shard: Shard
-    resume: bool
-    checkpoint: Path | None  # what a resume starts from: latest.pt, or previous.pt when latest.pt is damaged
+    checkpoint: Path | None  # what a resume starts from (latest.pt, or previous.pt when latest.pt is damaged)
     init_from: str | None
     env: EnvSource
     eval_env: EnvSource
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def resume(self) -> bool:
+        return self.checkpoint is not None
 
 
 @dataclass
