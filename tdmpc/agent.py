@@ -24,7 +24,7 @@ from tdmpc.model import checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 from tdmpc.planners.mppi import MPPI, MPPIConfig
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
-from tdmpc.runtime.device import resolve_device, resolve_dtype
+from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype
 from tdmpc.runtime.distributed import SINGLE, Shard
 from tdmpc.tasks.sets import reference_info, task_set_name
 
@@ -96,7 +96,7 @@ class Agent:
         """One planner per (N, role), so evaluation never disturbs the training warm start."""
         key = (num_envs, role)
         if key not in self._planners:
-            chunk_rows = None if self.device.type == "cuda" else CPU_PLAN_CHUNK_ROWS
+            chunk_rows = CPU_PLAN_CHUNK_ROWS if cpu_fast_paths(self.device) else None
             self._planners[key] = MPPI(self.plan_model, self.planner_cfg, num_envs, self.dims.action_dim,
                                        self.discount, self.device, chunk_rows)
         return self._planners[key]

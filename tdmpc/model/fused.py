@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tdmpc.runtime.device import cpu_fast_paths
+
 _SOURCE = Path(__file__).parent / "csrc" / "fused_cpu.cpp"
 _CFLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
 _LDFLAGS = ["-fopenmp"]
@@ -163,7 +165,7 @@ def ln_act(x: Tensor, gamma: Tensor, beta: Tensor, act: str = "mish", heads_firs
     """act(layer_norm(x) * gamma + beta), gamma/beta (G, D) per group (module doc); SimNorm over `group`."""
     if gamma.dim() == 1:
         gamma, beta = gamma.unsqueeze(0), beta.unsqueeze(0)
-    fast = (x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous()
+    fast = (cpu_fast_paths(x.device) and x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous()
             and gamma.dtype == torch.float32 and extension_available())
     grad = torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad)
     if not fast or (grad and act != "mish") or group > 64:

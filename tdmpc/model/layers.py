@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tdmpc.model.fused import ln_act
+from tdmpc.runtime.device import cpu_fast_paths
 
 
 def simnorm(x: Tensor, group: int) -> Tensor:
@@ -25,7 +26,7 @@ def dropout(x: Tensor, p: float) -> Tensor:
     """Training-mode dropout. On the CPU, where ATen draws one random number per element
     (~6 ns each), one 64-bit draw serves four elements (16 bits each): p is rounded to a
     multiple of 1/65536 (0.01 -> 0.0099945)."""
-    if x.device.type != "cpu":
+    if not cpu_fast_paths(x.device):
         return F.dropout(x, p, training=True)
     n = x.numel()
     bits = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64).view(torch.int16)[:n]

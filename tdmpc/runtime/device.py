@@ -2,14 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+from typing import Iterator
 
 import torch
 
 from tdmpc.errors import DeviceError
 
+_cuda_code_path = False
+
+
+def cpu_fast_paths(device: torch.device) -> bool:
+    """Whether the CPU's own fast paths run (the fused C++ kernels, cheap dropout bits, chunked planning):
+    on the CPU, unless inside cuda_code_path()."""
+    return device.type == "cpu" and not _cuda_code_path
+
+
+@contextlib.contextmanager
+def cuda_code_path() -> Iterator[None]:
+    """Run the code path CUDA takes while on the CPU, so that its kernels can be counted without a GPU
+    (tdmpc.runtime.kernels)."""
+    global _cuda_code_path
+    saved, _cuda_code_path = _cuda_code_path, True
+    try:
+        yield
+    finally:
+        _cuda_code_path = saved
 
 
 def resolve_device(name: str) -> torch.device:

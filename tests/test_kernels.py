@@ -1,0 +1,87 @@
+"""The counters behind `python -m tdmpc.bench --kernels`: kernels per call and transfers per training step."""
+
+import numpy as np
+import torch
+from torch import nn
+
+from tdmpc.runtime.device import cpu_fast_paths, cuda_code_path
+from tdmpc.runtime.kernels import KernelCounter, TransferCounter, compiled_kernels, count_kernels, kernels_in_code
+
+
+def small_mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.LayerNorm(16), nn.Mish(), nn.Linear(16, 3))
+
+
+def test_eager_count_of_a_module_whose_kernels_are_known():
+    """Linear (one addmm; its transpose is a view), LayerNorm, Mish, Linear: 4 kernels, with or without autograd,
+    and views and allocations add none."""
+    net, x = small_mlp(), torch.randn(5, 8)
+    for mode in (torch.inference_mode, torch.no_grad, torch.enable_grad):
+        with mode():
+            c = count_kernels(lambda: net(x))
+        assert c.total == 4, (mode, c.counts)
+        assert c.counts == {"addmm": 2, "native_layer_norm": 1, "mish": 1}
+    c = count_kernels(lambda: (x.view(40).unsqueeze(0).t(), torch.empty(3), x.transpose(0, 1)))
+    assert c.total == 0, c.counts
+    c = count_kernels(lambda: x.transpose(0, 1).contiguous() + 1)  # a real copy, then an add
+    assert c.counts == {"clone": 1, "add": 1}, c.counts
+
+
+def test_item_is_a_wait_not_a_kernel():
+    x = torch.randn(4)
+    c = count_kernels(lambda: float(x.sum()))
+    assert c.counts == {"sum": 1} and sum(c.waits.values()) == 1
+
+
+def test_compiled_count_reads_the_generated_code():
+    """relu(x @ w) * 2 + 1: one extern matmul and one fused pointwise kernel."""
+    torch._dynamo.reset()
+    w = torch.randn(8, 8)
+    fn = torch.compile(lambda x: torch.relu(x @ w) * 2 + 1, fullgraph=True)
+    kinds = compiled_kernels(fn, torch.randn(4, 8))
+    assert sum(kinds.values()) == 2 and kinds["fused"] == 1 and sum(v for k, v in kinds.items() if k.startswith("extern")) == 1, kinds
+
+
+def test_code_parser_counts_launches_not_allocations():
+    source = """
+def call(args):
+    buf0 = empty_strided_cpu((4, 8), (8, 1), torch.float32)
+    extern_kernels.mm(arg0_1, arg1_1, out=buf0)
+    buf1 = reinterpret_tensor(buf0, (32,), (1,), 0)
+    cpp_fused_add_mul_relu_0(buf1, arg2_1)
+    triton_poi_fused_1.run(buf1, 32, stream=stream0)
+    buf2 = torch.ops.aten.sort.stable(buf1, dim=0)
+    return (buf1,)
+"""
+    assert kernels_in_code(source) == {"extern.mm": 1, "fused": 2, "aten.sort": 1}
+
+
+def test_cuda_code_path_switches_off_the_cpu_paths():
+    cpu = torch.device("cpu")
+    assert cpu_fast_paths(cpu)
+    with cuda_code_path():
+        assert not cpu_fast_paths(cpu)
+    assert cpu_fast_paths(cpu) and not cpu_fast_paths(torch.device("meta"))
+
+
+def test_transfer_counter_sees_copies_and_waits():
+    """Host data made into device tensors, copies of host tensors, and reads back; pinned non_blocking copies
+    do not wait; ops on host tensors stay on the host, and a host tensor mixed into a device op is a copy."""
+    dev = torch.zeros(4)
+    with TransferCounter() as c:
+        host = torch.from_numpy(np.ones(4, np.float32))
+        host2 = host * 2  # still on the host
+        on_dev = host2.to(dev.device)
+        torch.as_tensor(np.arange(3), device=dev.device)
+        pinned = host.pin_memory() if torch.cuda.is_available() else None
+        dev.add_(on_dev)
+        dev.cpu().numpy()
+    assert c.h2d == {"Tensor.to": 1, "as_tensor": 1}, c.h2d
+    assert c.waits == {"blocking Tensor.to": 1, "as_tensor from pageable memory": 1, "cpu": 1}, c.waits
+    del pinned
+    with TransferCounter() as c:
+        host = torch.from_numpy(np.ones(4, np.float32))
+        dev[torch.as_tensor(np.array([0, 1]))] = 1.0  # a host index into a device tensor: CUDA copies it
+        float(dev.sum())
+    assert c.h2d_copies == 1 and c.waits == {"implicit h2d in index_put_": 1, "__float__": 1}, (c.h2d, c.waits)
+    assert not hasattr(host, TransferCounter.HOST)  # no mark outlives the count
