@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Protocol, Union
 
+import torch
 from torch import Tensor
 
 Task = Union[Tensor, int, None]
@@ -28,6 +29,10 @@ class LatentModel(Protocol):
     def num_q(self) -> int: ...
     @property
     def episodic(self) -> bool: ...
+    @property
+    def latent_dim(self) -> int: ...
+    @property
+    def latent_dtype(self) -> torch.dtype: ...  # what encode() and next() return
 
     def encode(self, obs: Tensor, task: Task = None) -> Tensor: ...
     def next(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor: ...
@@ -35,6 +40,7 @@ class LatentModel(Protocol):
     def termination(self, z: Tensor) -> Tensor: ...  # probability (single-task models)
     def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Optional[Tensor] = None) -> Tensor: ...  # logits
     def pi(self, z: Tensor, task: Task = None) -> PolicyOutput: ...
+    def pi_action(self, z: Tensor, task: Task = None) -> Tensor: ...  # pi(z, task).action alone
     def action_mask(self, task: Task) -> Optional[Tensor]: ...  # (..., A) ones on each task's action dims
     def decode(self, logits: Tensor) -> Tensor: ...  # logits -> (..., 1) scalars
-    def sample_heads(self) -> Tensor: ...  # indices of 2 random Q heads
+    def sample_heads(self, draws: int) -> Tensor: ...  # (draws, 2): indices of 2 random Q heads per draw

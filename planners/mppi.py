@@ -32,7 +32,7 @@ class MPPI:
         self.num_envs, self.action_dim = N, A
         kw: dict[str, Any] = dict(device=device, dtype=torch.float32)
         self.actions = torch.zeros(H, N, S, A, **kw)  # candidates; the first num_pi_trajs from the prior
-        self.noise = torch.zeros(H, N, S - cfg.num_pi_trajs, A, **kw)
+        self.noise = torch.zeros(cfg.iterations, H, N, S - cfg.num_pi_trajs, A, **kw)  # every iteration's, drawn at once
         self.mean = torch.zeros(H, N, A, **kw)
         self.std = torch.full((H, N, A), cfg.max_std, **kw)
         self.prev_mean = torch.zeros(H, N, A, **kw)  # warm start, per environment
@@ -40,33 +40,41 @@ class MPPI:
         self.G = torch.zeros(N, S, 1, **kw)  # model return of each candidate
         self.alive = torch.ones(N, S, 1, **kw)  # 0 once the model predicts a termination
         self.gamma = torch.full((N, 1, 1), float(discount) if not isinstance(discount, Tensor) else 0.0, **kw)
-        self.z_final: Tensor | None = None  # latent after the horizon, in the model's dtype
+        self.discounts = torch.ones(H + 1, N, 1, 1, **kw)  # gamma^t for t = 0..H, per env
+        self.z_final = torch.zeros(N, S, model.latent_dim, device=device, dtype=model.latent_dtype)  # after the horizon
+        self._powers = torch.arange(H + 1, device=device, dtype=torch.float32).view(-1, 1, 1, 1)
 
     @torch.inference_mode()
     def plan(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False, task: Tensor | None = None) -> Tensor:
         """obs (N, ...), first_step (N,) bool, task (N,) ids or None -> actions (N, A) in [-1, 1]."""
+        return self.plan_graph(obs, first_step, eval_mode, task)
+
+    def plan_graph(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False, task: Tensor | None = None) -> Tensor:
+        """plan() without its inference mode: what torch.compile traces (under no_grad) as one graph."""
         c, m = self.cfg, self.model
         H, P, E = c.horizon, c.num_pi_trajs, c.num_elites
         rows = None if task is None else task.view(-1, 1)  # one id per env, for (N, candidates, ...) inputs
         if isinstance(self.discount, Tensor):
             assert task is not None, "per-task discounts need task ids"
             self.gamma.copy_(self.discount[task].view(-1, 1, 1))
+        torch.pow(self.gamma, self._powers, out=self.discounts)  # gamma^t for t = 0..H
         mask = m.action_mask(rows)  # (N, 1, A) or None
         z = m.encode(obs, task)
         self._prior_trajectories(z, rows, mask)
         self._warm_start(first_step)
+        torch.randn(self.noise.shape, out=self.noise)  # every iteration's noise in one draw
+        heads = m.sample_heads(c.iterations)  # (iterations, 2): every iteration's pair of Q heads
 
         z = z.unsqueeze(1).expand(-1, c.num_samples - P, -1)
-        for _ in range(c.iterations):
-            torch.randn(self.noise.shape, out=self.noise)
-            sampled = self.mean.unsqueeze(2) + self.std.unsqueeze(2) * self.noise
-            self.actions[:, :, P:] = sampled.clamp_(-1, 1)
+        for i in range(c.iterations):
+            torch.addcmul(self.mean.unsqueeze(2), self.std.unsqueeze(2), self.noise[i], out=self.actions[:, :, P:])
+            self.actions[:, :, P:].clamp_(-1, 1)
             if mask is not None:
                 self.actions.mul_(mask)
             for envs in self._chunks():
                 r = None if rows is None else rows[envs]
                 self._rollout(z[envs], self.actions[:, envs, P:], P, envs, r)
-                self.value[envs] = self._value(envs, r)
+                self.value[envs] = self._value(envs, r, heads[i])
             value = self.value.nan_to_num_(0.0)  # (N, S)
             elite_value, elite_idx = torch.topk(value, E, dim=1)
             elite_actions = self.actions.gather(
@@ -107,7 +115,7 @@ class MPPI:
         z = z.unsqueeze(1).expand(-1, P, -1)
         zt = z
         for t in range(self.cfg.horizon):
-            action = self.model.pi(zt, rows).action
+            action = self.model.pi_action(zt, rows)
             self.actions[t, :, :P] = action if mask is None else action * mask
             if t + 1 < self.cfg.horizon:
                 zt = self.model.next(zt, self.actions[t, :, :P], rows)
@@ -117,29 +125,31 @@ class MPPI:
         return [slice(e, e + self.chunk_envs) for e in range(0, self.num_envs, self.chunk_envs)]
 
     def _rollout(self, z: Tensor, actions: Tensor, col: int, envs: slice, rows: Tensor | None) -> None:
-        """Model return, survival and final latent of candidates, into [envs, col:] of the buffers."""
+        """Model return, survival and final latent of candidates, into [envs, col:] of the buffers.
+
+        The reward logits of all H steps are decoded in one pass after the rollout."""
         m = self.model
         n = actions.shape[2]
-        G = torch.zeros(z.shape[:-1] + (1,), device=z.device)
-        alive = torch.ones_like(G)
-        gamma, discount = self.gamma[envs], torch.ones_like(self.gamma[envs])
+        logits, alive = [], [None]
         for t in range(self.cfg.horizon):
             z, reward = m.next_and_reward(z, actions[t], rows)
-            G += discount * alive * m.decode(reward)
-            discount = discount * gamma
-            if m.episodic:
-                alive = alive * (m.termination(z) <= 0.5)
-        self.G[envs, col:col + n] = G
-        self.alive[envs, col:col + n] = alive
-        if self.z_final is None:
-            self.z_final = torch.empty(self.G.shape[:2] + z.shape[-1:], dtype=z.dtype, device=z.device)
+            logits.append(reward)
+            if m.episodic and t + 1 < self.cfg.horizon:
+                alive.append(m.termination(z) <= 0.5)
+        rewards = m.decode(torch.stack(logits)) * self.discounts[:-1, envs]  # (H, envs, n, 1)
+        survived = None
+        if m.episodic:  # a reward counts until the model predicts a termination, the value after the last step
+            survived = torch.stack([torch.ones_like(alive[1])] + alive[1:]).cumprod(0).to(rewards.dtype)  # type: ignore[arg-type]
+            rewards = rewards * survived
+            self.alive[envs, col:col + n] = survived[-1] * (m.termination(z) <= 0.5)
+        self.G[envs, col:col + n] = rewards.sum(0)
         self.z_final[envs, col:col + n] = z
 
-    def _value(self, envs: slice, rows: Tensor | None) -> Tensor:
+    def _value(self, envs: slice, rows: Tensor | None, heads: Tensor) -> Tensor:
         """Return over the horizon plus the discounted Q-value (2 random heads, averaged): (envs, S)."""
         m = self.model
-        assert self.z_final is not None
         z = self.z_final[envs]
-        q = m.decode(m.Q(z, m.pi(z, rows).action, rows, heads=m.sample_heads())).mean(0)
-        bootstrap = self.gamma[envs] ** self.cfg.horizon
-        return (self.G[envs] + bootstrap * self.alive[envs] * q).squeeze(-1)
+        q = m.decode(m.Q(z, m.pi_action(z, rows), rows, heads=heads)).mean(0)
+        bootstrap = self.discounts[-1, envs]
+        alive = self.alive[envs] if m.episodic else 1.0
+        return (self.G[envs] + bootstrap * alive * q).squeeze(-1)

@@ -21,6 +21,7 @@ class CudaQuadratic:
     """The planner test's known-optimum model, on the GPU."""
 
     num_q, episodic = 2, False
+    latent_dim, latent_dtype = 3, torch.float32  # the latent is the target action (A = 3 below)
 
     def encode(self, obs, task=None):
         return obs
@@ -43,14 +44,17 @@ class CudaQuadratic:
         zero = torch.zeros(z.shape[:-1] + (1,), device=z.device)
         return PolicyOutput(a, a, torch.zeros_like(a), zero, zero, zero)
 
+    def pi_action(self, z, task=None):
+        return self.pi(z, task).action
+
     def action_mask(self, task):
         return None
 
     def decode(self, logits):
         return logits
 
-    def sample_heads(self):
-        return torch.arange(2, device=CUDA)
+    def sample_heads(self, draws):
+        return torch.arange(2, device=CUDA).expand(draws, 2)
 
 
 def test_graphed_plan_follows_new_inputs():

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from tdmpc.runtime.device import cpu_fast_paths, cuda_code_path
-from tdmpc.runtime.kernels import KernelCounter, TransferCounter, compiled_kernels, count_kernels, kernels_in_code
+from tdmpc.runtime.kernels import TransferCounter, compiled_kernels, count_kernels, kernels_in_code
 
 
 def small_mlp() -> nn.Module:

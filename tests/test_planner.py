@@ -12,8 +12,10 @@ class QuadraticModel:
 
     num_q = 2
     episodic = False
+    latent_dtype = torch.float32
 
     def __init__(self, action_dims=None, A=None):
+        self.latent_dim = A  # the latent is the target action
         self.masks = None
         if action_dims is not None:
             self.masks = torch.tensor([[1.0] * n + [0.0] * (A - n) for n in action_dims])
@@ -41,14 +43,17 @@ class QuadraticModel:
         zero = torch.zeros(z.shape[:-1] + (1,))
         return PolicyOutput(a, a, torch.zeros_like(a), zero, zero, zero)
 
+    def pi_action(self, z, task=None):
+        return self.pi(z, task).action
+
     def action_mask(self, task):
         return None if self.masks is None else self.masks[task]
 
     def decode(self, logits):
         return logits
 
-    def sample_heads(self):
-        return torch.arange(2)
+    def sample_heads(self, draws):
+        return torch.arange(2).expand(draws, 2)
 
 
 def test_planner_finds_known_optimum_for_a_batch_of_envs():
@@ -57,7 +62,7 @@ def test_planner_finds_known_optimum_for_a_batch_of_envs():
     # The returned action is an elite *sampled* from the softmax weights (as in the reference),
     # so it sits about one final std (~0.07 after 6 iterations) from the mean; 10 iterations
     # shrink that spread below the 0.1 tolerance.
-    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=0.99, device=torch.device("cpu"))
     action = planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     assert action.shape == (N, A)
     assert (action - targets).abs().max() < 0.1
@@ -66,7 +71,7 @@ def test_planner_finds_known_optimum_for_a_batch_of_envs():
 def test_reference_settings_converge_the_mean_to_the_optimum():
     N, A = 5, 4
     targets = torch.rand(N, A) * 1.6 - 0.8
-    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     assert (planner.prev_mean[0] - targets).abs().max() < 0.06
 
@@ -74,7 +79,7 @@ def test_reference_settings_converge_the_mean_to_the_optimum():
 def test_exploration_noise_only_outside_eval_mode():
     N, A = 3, 2
     targets = torch.zeros(N, A)
-    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     first = torch.ones(N, dtype=torch.bool)
     torch.manual_seed(1)
     a_eval = planner.plan(targets, first, eval_mode=True)
@@ -86,7 +91,7 @@ def test_exploration_noise_only_outside_eval_mode():
 
 def test_warm_start_shifts_by_one_step_and_resets_per_env():
     N, A, H = 3, 2, 3
-    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(horizon=H), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(horizon=H), A), N, A, discount=0.99, device=torch.device("cpu"))
     prev = torch.arange(H * N * A, dtype=torch.float32).view(H, N, A)
     planner.prev_mean.copy_(prev)
     planner._warm_start(torch.tensor([False, True, False]))
@@ -100,7 +105,7 @@ def test_warm_start_shifts_by_one_step_and_resets_per_env():
 def test_plan_saves_mean_for_next_step():
     N, A = 2, 3
     targets = torch.tensor([[0.5, -0.5, 0.2], [-0.3, 0.1, 0.7]])
-    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     # every step of the horizon has the same optimum here, so the saved mean is near a* everywhere
     assert (planner.prev_mean - targets).abs().max() < 0.15
@@ -108,7 +113,7 @@ def test_plan_saves_mean_for_next_step():
 
 def test_plan_runs_in_inference_mode_with_preallocated_buffers():
     N, A = 2, 2
-    planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     ptrs = [t.data_ptr() for t in (planner.actions, planner.noise, planner.mean, planner.std, planner.prev_mean)]
     out = planner.plan(torch.zeros(N, A), torch.ones(N, dtype=torch.bool))
     assert out.is_inference()
@@ -121,7 +126,7 @@ def test_chunked_rollouts_plan_like_one_big_call():
     targets = torch.rand(N, A) * 1.6 - 0.8
     results = []
     for chunk_rows in (None, 1024):  # all envs at once, or 2 envs per model call
-        planner = MPPI(QuadraticModel(), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"),
+        planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"),
                        chunk_rows=chunk_rows)
         torch.manual_seed(3)
         results.append(planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True))

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY, one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json
+from helpers import one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json
 
 PY = sys.executable
 

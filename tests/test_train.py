@@ -1,6 +1,5 @@
 """End to end: train, stop by signal, resume exactly, evaluate; and bad input at the CLI."""
 
-import csv
 import json
 import os
 import signal

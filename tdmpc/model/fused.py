@@ -134,9 +134,12 @@ def _compile(name: str, root: Path, library: Path) -> None:
 
 
 def _plain(x: Tensor, gamma: Tensor, beta: Tensor, act: str, heads_first: bool, group: int = 8) -> Tensor:
-    G, D = gamma.shape
-    shape = (G,) + (1,) * (x.dim() - 2) + (D,) if heads_first else (G, D)
-    y = F.layer_norm(x, (D,)) * gamma.view(shape).to(x.dtype) + beta.view(shape).to(x.dtype)
+    if gamma.dim() == 1:  # one affine for every row: LayerNorm's own (one kernel)
+        y = F.layer_norm(x, gamma.shape, gamma.to(x.dtype), beta.to(x.dtype))
+    else:
+        G, D = gamma.shape
+        shape = (G,) + (1,) * (x.dim() - 2) + (D,) if heads_first else (G, D)
+        y = torch.addcmul(beta.view(shape).to(x.dtype), F.layer_norm(x, (D,)), gamma.view(shape).to(x.dtype))
     if act == "mish":
         return F.mish(y)
     return torch.softmax(y.unflatten(-1, (-1, group)), dim=-1).flatten(-2)
@@ -163,13 +166,13 @@ class _LnMish(torch.autograd.Function):
 def ln_act(x: Tensor, gamma: Tensor, beta: Tensor, act: str = "mish", heads_first: bool = False,
            group: int = 8) -> Tensor:
     """act(layer_norm(x) * gamma + beta), gamma/beta (G, D) per group (module doc); SimNorm over `group`."""
-    if gamma.dim() == 1:
-        gamma, beta = gamma.unsqueeze(0), beta.unsqueeze(0)
     fast = (cpu_fast_paths(x.device) and x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous()
-            and gamma.dtype == torch.float32 and extension_available())
+            and gamma.dtype == torch.float32 and extension_available() and not torch.compiler.is_compiling())
     grad = torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad)
     if not fast or (grad and act != "mish") or group > 64:
         return _plain(x, gamma, beta, act, heads_first, group)
+    if gamma.dim() == 1:
+        gamma, beta = gamma.unsqueeze(0), beta.unsqueeze(0)
     gamma, beta = gamma.contiguous(), beta.contiguous()
     period = _period(x, gamma.shape[0], heads_first)
     if grad:

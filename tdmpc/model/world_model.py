@@ -145,6 +145,14 @@ class WorldModel(nn.Module):
     def episodic(self) -> bool:
         return self.dims.episodic
 
+    @property
+    def latent_dim(self) -> int:
+        return self.dims.latent_dim
+
+    @property
+    def latent_dtype(self) -> torch.dtype:
+        return cast(NormedLinear, self._dynamics[-1]).weight.dtype
+
     def task_vector(self, task: Task, rows: tuple[int, ...]) -> Tensor | None:
         """The embedding rows of `task`, broadcast to rows + (task_dim,); None for a single-task model.
 
@@ -169,7 +177,7 @@ class WorldModel(nn.Module):
 
     def encode(self, obs: Tensor, task: Task = None) -> Tensor:
         if obs.is_floating_point():  # a reduced-precision planning copy takes its inputs in its dtype
-            obs = obs.to(cast(NormedLinear, self._dynamics[-1]).weight.dtype)
+            obs = obs.to(self.latent_dtype)
         return self._encoder(obs if self.dims.pixels else self._with_task(obs, task))
 
     def next(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor:
@@ -212,12 +220,8 @@ class WorldModel(nn.Module):
         scaled_entropy is the reference's bonus, -(active dims) x the Gaussian log-prob *before* the tanh
         correction, written as it writes it (entropy x scaled_log_prob / log_prob); squash_correction is
         that correction, which the 2023 release added to it (Config.entropy_bonus)."""
-        mean, log_std = self._pi(self._with_task(z, task)).float().chunk(2, dim=-1)
-        log_std = self.log_std_min + 0.5 * self.log_std_dif * (torch.tanh(log_std) + 1)
-        eps = torch.randn_like(mean) if eps is None else eps
-        mask = self.action_mask(task)
+        mean, log_std, eps, mask = self._prior(z, task, eps)
         if mask is not None:
-            mean, log_std, eps = mean * mask, log_std * mask, eps * mask
             active: Tensor | int = mask.sum(-1, keepdim=True)
         else:
             active = mean.shape[-1]
@@ -228,6 +232,21 @@ class WorldModel(nn.Module):
         scaled_log_prob = gaussian_log_prob * active
         scaled_entropy = -log_prob * (scaled_log_prob / (log_prob + 1e-8))  # the reference's order of operations
         return Policy(action, torch.tanh(mean), log_std, -log_prob, scaled_entropy, squash)
+
+    def pi_action(self, z: Tensor, task: Task = None) -> Tensor:
+        """pi(z, task).action alone: what planning reads, without the log-probs it would not use."""
+        mean, log_std, eps, _ = self._prior(z, task)
+        return torch.tanh(torch.addcmul(mean, eps, log_std.exp()))
+
+    def _prior(self, z: Tensor, task: Task, eps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """The prior's raw mean, bounded log std and N(0, 1) draw (masked to the task's dims), and the mask."""
+        mean, log_std = self._pi(self._with_task(z, task)).float().chunk(2, dim=-1)
+        log_std = self.log_std_min + 0.5 * self.log_std_dif * (torch.tanh(log_std) + 1)
+        eps = torch.randn_like(mean) if eps is None else eps
+        mask = self.action_mask(task)
+        if mask is not None:
+            mean, log_std, eps = mean * mask, log_std * mask, eps * mask
+        return mean, log_std, eps, mask
 
     def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Tensor | None = None, target: bool = False,
           detach: bool = False) -> Tensor:
@@ -240,9 +259,11 @@ class WorldModel(nn.Module):
         return self.two_hot.decode(logits)
 
     # --- helpers -------------------------------------------------------------------
-    def sample_heads(self) -> Tensor:
-        """Two distinct random Q heads, chosen on the device (no host sync, CUDA-graph safe)."""
-        return torch.rand(self.num_q, device=self.log_std_min.device).argsort()[:2]
+    def sample_heads(self, draws: int | None = None) -> Tensor:
+        """Two distinct random Q heads, chosen on the device (no host sync, CUDA-graph safe): (2,), or (draws, 2)
+        for `draws` independent pairs in one draw."""
+        heads = torch.rand(draws or 1, self.num_q, device=self.log_std_min.device).argsort(-1)[:, :2]
+        return heads if draws else heads[0]
 
     def q_value(self, z: Tensor, a: Tensor, reduce: Literal["min", "avg"], task: Task = None, target: bool = False,
                 detach: bool = False) -> Tensor:
