@@ -67,8 +67,7 @@ class MPPI:
 
         z = z.unsqueeze(1).expand(-1, c.num_samples - P, -1)
         for i in range(c.iterations):
-            torch.addcmul(self.mean.unsqueeze(2), self.std.unsqueeze(2), self.noise[i], out=self.actions[:, :, P:])
-            self.actions[:, :, P:].clamp_(-1, 1)
+            self.actions[:, :, P:] = torch.addcmul(self.mean.unsqueeze(2), self.std.unsqueeze(2), self.noise[i]).clamp_(-1, 1)
             if mask is not None:
                 self.actions.mul_(mask)
             for envs in self._chunks():
@@ -110,38 +109,35 @@ class MPPI:
         Their model return and final latent do not change across iterations, so they are
         computed here once; only their bootstrapped value is redrawn every iteration."""
         P = self.cfg.num_pi_trajs
-        if P == 0:
-            return
-        z = z.unsqueeze(1).expand(-1, P, -1)
-        zt = z
-        for t in range(self.cfg.horizon):
-            action = self.model.pi_action(zt, rows)
-            self.actions[t, :, :P] = action if mask is None else action * mask
-            if t + 1 < self.cfg.horizon:
-                zt = self.model.next(zt, self.actions[t, :, :P], rows)
-        self._rollout(z, self.actions[:, :, :P], 0, slice(None), rows)
+        if P > 0:
+            self._rollout(z.unsqueeze(1).expand(-1, P, -1), self.actions[:, :, :P], 0, slice(None), rows, prior=True,
+                          mask=mask)
 
     def _chunks(self) -> list[slice]:
         return [slice(e, e + self.chunk_envs) for e in range(0, self.num_envs, self.chunk_envs)]
 
-    def _rollout(self, z: Tensor, actions: Tensor, col: int, envs: slice, rows: Tensor | None) -> None:
-        """Model return, survival and final latent of candidates, into [envs, col:] of the buffers.
+    def _rollout(self, z: Tensor, actions: Tensor, col: int, envs: slice, rows: Tensor | None, prior: bool = False,
+                 mask: Tensor | None = None) -> None:
+        """Model return, survival and final latent of candidates, into [envs, col:] of the buffers. With `prior`,
+        the actions are the policy prior's, drawn step by step (masked) and written into `actions`.
 
         The reward logits of all H steps are decoded in one pass after the rollout."""
         m = self.model
         n = actions.shape[2]
-        logits, alive = [], [None]
+        logits, ok = [], []
         for t in range(self.cfg.horizon):
+            if prior:
+                a = m.pi_action(z, rows)
+                actions[t] = a if mask is None else a * mask
             z, reward = m.next_and_reward(z, actions[t], rows)
             logits.append(reward)
-            if m.episodic and t + 1 < self.cfg.horizon:
-                alive.append(m.termination(z) <= 0.5)
+            if m.episodic:
+                ok.append(m.termination(z) <= 0.5)
         rewards = m.decode(torch.stack(logits)) * self.discounts[:-1, envs]  # (H, envs, n, 1)
-        survived = None
-        if m.episodic:  # a reward counts until the model predicts a termination, the value after the last step
-            survived = torch.stack([torch.ones_like(alive[1])] + alive[1:]).cumprod(0).to(rewards.dtype)  # type: ignore[arg-type]
-            rewards = rewards * survived
-            self.alive[envs, col:col + n] = survived[-1] * (m.termination(z) <= 0.5)
+        if m.episodic:  # a reward counts until the model predicts a termination; the value, after the last step
+            survived = torch.stack(ok).to(rewards.dtype).cumprod(0)  # (H, ...): no termination up to step t
+            rewards = rewards * torch.cat([torch.ones_like(survived[:1]), survived[:-1]])
+            self.alive[envs, col:col + n] = survived[-1]
         self.G[envs, col:col + n] = rewards.sum(0)
         self.z_final[envs, col:col + n] = z
 

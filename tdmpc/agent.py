@@ -24,7 +24,8 @@ from tdmpc.model import checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 from tdmpc.planners.mppi import MPPI, MPPIConfig
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
-from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype
+from tdmpc.runtime.compile import Compiled
+from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype, set_matmul_precision
 from tdmpc.runtime.distributed import SINGLE, Shard
 from tdmpc.tasks.sets import reference_info, task_set_name
 
@@ -58,6 +59,7 @@ class Agent:
         else:
             assert isinstance(episode_length, int)
             self.discount = discount_for(episode_length, cfg)
+        set_matmul_precision(cfg.matmul_precision, device)
         self.plan_dtype = resolve_dtype(cfg.precision, device)
         self.train_dtype = resolve_dtype(cfg.train_precision, device)
         self.fp32_values = cfg.train_precision == "mixed"
@@ -90,6 +92,12 @@ class Agent:
         self.graphs = device.type == "cuda" and cfg.cuda_graphs and shard.world == 1
         self._plan_fns: dict[tuple[int, str, bool], Callable] = {}
         self._update_fn: Callable = CUDAGraphed(self._update_tensors) if self.graphs else self._update_tensors
+        # With cfg.compile the losses (forward and backward, through AOTAutograd) are compiled graphs; backward(),
+        # clipping and the fused optimiser steps run between them. Data-parallel updates stay eager (collectives).
+        compile_update = cfg.compile and shard.world == 1
+        self._model_loss = Compiled(self._model_loss_eager, "update() world-model loss") if compile_update \
+            else self._model_loss_eager
+        self._pi_loss = Compiled(self._pi_loss_eager, "update() policy loss") if compile_update else self._pi_loss_eager
 
     # --- acting -------------------------------------------------------------------
     def planner(self, num_envs: int, role: str = "train") -> MPPI:
@@ -105,7 +113,11 @@ class Agent:
         key = (num_envs, role, eval_mode)
         if key not in self._plan_fns:
             planner = self.planner(num_envs, role)
-            fn = lambda obs, first, *task: planner.plan(obs, first, eval_mode, *task)  # noqa: E731
+            if self.cfg.compile:  # traced under no_grad (act() leaves inference mode for it): PyTorch issue 180823
+                graph = Compiled(planner.plan_graph, f"plan() for {num_envs} env(s), {role}")
+                fn = lambda obs, first, *task: graph(obs, first, eval_mode, *task)  # noqa: E731
+            else:
+                fn = lambda obs, first, *task: planner.plan(obs, first, eval_mode, *task)  # noqa: E731
             self._plan_fns[key] = CUDAGraphed(fn) if self.graphs else fn
         return self._plan_fns[key]
 
@@ -144,7 +156,6 @@ class Agent:
             return torch.autocast(self.device.type, enabled=False), z.float()
         return contextlib.nullcontext(), z
 
-    @torch.inference_mode()
     def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None = None,
             eval_mode: bool = False, role: str | None = None,
             task: int | str | Sequence | np.ndarray | Tensor | None = None) -> np.ndarray:
@@ -158,6 +169,12 @@ class Agent:
         An observation of the wrong shape, an empty batch, a bad first_step, and NaN or inf in observations
         given as numpy (not as tensors, which checking would read back from the device) are a one-line ValueError
         (BadInput); values beyond 1e6 are warned about once."""
+        # Inference mode, or no_grad for compiled planning: inductor cannot compile on inference tensors.
+        with torch.no_grad() if self.cfg.compile else torch.inference_mode():
+            return self._act(obs, first_step, eval_mode, role, task)
+
+    def _act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None, eval_mode: bool,
+             role: str | None, task: int | str | Sequence | np.ndarray | Tensor | None) -> np.ndarray:
         obs, single = self._observations(obs)
         n = obs.shape[0]
         first = self._first_steps(first_step, n).to(self.device, non_blocking=True)
@@ -242,6 +259,20 @@ class Agent:
 
     def _update_tensors(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
                         task: Tensor | None = None) -> dict[str, Tensor]:
+        m = self.model
+        m.train()
+        total, losses, zs, reached = self._model_loss(obs, action, reward, terminated, task)
+        total.backward()
+        grad_norm, skipped = self._step(self.optim)
+        pi_metrics = self._update_pi(zs.detach(), task, reached)
+        m.soft_update_targets(self.cfg.tau)
+        m.eval()
+        return {**losses, "total_loss": total.detach(), "grad_norm": grad_norm, "skipped": skipped, **pi_metrics}
+
+    def _model_loss_eager(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
+                          task: Tensor | None) -> tuple[Tensor, dict[str, Tensor], Tensor, Tensor]:
+        """The world model's loss (TD targets from the target Qs), its parts (detached), the latents of the
+        rollout and which of them the episode reached (for the policy update)."""
         cfg, m = self.cfg, self.model
         batch = Batch(obs, action, reward, terminated, task)
         H = cfg.horizon
@@ -256,10 +287,9 @@ class Agent:
             td_target = batch.reward + discount * (1 - batch.terminated.float()) * next_q
         # (H, B) 1 up to and including a terminal step, 0 after it: a start near the end of a terminated episode
         # reaches past it (ReplayBuffer); those steps are not the episode's and get no loss. All 1 without one.
-        terminated = batch.terminated.long()
-        alive = (terminated.cumsum(0) - terminated == 0).float()
+        ended = batch.terminated.long()
+        alive = (ended.cumsum(0) - ended == 0).float()
 
-        m.train()
         with self._autocast():
             z = m.encode(batch.obs[0], task)
             zs_list = [z]
@@ -285,20 +315,19 @@ class Agent:
                 losses["termination_loss"] = F.binary_cross_entropy_with_logits(
                     term_logits, batch.terminated.float(), weight=alive, reduction="sum") / alive.sum()
                 total = total + cfg.termination_coef * losses["termination_loss"]
-        total.backward()
-        grad_norm, skipped = self._step(self.optim)
-
         # The prior learns on the latents the episode reached: z_0, and z_t+1 after an alive, non-terminal step.
-        reached = torch.cat([torch.ones_like(alive[:1]), alive * (1 - terminated)])
-        pi_metrics = self._update_pi(zs.detach(), task, reached)
-        m.soft_update_targets(cfg.tau)
-        m.eval()
-        return {**{k: v.detach() for k, v in losses.items()}, "total_loss": total.detach(), "grad_norm": grad_norm,
-                "skipped": skipped, **pi_metrics}
+        reached = torch.cat([torch.ones_like(alive[:1]), alive * (1 - ended)])
+        return total, {k: v.detach() for k, v in losses.items()}, zs, reached
 
     def _update_pi(self, zs: Tensor, task: Tensor | None, reached: Tensor | None = None) -> dict[str, Tensor]:
         """Maximise Q of the prior's actions plus an entropy bonus, on detached latents (H+1, B, L); `reached`
         (H+1, B) weights out latents past an episode's end."""
+        loss, metrics = self._pi_loss(zs, task, reached)
+        loss.backward()
+        grad_norm, skipped = self._step(self.pi_optim)
+        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped, **metrics}
+
+    def _pi_loss_eager(self, zs: Tensor, task: Tensor | None, reached: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
         cfg, m = self.cfg, self.model
         with self._autocast():
             policy = m.pi(zs, task, eps=self._noise(zs.shape[:-1]))
@@ -314,11 +343,8 @@ class Agent:
         if reached is not None:
             objective = objective * reached.unsqueeze(-1)
         loss = -(self._rho * objective.mean((1, 2))).mean()
-        loss.backward()
-        grad_norm, skipped = self._step(self.pi_optim)
-        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped,
-                "pi_entropy": policy.entropy.mean().detach(), "pi_scaled_entropy": policy.scaled_entropy.mean().detach(),
-                "pi_scale": self.scale.mean()}
+        return loss, {"pi_entropy": policy.entropy.mean().detach(),
+                      "pi_scaled_entropy": policy.scaled_entropy.mean().detach(), "pi_scale": self.scale.mean()}
 
     def _noise(self, rows: torch.Size) -> Tensor:
         """N(0, 1) policy noise for batch rows (T, B): drawn for the global batch and sliced for this rank, so

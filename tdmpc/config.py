@@ -220,6 +220,13 @@ class _Hardware:
     mixed runs the Q heads, TD targets and value decoding in fp32 and the rest in bf16."""
     cuda_graphs: bool = True
     """Capture plan() and update() as CUDA graphs on CUDA (eager everywhere else)."""
+    compile: bool = False
+    """Run plan() and update() through torch.compile (inductor): far fewer, fused kernels (BENCHMARKS.md). The
+    first call of each compiles (minutes on a small CPU; inductor's cache shortens the next start). Off until a
+    GPU run shows it faster there; on the CPU the fused C++ kernels of the default path are faster."""
+    matmul_precision: Optional[Literal["highest", "high"]] = None
+    """fp32 matmuls: 'high' runs them in TF32 on GPUs that have it, as the reference trains; 'highest' keeps full
+    fp32. None: 'high' on CUDA, 'highest' elsewhere."""
     threads: Optional[int] = None
     """CPU threads for torch. None: the cores other processes leave idle (give 1 to each of several runs)."""
     debug: bool = False

@@ -90,20 +90,26 @@ class EnsembleLinear(nn.Module):
         self.ln = _StackedLayerNormAffine(num, out_features) if normed else None
         self.dropout = dropout
 
-    def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False) -> Tensor:
+    def params(self) -> list[Tensor]:
+        """weight, bias and (normed layers) the LayerNorm affine, each (num, ...)."""
+        return [self.weight, self.bias] + ([self.ln.weight, self.ln.bias] if self.ln is not None else [])
+
+    def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False,
+                chosen: list[Tensor] | None = None) -> Tensor:
         """x: (M, in) shared by all heads, or (heads, M, in). Returns (heads, M, out).
 
-        `heads` selects a subset (only those heads are computed); `detach` blocks
-        gradients into the weights while letting them flow into x.
+        `heads` selects a subset (only those heads are computed), or `chosen` gives their parameters already
+        selected; `detach` blocks gradients into the weights while letting them flow into x.
         """
-        params: list[Tensor] = [self.weight, self.bias]
-        params += [self.ln.weight, self.ln.bias] if self.ln is not None else []
-        if heads is not None:
+        params = chosen if chosen is not None else self.params()
+        if heads is not None and chosen is None:
             params = [p.index_select(0, heads) for p in params]
         if detach:
             params = [p.detach() for p in params]
         w, b = params[0], params[1]
-        if x.dim() == 2:  # one input for every head: a single GEMM over the stacked (heads*out, in) weight,
+        if x.dim() == 2 and chosen is not None:  # views into flat heads (planning): one batched matmul, no copies
+            y = torch.baddbmm(b.unsqueeze(1), x.expand(w.shape[0], -1, -1), w.transpose(1, 2))
+        elif x.dim() == 2:  # one input for every head: a single GEMM over the stacked (heads*out, in) weight,
             # whose backward sums the heads' input gradients inside the GEMM too
             n_heads, out = w.shape[0], w.shape[1]
             y = F.linear(x, w.reshape(n_heads * out, -1), b.reshape(-1))
@@ -126,14 +132,46 @@ class Ensemble(nn.Sequential):
                   for i in range(len(hidden))]
         super().__init__(*layers, EnsembleLinear(num, dims[-1], out_dim, normed=False))
         self.num = num
+        self._flat: list[Tensor] = []  # flatten_heads(): one (num, P) tensor per dtype
 
     def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False) -> Tensor:
         """x: (..., in) -> (heads, ..., out)."""
         lead = x.shape[:-1]
         y = x.reshape(-1, x.shape[-1])
-        for layer in self:
-            y = layer(y, heads, detach)
+        chosen = self._chosen(heads) if heads is not None and self._flat and not detach else None
+        for i, layer in enumerate(self):
+            y = layer(y, heads, detach, None if chosen is None else chosen[i])
         return y.view(y.shape[0], *lead, y.shape[-1])
+
+    def flatten_heads(self) -> None:
+        """For frozen copies (planning): each head's parameters become a row of one (num, P) tensor per dtype, and
+        every layer's parameters views into it, so choosing heads is one index_select per dtype, not one per
+        parameter. A foreach copy into the parameters (sync_copy) writes through the views."""
+        params = [p for layer in self for p in cast(EnsembleLinear, layer).params()]
+        dtypes = list(dict.fromkeys(p.dtype for p in params))
+        self._flat = [torch.cat([p.detach().reshape(self.num, -1) for p in params if p.dtype == d], 1) for d in dtypes]
+        offsets = [0] * len(dtypes)
+        self._layout: list[list[tuple[int, int, int, tuple[int, ...]]]] = []  # (flat, start, size, shape) per param
+        for layer in self:
+            places = []
+            for owner, name in _param_owners(cast(EnsembleLinear, layer)):
+                p = getattr(owner, name)
+                k, n = dtypes.index(p.dtype), p[0].numel()
+                view = self._flat[k][:, offsets[k]:offsets[k] + n].view(p.shape)
+                setattr(owner, name, nn.Parameter(view, requires_grad=False))
+                places.append((k, offsets[k], n, tuple(p.shape[1:])))
+                offsets[k] += n
+            self._layout.append(places)
+
+    def _chosen(self, heads: Tensor) -> list[list[Tensor]]:
+        """Every layer's parameters of the chosen heads, from one index_select per flat tensor."""
+        picked = [flat.index_select(0, heads) for flat in self._flat]
+        return [[picked[k][:, start:start + n].view(-1, *shape) for k, start, n, shape in places]
+                for places in self._layout]
+
+
+def _param_owners(layer: EnsembleLinear) -> list[tuple[nn.Module, str]]:
+    return [(layer, "weight"), (layer, "bias")] + ([(layer.ln, "weight"), (layer.ln, "bias")] if layer.ln else [])
 
 
 class ShiftAug(nn.Module):

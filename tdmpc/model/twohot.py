@@ -44,7 +44,7 @@ class TwoHot(nn.Module):
     def decode(self, logits: Tensor) -> Tensor:
         """(..., num_bins) logits -> (..., 1) scalars: symexp of the softmax mean, in fp32."""
         probs = torch.softmax(logits.float(), dim=-1)
-        return symexp(probs @ self.bins.unsqueeze(-1))
+        return symexp((probs * self.bins).sum(-1, keepdim=True))  # not a matmul: compiled, it fuses with the softmax
 
     def cross_entropy(self, logits: Tensor, target: Tensor) -> Tensor:
         """(..., num_bins) logits, (...,) scalar targets -> (...,) losses."""

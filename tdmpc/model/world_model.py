@@ -135,6 +135,7 @@ class WorldModel(nn.Module):
         self.register_buffer("log_std_min", torch.tensor(float(dims.log_std_min)))
         self.register_buffer("log_std_dif", torch.tensor(float(dims.log_std_max - dims.log_std_min)))
         self._fused_first_layers: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # set in planning copies
+        self._fused_second_layers: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # (2, ...) stacks, likewise
 
     # --- the interface planners use ---------------------------------------------------
     @property
@@ -200,7 +201,14 @@ class WorldModel(nn.Module):
             h = F.linear(torch.cat([self._with_task(z.to(w.dtype), task), a], dim=-1), w, b)
         h = h.unflatten(-1, (2, -1))  # (..., 2, M)
         h = ln_act(h, gamma, beta, "mish")
-        return self._dynamics[1:](h[..., 0, :]), self._reward[1:](h[..., 1, :])
+        if self._fused_second_layers is None:
+            return self._dynamics[1:](h[..., 0, :]), self._reward[1:](h[..., 1, :])
+        # A planning copy runs both second layers as one batched matmul, heads first: (2, rows, M).
+        w2, b2, gamma2, beta2 = self._fused_second_layers
+        lead = h.shape[:-2]
+        h = torch.baddbmm(b2.unsqueeze(1), h.reshape(-1, 2, h.shape[-1]).transpose(0, 1), w2.transpose(1, 2))
+        h = ln_act(h, gamma2, beta2, "mish", heads_first=True)
+        return self._dynamics[2:](h[0]).view(*lead, -1), self._reward[2:](h[1]).view(*lead, -1)
 
     def _concat_first_layers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         d, r = cast(NormedLinear, self._dynamics[0]), cast(NormedLinear, self._reward[0])
@@ -295,7 +303,8 @@ def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
     """A frozen copy for planning: matmul weights in `dtype`, LayerNorm parameters in fp32.
 
     The first layers of dynamics and reward become views into one fused tensor, so
-    next_and_reward() needs no concatenation, and sync_copy() keeps it current in place.
+    next_and_reward() needs no concatenation, and their second layers views into a (2, ...) stack it runs as
+    one batched matmul; sync_copy() keeps them current in place.
     """
     copy_ = copy.deepcopy(model).requires_grad_(False).eval()
     for m in copy_.modules():
@@ -313,6 +322,10 @@ def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
     d, r = cast(NormedLinear, copy_._dynamics[0]), cast(NormedLinear, copy_._reward[0])
     copy_._fused_first_layers = (fuse(d, r, "weight").flatten(0, 1), fuse(d, r, "bias").flatten(0, 1),
                                  fuse(d.ln, r.ln, "weight"), fuse(d.ln, r.ln, "bias"))
+    copy_._Qs.flatten_heads()
+    d, r = cast(NormedLinear, copy_._dynamics[1]), cast(NormedLinear, copy_._reward[1])
+    copy_._fused_second_layers = (fuse(d, r, "weight"), fuse(d, r, "bias"), fuse(d.ln, r.ln, "weight"),
+                                  fuse(d.ln, r.ln, "bias"))
     return copy_
 
 

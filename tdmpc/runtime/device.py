@@ -72,6 +72,14 @@ def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
     return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
 
 
+def set_matmul_precision(precision: str | None, device: torch.device) -> str:
+    """torch's fp32 matmul precision for this process ('high': TF32 on GPUs that have it); None picks 'high' on
+    CUDA and 'highest' elsewhere. Returns what was set."""
+    chosen = precision or ("high" if device.type == "cuda" else "highest")
+    torch.set_float32_matmul_precision(chosen)
+    return chosen
+
+
 def set_threads(requested: int | None) -> int:
     """Set torch's CPU threads: `requested`; else OMP_NUM_THREADS when set (Slurm jobs set it); else all
     cores less those other processes keep busy (OpenMP threads spin, so two processes each using every
