@@ -70,6 +70,12 @@ class BenchArgs:
     """Rows of the synthetic dataset for the offline measurement (update time, data in memory vs streamed)."""
     offline_updates: Optional[int] = None
     """Updates timed per offline sampler (default 200, quick 40); 0 skips the measurement."""
+    kernels: bool = False
+    """Instead of timing: count the kernels of plan() and update() and the host-device copies and waits of a
+    training step, on the code path CUDA takes, eager and compiled (no GPU needed; about 15 minutes on 2 cores,
+    most of it compiling). Writes --kernels-out."""
+    kernels_out: Path = Path("results/kernels.json")
+    """Where --kernels writes its counts (JSON)."""
 
 
 def sync(device: torch.device) -> None:
@@ -344,10 +350,30 @@ def print_table(r: dict) -> None:
               f"{s['rss_end_mb']:.0f} MB ({s['rss_growth_mb']:+.1f} MB)")
 
 
+def count_kernels(out: Path) -> int:
+    """--kernels: the counts of tdmpc.report.kernel_counts, printed and written to `out`."""
+    from tdmpc.report.kernel_counts import measure
+
+    result = measure()
+    rows = [("size 5", result), *((k.replace("size", "size "), v) for k, v in result.items() if k.startswith("size"))]
+    print("kernels per call (CUDA's code path, counted on the CPU)")
+    for name, r in rows:
+        print(f"{name}: plan() 1 env {r['plan_kernels_eager']} eager / {r['plan_kernels_compiled']} compiled, "
+              f"32 envs {r['plan_kernels_eager_32env']} / {r['plan_kernels_compiled_32env']}; update() B=256 "
+              f"{r['update_kernels_eager']} / {r['update_kernels_compiled']}; per env step "
+              f"{r['h2d_copies_per_env_step']} host-to-device copies, {r['blocking_waits_per_env_step']} host waits")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json_text(result))
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = tyro.cli(BenchArgs, args=argv, description=__doc__.splitlines()[0])
     device = resolve_device(args.device)
     set_threads(args.threads)
+    if args.kernels:
+        return count_kernels(args.kernels_out)
     reps = 5 if args.quick else 20
     fused.extension_available()
     peaks = {"fp32": matmul_peak(device, torch.float32, reps), "bf16": matmul_peak(device, torch.bfloat16, reps)}

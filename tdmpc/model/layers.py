@@ -72,7 +72,7 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, last: str = "linear",
     return MLP(*layers)
 
 
-class _StackedLayerNormAffine(nn.Module):
+class StackedLayerNormAffine(nn.Module):
     def __init__(self, num: int, features: int):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(num, features))
@@ -87,7 +87,7 @@ class EnsembleLinear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num, out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(num, out_features))
-        self.ln = _StackedLayerNormAffine(num, out_features) if normed else None
+        self.ln = StackedLayerNormAffine(num, out_features) if normed else None
         self.dropout = dropout
 
     def params(self) -> list[Tensor]:

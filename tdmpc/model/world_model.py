@@ -20,7 +20,9 @@ from tdmpc.config import SIZE_FIELDS, Config
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.base import PolicyOutput as Policy
 from tdmpc.model.fused import ln_act
-from tdmpc.model.layers import Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, init_weights, mlp
+from tdmpc.model.layers import (Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, StackedLayerNormAffine,
+                                init_weights, mlp)
+from tdmpc.runtime.device import cpu_fast_paths
 from tdmpc.model.twohot import TwoHot
 
 
@@ -300,7 +302,8 @@ def squash_correction(action: Tensor) -> Tensor:
 
 
 def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
-    """A frozen copy for planning: matmul weights in `dtype`, LayerNorm parameters in fp32.
+    """A frozen copy for planning: matmul weights in `dtype`; LayerNorm parameters in fp32 where the fused CPU
+    kernels read them, else in `dtype` too (on CUDA an fp32 affine would cost two casts per LayerNorm).
 
     The first layers of dynamics and reward become views into one fused tensor, so
     next_and_reward() needs no concatenation, and their second layers views into a (2, ...) stack it runs as
@@ -312,6 +315,11 @@ def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
             m.weight = nn.Parameter(m.weight.to(dtype), requires_grad=False)
             assert m.bias is not None  # every layer here has one
             m.bias = nn.Parameter(m.bias.to(dtype), requires_grad=False)
+    if not cpu_fast_paths(model.log_std_min.device):
+        for m in copy_.modules():
+            if isinstance(m, (nn.LayerNorm, StackedLayerNormAffine)):
+                m.weight = nn.Parameter(m.weight.to(dtype), requires_grad=False)
+                m.bias = nn.Parameter(m.bias.to(dtype), requires_grad=False)
 
     def fuse(mod_d: nn.Module, mod_r: nn.Module, name: str) -> Tensor:
         both = torch.stack([getattr(mod_d, name), getattr(mod_r, name)])

@@ -29,7 +29,8 @@ from torch.utils._pytree import tree_leaves
 NO_KERNEL = frozenset({
     "empty", "empty_like", "_unsafe_view", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "lift_fresh_copy",
     "detach", "alias", "set_", "resize_", "sym_size", "sym_stride", "sym_numel", "sym_storage_offset",
-    "is_same_size", "_local_scalar_dense", "is_nonzero", "equal_meta", "_has_compatible_shallow_copy_type",
+    "is_same_size", "_local_scalar_dense", "_record_function_enter", "_record_function_enter_new",
+    "_record_function_exit", "is_nonzero", "equal_meta", "_has_compatible_shallow_copy_type",
 })
 
 

@@ -1,0 +1,135 @@
+"""What `python -m tdmpc.bench --kernels` measures: the GPU's launch and transfer costs, counted on any machine.
+
+Everything runs on the CPU on the code path CUDA takes (device.cuda_code_path): planning in bf16 and updates in
+fp32 (CUDA's defaults), no fused C++ ops, no chunked planning. For each model size: the kernels of one plan()
+for 1 and 32 envs and of one update() at batch 256, eager and compiled, and the host-to-device copies and host
+waits of one whole training step (act, buffer add, sample, update) of the real loop.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch
+from tdmpc.config import Config, validate
+from tdmpc.model.world_model import ModelDims
+from tdmpc.runtime.device import cuda_code_path
+from tdmpc.runtime.kernels import TransferCounter, compiled_kernels, count_kernels, kernels_in_code
+
+OBS_DIM, ACTION_DIM, BATCH = 24, 6, 256  # walker-walk's dims, the reference batch
+
+
+def _agent(size: int, compile: bool) -> Agent:
+    cfg = validate(Config(model_size=size, device="cpu", precision="bf16", compile=compile))
+    return Agent(cfg, ModelDims.from_config(cfg, (OBS_DIM,), ACTION_DIM, False), 500, torch.device("cpu"))
+
+
+def _batch(agent: Agent) -> Batch:
+    H = agent.cfg.horizon
+    return Batch(torch.randn(H + 1, BATCH, OBS_DIM), torch.rand(H, BATCH, ACTION_DIM) * 2 - 1, torch.randn(H, BATCH),
+                 torch.zeros(H, BATCH, dtype=torch.bool))
+
+
+def _plan_args(n: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    return torch.randn(n, OBS_DIM), torch.zeros(n, dtype=torch.bool), False
+
+
+def plan_kernels(agent: Agent, n: int, compiled: bool) -> Counter[str]:
+    """Kernels of one plan() for n envs (the second call: the first may allocate)."""
+    planner = agent.planner(n)
+    args = _plan_args(n)
+    with torch.no_grad():
+        planner.plan_graph(*args)
+        if not compiled:
+            return count_kernels(lambda: planner.plan_graph(*args)).counts
+        return compiled_kernels(torch.compile(planner.plan_graph, fullgraph=True, dynamic=False), *args)
+
+
+def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str]]:
+    """Kernels of one update() at batch 256: (inside compiled graphs, run eagerly). Eager, all of them are the
+    second; compiled, the first are read from inductor's code (both losses, forward and backward) and the second
+    counted around them (gradient clipping, the fused Adam steps, the target update)."""
+    agent = _agent(size, compile=False)
+    batch = _batch(agent)
+    agent.update(batch)
+    if not compiled:
+        return Counter(), count_kernels(lambda: agent.update(batch)).counts
+    compiled_agent = _agent(size, compile=True)
+    from torch._inductor.utils import run_and_get_code
+
+    _, sources = run_and_get_code(lambda: compiled_agent.update(_batch(compiled_agent)))
+    inside: Counter[str] = Counter()
+    for source in sources:
+        inside.update(kernels_in_code(source))
+    # What runs between the compiled graphs: measured on the eager agent once its gradients exist.
+    m = agent.model
+    m.train()
+    total, _, zs, reached = agent._model_loss_eager(*(batch.obs, batch.action, batch.reward, batch.terminated), None)
+    total.backward()
+    around = count_kernels(lambda: agent._step(agent.optim)).counts
+    loss, _ = agent._pi_loss_eager(zs.detach(), None, reached)
+    loss.backward()
+    around.update(count_kernels(lambda: agent._step(agent.pi_optim)).counts)
+    around.update(count_kernels(lambda: m.soft_update_targets(agent.cfg.tau)).counts)
+    m.eval()
+    return inside, around
+
+
+def step_transfers(size: int) -> TransferCounter:
+    """Host-to-device copies and host waits of one training step of the real loop (Pendulum-v1, one env), a step
+    that acts with the planner, stores its transition, samples a batch and updates."""
+    from tdmpc.training.setup import trainer_for
+
+    cfg = validate(Config(task="Pendulum-v1", model_size=size, device="cpu", precision="bf16", seed_steps=20,
+                          steps=10**6, eval_freq=10**9, eval_episodes=0, save_every=10**9, log_every=10**9,
+                          progress=False, tensorboard=False, threads=torch.get_num_threads(), batch_size=BATCH,
+                          num_samples=64, num_elites=8, num_pi_trajs=4, iterations=1, update_every=1))
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = trainer_for(cfg, Path(tmp) / "run", torch.device("cpu"))
+        while trainer.counters.env_step < 2 * cfg.seed_steps:  # seeding, pretraining, then steps like the one counted
+            trainer.step()
+        updates = trainer.counters.updates
+        with TransferCounter() as counter:
+            trainer.step()
+        assert trainer.counters.updates == updates + 1, "the counted step must update once"
+        trainer.close()
+    return counter
+
+
+def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
+    """results/kernels.json: size 5 at the top level, other sizes under 'size<N>'; 'detail' has every breakdown."""
+    out: dict[str, Any] = {"torch": torch.__version__, "path": "CUDA's, counted on the CPU (bf16 planning, fp32 "
+                           "updates); compiled counts read inductor's CPU code", "detail": {}}
+    with cuda_code_path():
+        for size in sizes:
+            print(f"counting kernels at model size {size} (compiling takes minutes)...", file=sys.stderr)
+            agent = _agent(size, compile=False)
+            plan_eager, plan_32 = plan_kernels(agent, 1, False), plan_kernels(agent, 32, False)
+            plan_compiled, plan_compiled_32 = plan_kernels(agent, 1, True), plan_kernels(agent, 32, True)
+            update_eager = update_kernels(size, compiled=False)[1]
+            inside, around = update_kernels(size, compiled=True)
+            transfers = step_transfers(size)
+            row = {"plan_kernels_eager": sum(plan_eager.values()), "plan_kernels_eager_32env": sum(plan_32.values()),
+                   "plan_kernels_compiled": sum(plan_compiled.values()),
+                   "plan_kernels_compiled_32env": sum(plan_compiled_32.values()),
+                   "update_kernels_eager": sum(update_eager.values()),
+                   "update_kernels_compiled": sum(inside.values()) + sum(around.values()),
+                   "h2d_copies_per_env_step": transfers.h2d_copies,
+                   "blocking_waits_per_env_step": transfers.blocking_waits}
+            out["detail"][f"size{size}"] = {
+                "plan_eager": dict(plan_eager.most_common()), "plan_compiled": dict(plan_compiled.most_common()),
+                "update_eager": dict(update_eager.most_common()),
+                "update_compiled_graphs": dict(inside.most_common()), "update_compiled_around": dict(around.most_common()),
+                "h2d": dict(transfers.h2d), "waits": dict(transfers.waits)}
+            if size == 5:
+                out.update(row)
+            else:
+                out[f"size{size}"] = row
+    return out

@@ -1,0 +1,127 @@
+"""--compile: compiled plan() and update() compute what the eager ones do, compile once, and learn.
+
+Compiling is slow on 2 cores, so these run in CI's own step (`python -m pytest -m compile`), not in the
+default suite. The random draws are inductor's own unless fallback_random is set; with it set, compiled and
+eager draw the same numbers from the same seed, which is what lets the outputs be compared."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch._inductor.config as inductor_config
+
+from tdmpc.agent import Agent
+from tdmpc.buffer import Batch
+from tdmpc.config import Config, validate
+from tdmpc.model.world_model import ModelDims
+
+from test_learning import CONFIG, THRESHOLD
+
+pytestmark = pytest.mark.compile
+
+SMALL = dict(model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=5, num_samples=32,
+             num_elites=4, num_pi_trajs=4, iterations=2, horizon=3, batch_size=16, precision="fp32", device="cpu")
+OBS, ACT = 5, 2
+
+
+@pytest.fixture(autouse=True)
+def same_random_numbers(monkeypatch):
+    monkeypatch.setattr(inductor_config, "fallback_random", True)
+    torch._dynamo.reset()
+
+
+def make(compile: bool, kind: str, **over) -> Agent:
+    tasks = ("cartpole-swingup", "cheetah-run") if kind == "multitask" else ()
+    cfg = validate(Config(**{**SMALL, **over}, compile=compile, episodic=kind == "episodic",
+                          **({"task_set": tasks, "task": "mt2"} if tasks else {})))
+    dims = ModelDims.from_config(cfg, (OBS,), ACT, kind == "episodic", tasks=tasks, action_dims=(1, 2) if tasks else ())
+    torch.manual_seed(0)
+    return Agent(cfg, dims, [100, 200] if tasks else 100, torch.device("cpu"))
+
+
+def batch(agent: Agent, multitask: bool) -> Batch:
+    g = torch.Generator().manual_seed(1)
+    H, B = agent.cfg.horizon, agent.cfg.batch_size
+    return Batch(torch.randn(H + 1, B, OBS, generator=g), torch.rand(H, B, ACT, generator=g) * 2 - 1,
+                 torch.randn(H, B, generator=g), torch.rand(H, B, generator=g) < 0.1,
+                 torch.randint(0, 2, (B,), generator=g) if multitask else None)
+
+
+@pytest.mark.parametrize("kind", ["single", "multitask", "episodic"])
+def test_compiled_plan_and_update_equal_the_eager_ones(kind):
+    eager, compiled = make(False, kind), make(True, kind)
+    obs = torch.randn(3, OBS)
+    task = [0, 1, 1] if kind == "multitask" else None
+    for step in range(3):  # acting, then an update that refreshes the planning copy, then acting again
+        actions = []
+        for agent in (eager, compiled):
+            torch.manual_seed(10 + step)
+            actions.append(agent.act(obs, first_step=step == 0, task=task))
+        assert torch.allclose(torch.as_tensor(actions[0]), torch.as_tensor(actions[1]), atol=1e-4), (kind, step)
+        metrics = []
+        for agent in (eager, compiled):
+            torch.manual_seed(20 + step)
+            metrics.append(agent.update(batch(agent, kind == "multitask")))
+        for name in ("consistency_loss", "reward_loss", "value_loss", "pi_loss", "grad_norm"):
+            assert torch.allclose(metrics[0][name], metrics[1][name], rtol=1e-4, atol=1e-5), (kind, step, name)
+    for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5)
+
+
+def test_bf16_planning_compiled_stays_close_to_eager():
+    """bf16 planning: inductor fuses and rounds differently, so elites can differ; the planned mean of a
+    single-iteration plan stays within 0.05 of eager's (actions in [-1, 1])."""
+    eager, compiled = make(False, "single", precision="bf16"), make(True, "single", precision="bf16")
+    obs = torch.randn(4, OBS)
+    means = []
+    for agent in (eager, compiled):
+        torch.manual_seed(3)
+        agent.act(obs, first_step=True, eval_mode=True)
+        means.append(agent.planner(4, "eval").mean)
+    assert (means[0] - means[1]).abs().max() < 0.05
+
+
+def test_no_recompilation_after_the_first_calls(tmp_path):
+    """Acting, updating (which refreshes the planning copy in place), saving and loading a checkpoint (a
+    resume) leave every compiled function as it was compiled: no new graphs."""
+    agent = make(True, "single")
+    obs = torch.randn(2, OBS)
+    agent.act(obs, first_step=True)
+    agent.update(batch(agent, False))
+    agent.act(obs)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs > 0
+    for _ in range(3):
+        agent.update(batch(agent, False))
+        agent.act(obs)
+    agent.save(tmp_path / "ck.pt")
+    agent.load(tmp_path / "ck.pt")
+    agent.act(obs)
+    agent.update(batch(agent, False))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_failed_compile_falls_back_to_eager_with_one_line(capsys):
+    from tdmpc.runtime.compile import Compiled
+
+    def unsupported(x):
+        return torch.tensor(x.tolist()) + 1  # a host read: no full graph
+
+    fn = Compiled(unsupported, "a test function")
+    assert fn(torch.ones(2)).tolist() == [2.0, 2.0]
+    assert fn(torch.ones(2)).tolist() == [2.0, 2.0]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("compile: a test function runs eagerly, its compile failed")
+
+
+def test_compiled_training_learns_pendulum(tmp_path):
+    cfg = tmp_path / "learn.json"
+    cfg.write_text(json.dumps({**CONFIG, "compile": True}))
+    r = subprocess.run([sys.executable, "-m", "tdmpc.train", "--cfg", str(cfg), "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr
+    assert "compile: plan() for 1 env(s), train compiled in" in r.stderr
+    final = float((tmp_path / "run" / "eval.csv").read_text().strip().splitlines()[-1].split(",")[2])
+    assert final > THRESHOLD, f"eval return {final:.0f} with --compile: learning is broken"
