@@ -52,9 +52,15 @@ def batch(agent: Agent, multitask: bool) -> Batch:
 @pytest.mark.parametrize("kind", ["single", "multitask", "episodic"])
 def test_compiled_plan_and_update_equal_the_eager_ones(kind):
     eager, compiled = make(False, kind), make(True, kind)
+    if kind == "episodic":  # predictions far from the 0.5 threshold, which float-level differences could cross
+        for agent in (eager, compiled):
+            torch.nn.init.constant_(agent.model._termination[-1].bias, -4.0)
     obs = torch.randn(3, OBS)
     task = [0, 1, 1] if kind == "multitask" else None
     for step in range(3):  # acting, then an update that refreshes the planning copy, then acting again
+        # From the same state each step: the termination threshold would turn float-level differences between
+        # compiled and eager updates into different elites a step later.
+        compiled.load_state_dict(eager.state_dict())
         actions = []
         for agent in (eager, compiled):
             torch.manual_seed(10 + step)
@@ -66,8 +72,11 @@ def test_compiled_plan_and_update_equal_the_eager_ones(kind):
             metrics.append(agent.update(batch(agent, kind == "multitask")))
         for name in ("consistency_loss", "reward_loss", "value_loss", "pi_loss", "grad_norm"):
             assert torch.allclose(metrics[0][name], metrics[1][name], rtol=1e-4, atol=1e-5), (kind, step, name)
+    # Adam moves each weight by about lr whatever its gradient's size, so where a gradient is ~0 float-level
+    # differences can move a weight by up to 2 lr; on the whole the weights agree far closer than that.
+    lr = eager.cfg.lr
     for a, b in zip(eager.model.parameters(), compiled.model.parameters()):
-        assert torch.allclose(a, b, atol=1e-5)
+        assert (a - b).abs().max() <= 2 * lr and (a - b).abs().mean() < lr / 10, (a - b).abs().max()
 
 
 def test_bf16_planning_compiled_stays_close_to_eager():
