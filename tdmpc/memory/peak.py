@@ -52,6 +52,7 @@ import torch
 from torch import nn
 
 from tdmpc.config import Config
+from tdmpc.planners.settings import MPPIConfig
 from tdmpc.runtime.device import resolve_dtype
 from tdmpc.runtime.files import MiB, fmt_bytes
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy
@@ -237,10 +238,12 @@ def eval_sizes(cfg: Config) -> list[int]:
 
 
 def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
-    """MPPI.__init__'s tensors (actions, noise; mean, std, prev_mean; value, G, alive; gamma), plus z_final (made
-    at the first plan, in the planning dtype). A test measures what a planner really keeps allocated."""
+    """MPPI.__init__'s tensors (actions, every iteration's noise; mean, std, prev_mean; value, G, alive; gamma,
+    gamma^t and the powers t), and z_final in the planning dtype. A test measures what a planner really keeps
+    allocated."""
     H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, dims.action_dim
-    fp32 = 4 * (H * N * S * A + H * N * (S - P) * A + 3 * H * N * A + 3 * N * S + N)
+    iterations = MPPIConfig.from_config(cfg, A).iterations
+    fp32 = 4 * (H * N * S * A + iterations * H * N * (S - P) * A + 3 * H * N * A + 3 * N * S + N + (H + 1) * (N + 1))
     return fp32 + N * S * dims.latent_dim * _size(plan_dtype)
 
 
