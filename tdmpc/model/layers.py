@@ -92,7 +92,8 @@ class EnsembleLinear(nn.Module):
 
     def params(self) -> list[Tensor]:
         """weight, bias and (normed layers) the LayerNorm affine, each (num, ...)."""
-        return [self.weight, self.bias] + ([self.ln.weight, self.ln.bias] if self.ln is not None else [])
+        params: list[Tensor] = [self.weight, self.bias]
+        return params + ([self.ln.weight, self.ln.bias] if self.ln is not None else [])
 
     def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False,
                 chosen: list[Tensor] | None = None) -> Tensor:

@@ -93,6 +93,7 @@ def step_transfers(size: int) -> TransferCounter:
                           num_samples=64, num_elites=8, num_pi_trajs=4, iterations=1, update_every=1))
     with tempfile.TemporaryDirectory() as tmp:
         trainer = trainer_for(cfg, Path(tmp) / "run", torch.device("cpu"))
+        assert cfg.seed_steps is not None
         while trainer.counters.env_step < 2 * cfg.seed_steps:  # seeding, pretraining, then steps like the one counted
             trainer.step()
         updates = trainer.counters.updates
