@@ -27,6 +27,7 @@ from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.compile import Compiled
 from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype, set_matmul_precision
 from tdmpc.runtime.distributed import SINGLE, Shard
+from tdmpc.runtime.transfer import to_device
 from tdmpc.tasks.sets import reference_info, task_set_name
 
 
@@ -177,8 +178,11 @@ class Agent:
              role: str | None, task: int | str | Sequence | np.ndarray | Tensor | None) -> np.ndarray:
         obs, single = self._observations(obs)
         n = obs.shape[0]
-        first = self._first_steps(first_step, n).to(self.device, non_blocking=True)
-        obs = obs.to(self.device, non_blocking=True)
+        first = self._first_steps(first_step, n)
+        if obs.device.type == "cpu":  # host observations and flags reach the device in one copy
+            obs, first = to_device(self.device, obs, first)
+        else:
+            first = first.to(self.device, non_blocking=True)
         ids = self.task_ids(task, n)
         if self._plan_model_stale:
             sync_copy(self.plan_model, self.model)

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from tdmpc.errors import BufferFileError
 from tdmpc.runtime.files import atomic_write
+from tdmpc.runtime.transfer import to_device
 
 
 @dataclass
@@ -95,57 +96,63 @@ class ReplayBuffer:
         return sum(t.numel() * t.element_size() for t in (self.obs, self.action, self.reward, self.terminated,
                                                            self.first, self.valid))
 
-    def _rows(self, envs: np.ndarray) -> tuple[Tensor, Tensor, np.ndarray]:
-        """Claim the next row of each env in `envs`; returns device (env, row) indices."""
+    def _rows(self, envs: np.ndarray) -> np.ndarray:
+        """Claim the next row of each env in `envs` (host bookkeeping only)."""
         rows = self.ptr[envs].copy()
         self.ptr[envs] = (rows + 1) % self.C
         self.filled = max(self.filled, int(rows.max()) + 1)
-        env_t = torch.as_tensor(envs, device=self.storage)
-        return env_t, torch.as_tensor(rows, device=self.storage), rows
-
-    def _set_valid(self, envs: np.ndarray, rows: np.ndarray, value: bool) -> None:
-        if len(envs):
-            self._valid_host[envs, rows] = value
-            self.valid[torch.as_tensor(envs, device=self.storage), torch.as_tensor(rows, device=self.storage)] = value
+        return rows
 
     def start(self, obs: Tensor, envs: np.ndarray | None = None) -> None:
         """Begin an episode in each env of `envs` (all by default) with its reset observation."""
         envs = np.arange(self.N) if envs is None else np.asarray(envs, dtype=np.int64)
         if len(envs) == 0:
             return
-        e, r, rows = self._rows(envs)
-        self.obs[e, r] = obs.to(self.storage, self.obs.dtype)
+        rows = self._rows(envs)
+        self._valid_host[envs, rows] = False
+        e, r, o = to_device(self.storage, envs, rows, _host(obs, self.obs.dtype))
+        self.obs[e, r] = o
         self.action[e, r] = 0
         self.reward[e, r] = 0
         self.terminated[e, r] = False
         self.first[e, r] = True
-        self._set_valid(envs, rows, False)
+        self.valid[e, r] = False
         self.ep_step[envs] = 0
 
     def add(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
             keep: np.ndarray | None = None) -> None:
         """One step of the N envs: obs is what each action led to (the final obs if the episode ended).
-        keep: which envs' transitions to store (the others are dropped; their episodes must restart)."""
+        keep: which envs' transitions to store (the others are dropped; their episodes must restart).
+
+        Rows, indices and validity changes reach the device in one copy (runtime.transfer)."""
         envs = np.arange(self.N) if keep is None else np.flatnonzero(keep)
         if len(envs) == 0:
             return
         if (self.ep_step[envs] < 0).any():
             raise RuntimeError("ReplayBuffer.add() before start(): begin each env's episode first")
-        pick = slice(None) if keep is None else torch.as_tensor(envs)
-        e, r, rows = self._rows(envs)
-        self.obs[e, r] = obs[pick].to(self.storage, self.obs.dtype)
-        self.action[e, r] = action[pick].to(self.storage, torch.float32)
-        self.reward[e, r] = reward[pick].to(self.storage, torch.float32)
-        self.terminated[e, r] = terminated[pick].to(self.storage, torch.bool)
-        self.first[e, r] = False
-        self._set_valid(envs, rows, False)
+        obs_h, action_h = _host(obs, self.obs.dtype)[envs], _host(action, torch.float32)[envs]
+        reward_h, ended = _host(reward, torch.float32)[envs], _host(terminated, torch.bool)[envs]
+        rows = self._rows(envs)
         self.ep_step[envs] += 1
+        # Validity: the rows written start no sub-trajectory yet; the start H rows back now has one, and so do
+        # the starts whose sub-trajectory reaches past a terminal row (all distinct rows: no order to keep).
         ready = self.ep_step[envs] >= self.H
-        self._set_valid(envs[ready], (rows[ready] - self.H) % self.C, True)
-        ended = terminated[pick].cpu().numpy().astype(bool)
-        for k in range(1, self.H):  # starts whose sub-trajectory reaches past the terminal row
+        changes = [(envs, rows, False), (envs[ready], (rows[ready] - self.H) % self.C, True)]
+        for k in range(1, self.H):
             back = ended & (self.ep_step[envs] >= k)
-            self._set_valid(envs[back], (rows[back] - k) % self.C, True)
+            changes.append((envs[back], (rows[back] - k) % self.C, True))
+        v_env = np.concatenate([c[0] for c in changes])
+        v_row = np.concatenate([c[1] for c in changes])
+        v_val = np.concatenate([np.full(len(c[0]), c[2]) for c in changes])
+        self._valid_host[v_env, v_row] = v_val
+        e, r, o, a, rw, t, ve, vr, vv = to_device(self.storage, envs, rows, obs_h, action_h, reward_h, ended,
+                                                  v_env, v_row, v_val)
+        self.obs[e, r] = o
+        self.action[e, r] = a
+        self.reward[e, r] = rw
+        self.terminated[e, r] = t
+        self.first[e, r] = False
+        self.valid[ve, vr] = vv
         self.transitions += len(envs)
 
     def sample(self, batch_size: int) -> Batch:
@@ -162,9 +169,8 @@ class ReplayBuffer:
                  self.reward[env, act_rows].transpose(0, 1), self.terminated[env, act_rows].transpose(0, 1)]
         if self.env_tasks is not None:
             parts.append(self.env_tasks[env.squeeze(1)])
-        if self.storage != self.device:
-            parts = [t.pin_memory().to(self.device, non_blocking=True) if self.device.type == "cuda" else t.to(self.device)
-                     for t in parts]
+        if self.storage != self.device:  # rows kept in host memory: the batch goes over in one copy
+            parts = to_device(self.device, *(t.contiguous() for t in parts))
         return Batch(*(t.contiguous() for t in parts))
 
     def end_episodes(self) -> None:
@@ -228,3 +234,11 @@ class ReplayBuffer:
         self._valid_host[:] = False
         self._valid_host[:, :F] = self.valid[:, :F].cpu().numpy()
 
+
+def _host(x: Tensor | np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    """x as a host array of the buffer field's dtype (read back first if it is a device tensor)."""
+    array = x.cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
+    return array.astype(_NUMPY[dtype], copy=False)
+
+
+_NUMPY = {torch.float32: np.float32, torch.uint8: np.uint8, torch.bool: np.bool_}  # the buffer fields' dtypes

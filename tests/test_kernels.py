@@ -85,3 +85,26 @@ def test_transfer_counter_sees_copies_and_waits():
         float(dev.sum())
     assert c.h2d_copies == 1 and c.waits == {"implicit h2d in index_put_": 1, "__float__": 1}, (c.h2d, c.waits)
     assert not hasattr(host, TransferCounter.HOST)  # no mark outlives the count
+
+
+def test_to_device_sends_every_field_in_one_copy():
+    """Fields of several dtypes and shapes come back as they were, from one staged, non_blocking copy."""
+    from tdmpc.runtime.transfer import to_device
+
+    fields = [np.arange(6, dtype=np.int64).reshape(2, 3), np.array([True, False, True]),
+              np.linspace(0, 1, 5, dtype=np.float32), np.arange(7, dtype=np.uint8)]
+    with cuda_code_path(), TransferCounter() as c:
+        out = to_device(torch.device("cpu"), *fields)
+    assert c.h2d_copies == 1 and c.blocking_waits == 0, (c.h2d, c.waits)
+    for f, t in zip(fields, out):
+        assert t.shape == f.shape and np.array_equal(t.numpy(), f) and t.numpy().dtype == f.dtype
+
+
+def test_a_training_step_copies_to_the_device_twice_and_waits_once():
+    """One step of the real loop that acts, stores and updates: act()'s observations and flags in one copy,
+    the buffer's rows, indices and validity in another; the only wait is the action coming back."""
+    from tdmpc.report.kernel_counts import step_transfers
+
+    with cuda_code_path():
+        c = step_transfers(1)
+    assert c.h2d == {"Tensor.to": 2} and c.waits == {"cpu": 1}, (c.h2d, c.waits)

@@ -25,6 +25,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from tdmpc.runtime.transfer import STAGED
+
 # ATen ops that launch no kernel: allocations and metadata (views are told by their schema).
 NO_KERNEL = frozenset({
     "empty", "empty_like", "_unsafe_view", "empty_strided", "new_empty", "new_empty_strided", "lift_fresh", "lift_fresh_copy",
@@ -122,7 +124,8 @@ class TransferCounter(TorchDispatchMode):
       cpu() results, and whatever an op computes from host tensors alone;
     - h2d: torch.as_tensor/torch.tensor of host data with a device, Tensor.to(device) of a host tensor, and an
       op that mixes host tensors (not 0-dim scalars) with device tensors (CUDA copies the host one over);
-    - waits: an h2d copy that is not from pinned memory with non_blocking, and Tensor.cpu(), .numpy(), .item(),
+    - waits: an h2d copy that is not from pinned memory (or a runtime.transfer staging buffer, pinned on a GPU)
+      with non_blocking, and Tensor.cpu(), .numpy(), .item(),
       .tolist(), bool(), int() and float() of a device tensor."""
 
     HOST = "_tdmpc_host"
@@ -198,7 +201,8 @@ class TransferCounter(TorchDispatchMode):
                 if counter._host(self):
                     if any(isinstance(a, (torch.device, str)) for a in (*args, kwargs.get("device"))):
                         counter.h2d["Tensor.to"] += 1
-                        if not (kwargs.get("non_blocking") and self.is_pinned()):
+                        staged = self.is_pinned() or getattr(self, STAGED, False)  # pinned on a GPU
+                        if not (kwargs.get("non_blocking") and staged):
                             counter.waits["blocking Tensor.to"] += 1
                         out = counter._alias(out) if out is self else out
                     else:
