@@ -24,7 +24,7 @@ from tdmpc.model import checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 from tdmpc.planners.mppi import MPPI, MPPIConfig
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
-from tdmpc.runtime.compile import Compiled
+from tdmpc.runtime.compile import compiled_if
 from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype, set_matmul_precision
 from tdmpc.runtime.distributed import SINGLE, Shard
 from tdmpc.runtime.transfer import to_device
@@ -96,9 +96,8 @@ class Agent:
         # With cfg.compile the losses (forward and backward, through AOTAutograd) are compiled graphs; backward(),
         # clipping and the fused optimiser steps run between them. Data-parallel updates stay eager (collectives).
         compile_update = cfg.compile and shard.world == 1
-        self._model_loss = Compiled(self._model_loss_eager, "update() world-model loss") if compile_update \
-            else self._model_loss_eager
-        self._pi_loss = Compiled(self._pi_loss_eager, "update() policy loss") if compile_update else self._pi_loss_eager
+        self._model_loss = compiled_if(compile_update, self._model_loss_eager, "update() world-model loss")
+        self._pi_loss = compiled_if(compile_update, self._pi_loss_eager, "update() policy loss")
 
     # --- acting -------------------------------------------------------------------
     def planner(self, num_envs: int, role: str = "train") -> MPPI:
@@ -114,11 +113,9 @@ class Agent:
         key = (num_envs, role, eval_mode)
         if key not in self._plan_fns:
             planner = self.planner(num_envs, role)
-            if self.cfg.compile:  # traced under no_grad (act() leaves inference mode for it): PyTorch issue 180823
-                graph = Compiled(planner.plan_graph, f"plan() for {num_envs} env(s), {role}")
-                fn = lambda obs, first, *task: graph(obs, first, eval_mode, *task)  # noqa: E731
-            else:
-                fn = lambda obs, first, *task: planner.plan(obs, first, eval_mode, *task)  # noqa: E731
+            # act() runs it in inference mode, or under no_grad when compiled (PyTorch issue 180823)
+            graph = compiled_if(self.cfg.compile, planner.plan_graph, f"plan() for {num_envs} env(s), {role}")
+            fn = lambda obs, first, *task: graph(obs, first, eval_mode, *task)  # noqa: E731
             self._plan_fns[key] = CUDAGraphed(fn) if self.graphs else fn
         return self._plan_fns[key]
 

@@ -92,8 +92,7 @@ class EnsembleLinear(nn.Module):
 
     def params(self) -> list[Tensor]:
         """weight, bias and (normed layers) the LayerNorm affine, each (num, ...)."""
-        params: list[Tensor] = [self.weight, self.bias]
-        return params + ([self.ln.weight, self.ln.bias] if self.ln is not None else [])
+        return [getattr(owner, name) for owner, name in _param_owners(self)]
 
     def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False,
                 chosen: list[Tensor] | None = None) -> Tensor:
@@ -172,6 +171,7 @@ class Ensemble(nn.Sequential):
 
 
 def _param_owners(layer: EnsembleLinear) -> list[tuple[nn.Module, str]]:
+    """Where each of a layer's parameters lives, in params()' order (flatten_heads re-points them)."""
     return [(layer, "weight"), (layer, "bias")] + ([(layer.ln, "weight"), (layer.ln, "bias")] if layer.ln else [])
 
 

@@ -33,3 +33,8 @@ class Compiled:
         print(f"compile: {self.name} compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         self.ready = True
         return out
+
+
+def compiled_if(enabled: bool, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
+    """Compiled(fn, name) when enabled (Config.compile), else fn itself."""
+    return Compiled(fn, name) if enabled else fn
