@@ -36,11 +36,15 @@ class LatentModel(Protocol):
 
     def encode(self, obs: Tensor, task: Task = None) -> Tensor: ...
     def next(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor: ...
-    def next_and_reward(self, z: Tensor, a: Tensor, task: Task = None) -> tuple[Tensor, Tensor]: ...  # (next, logits)
+    def latent_part(self, z: Tensor, task: Task = None) -> Tensor: ...  # z's share of step()'s first layers
+    # (next latent, reward features); with z_part (latent_part() of the starting latents) z is not read
+    def step(self, z: Optional[Tensor], a: Tensor, task: Task = None,
+             z_part: Optional[Tensor] = None) -> tuple[Tensor, Tensor]: ...
+    def reward_logits(self, features: Tensor) -> Tensor: ...  # step()'s reward features -> reward logits
     def termination(self, z: Tensor) -> Tensor: ...  # probability (single-task models)
     def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Optional[Tensor] = None) -> Tensor: ...  # logits
     def pi(self, z: Tensor, task: Task = None) -> PolicyOutput: ...
-    def pi_action(self, z: Tensor, task: Task = None) -> Tensor: ...  # pi(z, task).action alone
+    def pi_action(self, z: Tensor, task: Task = None, eps: Optional[Tensor] = None) -> Tensor: ...  # pi().action
     def action_mask(self, task: Task) -> Optional[Tensor]: ...  # (..., A) ones on each task's action dims
     def decode(self, logits: Tensor) -> Tensor: ...  # logits -> (..., 1) scalars
     def sample_heads(self, draws: int) -> Tensor: ...  # (draws, 2): indices of 2 random Q heads per draw

@@ -32,7 +32,12 @@ class MPPI:
         self.num_envs, self.action_dim = N, A
         kw: dict[str, Any] = dict(device=device, dtype=torch.float32)
         self.actions = torch.zeros(H, N, S, A, **kw)  # candidates; the first num_pi_trajs from the prior
-        self.noise = torch.zeros(cfg.iterations, H, N, S - cfg.num_pi_trajs, A, **kw)  # every iteration's, drawn at once
+        # Every iteration's noise for the sampled candidates, then the policy prior's draws for its own: one draw
+        # per plan, the same values however the rollouts are chunked.
+        P = cfg.num_pi_trajs
+        self.draws = torch.zeros(cfg.iterations * H * N * (S - P) * A + H * N * P * A, **kw)
+        self.noise = self.draws[:cfg.iterations * H * N * (S - P) * A].view(cfg.iterations, H, N, S - P, A)
+        self.prior_noise = self.draws[self.noise.numel():].view(H, N, P, A)
         self.mean = torch.zeros(H, N, A, **kw)
         self.std = torch.full((H, N, A), cfg.max_std, **kw)
         self.prev_mean = torch.zeros(H, N, A, **kw)  # warm start, per environment
@@ -60,19 +65,22 @@ class MPPI:
         torch.pow(self.gamma, self._powers, out=self.discounts)  # gamma^t for t = 0..H
         mask = m.action_mask(rows)  # (N, 1, A) or None
         z = m.encode(obs, task)
-        self._prior_trajectories(z, rows, mask)
+        z_part = m.latent_part(z, task).unsqueeze(1)  # every candidate starts from z: its share, once per plan
+        z = z.unsqueeze(1)
         self._warm_start(first_step)
-        torch.randn(self.noise.shape, out=self.noise)  # every iteration's noise in one draw
+        torch.randn(self.draws.shape, out=self.draws)  # every iteration's noise and the prior's, in one draw
         heads = m.sample_heads(c.iterations)  # (iterations, 2): every iteration's pair of Q heads
 
-        z = z.unsqueeze(1).expand(-1, c.num_samples - P, -1)
         for i in range(c.iterations):
             self.actions[:, :, P:] = torch.addcmul(self.mean.unsqueeze(2), self.std.unsqueeze(2), self.noise[i]).clamp_(-1, 1)
             if mask is not None:
                 self.actions.mul_(mask)
+            # The first iteration also rolls out the policy prior's P candidates, drawing their actions as it goes;
+            # their return and final latent do not change, so later iterations roll out the sampled ones alone.
+            prior, col = (P, 0) if i == 0 else (0, P)
             for envs in self._chunks():
                 r = None if rows is None else rows[envs]
-                self._rollout(z[envs], self.actions[:, envs, P:], P, envs, r)
+                self._rollout(z[envs], z_part[envs], self.actions[:, envs, col:], col, envs, r, prior, mask)
                 self.value[envs] = self._value(envs, r, heads[i])
             value = self.value.nan_to_num_(0.0)  # (N, S)
             elite_value, elite_idx = torch.topk(value, E, dim=1)
@@ -103,37 +111,28 @@ class MPPI:
         self.mean[-1] = 0
         self.std.fill_(self.cfg.max_std)
 
-    def _prior_trajectories(self, z: Tensor, rows: Tensor | None, mask: Tensor | None) -> None:
-        """Roll the policy prior forward; its actions fill the first candidate columns.
-
-        Their model return and final latent do not change across iterations, so they are
-        computed here once; only their bootstrapped value is redrawn every iteration."""
-        P = self.cfg.num_pi_trajs
-        if P > 0:
-            self._rollout(z.unsqueeze(1).expand(-1, P, -1), self.actions[:, :, :P], 0, slice(None), rows, prior=True,
-                          mask=mask)
-
     def _chunks(self) -> list[slice]:
         return [slice(e, e + self.chunk_envs) for e in range(0, self.num_envs, self.chunk_envs)]
 
-    def _rollout(self, z: Tensor, actions: Tensor, col: int, envs: slice, rows: Tensor | None, prior: bool = False,
-                 mask: Tensor | None = None) -> None:
-        """Model return, survival and final latent of candidates, into [envs, col:] of the buffers. With `prior`,
-        the actions are the policy prior's, drawn step by step (masked) and written into `actions`.
+    def _rollout(self, z: Tensor, z_part: Tensor, actions: Tensor, col: int, envs: slice, rows: Tensor | None,
+                 prior: int, mask: Tensor | None) -> None:
+        """Model return, survival and final latent of candidates, into [envs, col:] of the buffers. z (envs, 1, L)
+        and z_part (its latent_part()) are where every candidate starts. The first `prior` candidates take the
+        policy prior's actions, drawn step by step (masked) and written into `actions`.
 
-        The reward logits of all H steps are decoded in one pass after the rollout."""
+        The reward head's last layer and the decode run once over the H steps, after the rollout."""
         m = self.model
         n = actions.shape[2]
-        logits, ok = [], []
+        features, ok = [], []
         for t in range(self.cfg.horizon):
             if prior:
-                a = m.pi_action(z, rows)
-                actions[t] = a if mask is None else a * mask
-            z, reward = m.next_and_reward(z, actions[t], rows)
-            logits.append(reward)
+                a = m.pi_action(z[:, :prior] if t else z.expand(-1, prior, -1), rows, self.prior_noise[t, envs])
+                actions[t, :, :prior] = a if mask is None else a * mask
+            z, reward = m.step(None, actions[t], rows, z_part) if t == 0 else m.step(z, actions[t], rows)
+            features.append(reward)
             if m.episodic:
                 ok.append(m.termination(z) <= 0.5)
-        rewards = m.decode(torch.stack(logits)) * self.discounts[:-1, envs]  # (H, envs, n, 1)
+        rewards = m.decode(m.reward_logits(torch.stack(features))) * self.discounts[:-1, envs]  # (H, envs, n, 1)
         if m.episodic:  # a reward counts until the model predicts a termination; the value, after the last step
             survived = torch.stack(ok).to(rewards.dtype).cumprod(0)  # (H, ...): no termination up to step t
             rewards = rewards * torch.cat([torch.ones_like(survived[:1]), survived[:-1]])

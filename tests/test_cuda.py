@@ -29,8 +29,15 @@ class CudaQuadratic:
     def next(self, z, a, task=None):
         return z
 
-    def next_and_reward(self, z, a, task=None):
+    def latent_part(self, z, task=None):
+        return z
+
+    def step(self, z, a, task=None, z_part=None):
+        z = z_part if z_part is not None else z
         return z, -((a - z) ** 2).sum(-1, keepdim=True)
+
+    def reward_logits(self, features):
+        return features
 
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)
@@ -44,8 +51,8 @@ class CudaQuadratic:
         zero = torch.zeros(z.shape[:-1] + (1,), device=z.device)
         return PolicyOutput(a, a, torch.zeros_like(a), zero, zero, zero)
 
-    def pi_action(self, z, task=None):
-        return self.pi(z, task).action
+    def pi_action(self, z, task=None, eps=None):
+        return self.pi(z, task).action if eps is None else torch.tanh(eps)
 
     def action_mask(self, task):
         return None

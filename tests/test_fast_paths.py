@@ -120,12 +120,14 @@ def test_fused_next_and_reward_match_separate_heads():
         for model in (m, copy32):
             nxt, rew = model.next_and_reward(z, a)
             assert (nxt - m.next(z, a)).abs().max() < 1e-6 and (rew - m.reward(z, a)).abs().max() < 1e-6
-        # planning's first step: one latent expanded over the candidates takes the deduplicated path
-        z0 = z[:3].unsqueeze(1).expand(-1, 5, -1)
+        # planning's first step: the latent's share of the first layers computed once for all its candidates
+        z0 = z[:3].unsqueeze(1)
         a0 = torch.rand(3, 5, 6)
         for model in (m, copy32):
-            nxt, rew = model.next_and_reward(z0, a0)
-            assert (nxt - m.next(z0, a0)).abs().max() < 1e-6 and (rew - m.reward(z0, a0)).abs().max() < 1e-5
+            nxt, hidden = model.step(None, a0, z_part=model.latent_part(z0))
+            rew = model.reward_logits(hidden)
+            z0s = z0.expand(-1, 5, -1)
+            assert (nxt - m.next(z0s, a0)).abs().max() < 1e-6 and (rew - m.reward(z0s, a0)).abs().max() < 1e-5
         for p in m.parameters():  # the copy follows the model after a sync
             p.add_(0.01)
         sync_copy(copy32, m)

@@ -29,8 +29,15 @@ class QuadraticModel:
     def reward(self, z, a, task=None):
         return -((a - z) ** 2).sum(-1, keepdim=True)  # "logits" that decode() passes through
 
-    def next_and_reward(self, z, a, task=None):
+    def latent_part(self, z, task=None):
+        return z
+
+    def step(self, z, a, task=None, z_part=None):
+        z = z_part if z_part is not None else z
         return self.next(z, a), self.reward(z, a)
+
+    def reward_logits(self, features):
+        return features
 
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,))
@@ -43,8 +50,8 @@ class QuadraticModel:
         zero = torch.zeros(z.shape[:-1] + (1,))
         return PolicyOutput(a, a, torch.zeros_like(a), zero, zero, zero)
 
-    def pi_action(self, z, task=None):
-        return self.pi(z, task).action
+    def pi_action(self, z, task=None, eps=None):
+        return self.pi(z, task).action if eps is None else torch.tanh(eps)
 
     def action_mask(self, task):
         return None if self.masks is None else self.masks[task]

@@ -238,12 +238,12 @@ def eval_sizes(cfg: Config) -> list[int]:
 
 
 def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
-    """MPPI.__init__'s tensors (actions, every iteration's noise; mean, std, prev_mean; value, G, alive; gamma,
+    """MPPI.__init__'s tensors (actions, every iteration's noise and the prior's; mean, std, prev_mean; value, G, alive; gamma,
     gamma^t and the powers t), and z_final in the planning dtype. A test measures what a planner really keeps
     allocated."""
     H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, dims.action_dim
     iterations = MPPIConfig.from_config(cfg, A).iterations
-    fp32 = 4 * (H * N * S * A + iterations * H * N * (S - P) * A + 3 * H * N * A + 3 * N * S + N + (H + 1) * (N + 1))
+    fp32 = 4 * (H * N * S * A + iterations * H * N * (S - P) * A + H * N * P * A + 3 * H * N * A + 3 * N * S + N + (H + 1) * (N + 1))
     return fp32 + N * S * dims.latent_dim * _size(plan_dtype)
 
 

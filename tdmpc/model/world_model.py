@@ -190,27 +190,44 @@ class WorldModel(nn.Module):
         """Reward logits over the two-hot bins."""
         return self._reward(torch.cat([self._with_task(z, task), a.to(z.dtype)], dim=-1))
 
-    def next_and_reward(self, z: Tensor, a: Tensor, task: Task = None) -> tuple[Tensor, Tensor]:
-        """next(z, a) and reward(z, a) with one matmul for both first layers (they share [z, e, a])."""
+    def latent_part(self, z: Tensor, task: Task = None) -> Tensor:
+        """[z, e]'s share of step()'s first layers (both biases included), (..., 2M): planning computes it once
+        for the latent that every candidate starts from, and step() adds the actions' share to it."""
+        w, b, _, _ = self._fused_first_layers or self._concat_first_layers()
+        s = self._with_task(z.to(w.dtype), task)
+        return F.linear(s, w[:, :s.shape[-1]], b)
+
+    def step(self, z: Tensor | None, a: Tensor, task: Task = None,
+             z_part: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """next(z, a) and the reward head's last hidden layer (reward_logits() of it is reward(z, a)), with one
+        matmul for both first layers (they share [z, e, a]). With z_part (latent_part() of the starting latents,
+        broadcast against a's rows) z is not read. Planning runs the reward's last layer once over the horizon."""
         w, b, gamma, beta = self._fused_first_layers or self._concat_first_layers()
         a = a.to(w.dtype)
-        if z.dim() >= 2 and z.shape[-2] > 1 and z.stride(-2) == 0:
-            # Every candidate starts from the same latent (planning's first step, z expanded):
-            # its share of the matmul ([z, e]) is done once, the actions' share per candidate.
-            s = self._with_task(z[..., :1, :].to(w.dtype), None if task is None else _first_row(task))
-            h = F.linear(s, w[:, :s.shape[-1]], b) + F.linear(a, w[:, s.shape[-1]:])
+        if z_part is not None:
+            h = z_part + F.linear(a, w[:, w.shape[1] - a.shape[-1]:])
         else:
+            assert z is not None
             h = F.linear(torch.cat([self._with_task(z.to(w.dtype), task), a], dim=-1), w, b)
         h = h.unflatten(-1, (2, -1))  # (..., 2, M)
         h = ln_act(h, gamma, beta, "mish")
         if self._fused_second_layers is None:
-            return self._dynamics[1:](h[..., 0, :]), self._reward[1:](h[..., 1, :])
+            return self._dynamics[1:](h[..., 0, :]), self._reward[1](h[..., 1, :])
         # A planning copy runs both second layers as one batched matmul, heads first: (2, rows, M).
         w2, b2, gamma2, beta2 = self._fused_second_layers
         lead = h.shape[:-2]
         h = torch.baddbmm(b2.unsqueeze(1), h.reshape(-1, 2, h.shape[-1]).transpose(0, 1), w2.transpose(1, 2))
         h = ln_act(h, gamma2, beta2, "mish", heads_first=True)
-        return self._dynamics[2:](h[0]).view(*lead, -1), self._reward[2:](h[1]).view(*lead, -1)
+        return self._dynamics[2:](h[0]).view(*lead, -1), h[1].view(*lead, -1)
+
+    def reward_logits(self, hidden: Tensor) -> Tensor:
+        """The reward head's last layer, on step()'s hidden output of any leading shape (as rows: one addmm)."""
+        return self._reward[-1](hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:-1], -1)
+
+    def next_and_reward(self, z: Tensor, a: Tensor, task: Task = None) -> tuple[Tensor, Tensor]:
+        """next(z, a) and reward(z, a) through step()."""
+        z_next, hidden = self.step(z, a, task)
+        return z_next, self.reward_logits(hidden)
 
     def _concat_first_layers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         d, r = cast(NormedLinear, self._dynamics[0]), cast(NormedLinear, self._reward[0])
@@ -243,9 +260,9 @@ class WorldModel(nn.Module):
         scaled_entropy = -log_prob * (scaled_log_prob / (log_prob + 1e-8))  # the reference's order of operations
         return Policy(action, torch.tanh(mean), log_std, -log_prob, scaled_entropy, squash)
 
-    def pi_action(self, z: Tensor, task: Task = None) -> Tensor:
-        """pi(z, task).action alone: what planning reads, without the log-probs it would not use."""
-        mean, log_std, eps, _ = self._prior(z, task)
+    def pi_action(self, z: Tensor, task: Task = None, eps: Tensor | None = None) -> Tensor:
+        """pi(z, task, eps).action alone: what planning reads, without the log-probs it would not use."""
+        mean, log_std, eps, _ = self._prior(z, task, eps)
         return torch.tanh(torch.addcmul(mean, eps, log_std.exp()))
 
     def _prior(self, z: Tensor, task: Task, eps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -271,8 +288,11 @@ class WorldModel(nn.Module):
     # --- helpers -------------------------------------------------------------------
     def sample_heads(self, draws: int | None = None) -> Tensor:
         """Two distinct random Q heads, chosen on the device (no host sync, CUDA-graph safe): (2,), or (draws, 2)
-        for `draws` independent pairs in one draw."""
-        heads = torch.rand(draws or 1, self.num_q, device=self.log_std_min.device).argsort(-1)[:, :2]
+        for `draws` independent pairs in one draw. Uniform over ordered pairs, as the first two of a random
+        permutation are, without a sort: the second is the first plus 1..num_q-1, modulo num_q."""
+        n, device = self.num_q, self.log_std_min.device
+        first = torch.randint(n, (draws or 1, 1), device=device)
+        heads = torch.cat([first, (first + torch.randint(1, n, (draws or 1, 1), device=device)) % n], 1)
         return heads if draws else heads[0]
 
     def q_value(self, z: Tensor, a: Tensor, reduce: Literal["min", "avg"], task: Task = None, target: bool = False,
@@ -306,7 +326,7 @@ def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
     kernels read them, else in `dtype` too (on CUDA an fp32 affine would cost two casts per LayerNorm).
 
     The first layers of dynamics and reward become views into one fused tensor, so
-    next_and_reward() needs no concatenation, and their second layers views into a (2, ...) stack it runs as
+    step() needs no concatenation, and their second layers views into a (2, ...) stack it runs as
     one batched matmul; sync_copy() keeps them current in place.
     """
     copy_ = copy.deepcopy(model).requires_grad_(False).eval()
