@@ -93,11 +93,14 @@ class Agent:
         self.graphs = device.type == "cuda" and cfg.cuda_graphs and shard.world == 1
         self._plan_fns: dict[tuple[int, str, bool], Callable] = {}
         self._update_fn: Callable = CUDAGraphed(self._update_tensors) if self.graphs else self._update_tensors
-        # With cfg.compile the losses (forward and backward, through AOTAutograd) are compiled graphs; backward(),
-        # clipping and the fused optimiser steps run between them. Data-parallel updates stay eager (collectives).
+        # With cfg.compile the losses (forward and backward, through AOTAutograd) and the clipping statistics are
+        # compiled graphs; backward() and the fused optimiser steps run between them. Data-parallel updates stay
+        # eager (collectives).
         compile_update = cfg.compile and shard.world == 1
         self._model_loss = compiled_if(compile_update, self._model_loss_eager, "update() world-model loss")
         self._pi_loss = compiled_if(compile_update, self._pi_loss_eager, "update() policy loss")
+        self._clip_stats = {optim: compiled_if(compile_update, self._clip_stats_eager, f"update() {name} clipping")
+                            for optim, name in ((self.optim, "world-model"), (self.pi_optim, "policy"))}
 
     # --- acting -------------------------------------------------------------------
     def planner(self, num_envs: int, role: str = "train") -> MPPI:
@@ -167,31 +170,33 @@ class Agent:
         An observation of the wrong shape, an empty batch, a bad first_step, and NaN or inf in observations
         given as numpy (not as tensors, which checking would read back from the device) are a one-line ValueError
         (BadInput); values beyond 1e6 are warned about once."""
+        obs_t, single = self._observations(obs)
+        n = obs_t.shape[0]
+        first = self._first_steps(first_step, n)
+        if not isinstance(obs, Tensor) or (obs_t.device.type == "cpu" and self.device.type != "cpu"):
+            obs_t, first = to_device(self.device, obs_t, first)  # host observations and flags in one copy
+        actions = self.act_on_device(obs_t, first.to(self.device, non_blocking=True), eval_mode, role,
+                                     self.task_ids(task, n))
+        return actions[0] if single else actions
+
+    def act_on_device(self, obs: Tensor, first: Tensor, eval_mode: bool = False, role: str | None = None,
+                      task: Tensor | None = None) -> np.ndarray:
+        """act() for a batch already on the agent's device and checked: (N, *obs_shape) observations, (N,) bool
+        first-step flags and (N,) task ids (task_ids()) or None -> (N, A) actions as numpy. Training acts on its
+        replay buffer's newest rows through it, so an env step sends nothing to the device to act."""
         # Inference mode, or no_grad for compiled planning: inductor cannot compile on inference tensors.
         with torch.no_grad() if self.cfg.compile else torch.inference_mode():
-            return self._act(obs, first_step, eval_mode, role, task)
-
-    def _act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None, eval_mode: bool,
-             role: str | None, task: int | str | Sequence | np.ndarray | Tensor | None) -> np.ndarray:
-        obs, single = self._observations(obs)
-        n = obs.shape[0]
-        first = self._first_steps(first_step, n)
-        if obs.device.type == "cpu":  # host observations and flags reach the device in one copy
-            obs, first = to_device(self.device, obs, first)
-        else:
-            first = first.to(self.device, non_blocking=True)
-        ids = self.task_ids(task, n)
-        if self._plan_model_stale:
-            sync_copy(self.plan_model, self.model)
-            self._plan_model_stale = False
-        if self.cfg.mpc:
-            plan = self._plan_fn(n, role or ("eval" if eval_mode else "train"), eval_mode)
-            a = plan(obs, first) if ids is None else plan(obs, first, ids)
-        else:
-            policy = self.plan_model.pi(self.plan_model.encode(obs, ids), ids)
-            a = policy.mean if eval_mode else policy.action
-        actions = a.float().cpu().numpy()
-        return actions[0] if single else actions
+            if self._plan_model_stale:
+                sync_copy(self.plan_model, self.model)
+                self._plan_model_stale = False
+            n = obs.shape[0]
+            if self.cfg.mpc:
+                plan = self._plan_fn(n, role or ("eval" if eval_mode else "train"), eval_mode)
+                a = plan(obs, first) if task is None else plan(obs, first, task)
+            else:
+                policy = self.plan_model.pi(self.plan_model.encode(obs, task), task)
+                a = policy.mean if eval_mode else policy.action
+            return a.float().cpu().numpy()
 
     def _observations(self, obs: np.ndarray | Tensor) -> tuple[Tensor, bool]:
         """(N, *obs_shape) observations in the dtype the model takes, and whether one was given unbatched."""
@@ -279,8 +284,13 @@ class Agent:
         H = cfg.horizon
         rho = self._rho[:H]
         discount = self.discount if task is None else self.discount[task]  # type: ignore[index]
+        with self._autocast():
+            # State observations: one encoder pass for z_0 (with grad) and the targets' latents (detached); the
+            # weight gradients' rows this adds are cheap. Pixels: the targets' frames apart, without grad, since
+            # convolution weight gradients over H+1 frames would cost more than the launches they save.
+            z_all = None if self.dims.pixels else m.encode(batch.obs, task)
         with torch.no_grad(), self._autocast():
-            next_z = m.encode(batch.obs[1:], task)
+            next_z = m.encode(batch.obs[1:], task) if z_all is None else z_all[1:].detach()
             next_action = m.pi(next_z, task, eps=self._noise(next_z.shape[:-1])).action
             values, z_in = self._values(next_z)
             with values:
@@ -292,7 +302,7 @@ class Agent:
         alive = (ended.cumsum(0) - ended == 0).float()
 
         with self._autocast():
-            z = m.encode(batch.obs[0], task)
+            z = m.encode(batch.obs[0], task) if z_all is None else z_all[0]
             zs_list = [z]
             for t in range(H):
                 zs_list.append(m.next(zs_list[-1], batch.action[t], task))
@@ -376,18 +386,26 @@ class Agent:
         self.scale.lerp_(torch.where(update, value, self.scale.view(-1)).view_as(self.scale), self.cfg.tau)
 
     def _step(self, optim: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
-        """Clip, then step unless the gradient is non-finite: fused Adam skips on `found_inf`.
+        """Clip, then step unless the gradient is non-finite, both inside fused Adam: it divides the gradients by
+        `grad_scale` and skips the step on `found_inf` (_clip_stats), so no kernel rescales the gradients.
 
         Returns the gradient norm and 1.0 if the step was skipped (both on the device)."""
-        params = [p for g in optim.param_groups for p in g["params"] if p.grad is not None]
-        self.shard.average([p.grad for p in params])  # data-parallel ranks step with the global batch's gradient
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip_norm, foreach=True)
-        found_inf = (~torch.isfinite(grad_norm)).float()
-        optim.found_inf = found_inf  # type: ignore[attr-defined]
+        grads = [p.grad for g in optim.param_groups for p in g["params"] if p.grad is not None]
+        self.shard.average(grads)  # data-parallel ranks step with the global batch's gradient
+        grad_norm, found_inf, grad_scale = self._clip_stats[optim](grads)
+        optim.grad_scale, optim.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
         optim.step()
         optim.zero_grad(set_to_none=True)
-        self.nonfinite += found_inf
-        return grad_norm.detach(), found_inf
+        return grad_norm, found_inf
+
+    def _clip_stats_eager(self, grads: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+        """The gradient's norm; 1.0 if it is not finite, else 0.0 (counted into `nonfinite`); and fused Adam's
+        grad_scale, max(1, norm / grad_clip_norm): clipping to grad_clip_norm, as torch's clip_grad_norm_ does
+        with 1e-6 added to the norm. Compiled (--compile), this is 2 kernels instead of 8."""
+        grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        found_inf = (grad_norm - grad_norm).isnan().float()  # inf - inf and nan - nan are nan
+        self.nonfinite.add_(found_inf)
+        return grad_norm, found_inf, (grad_norm / self.cfg.grad_clip_norm).clamp(min=1.0)
 
     # --- persistence --------------------------------------------------------------
     def state_dict(self) -> dict:

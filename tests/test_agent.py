@@ -121,6 +121,27 @@ def test_non_finite_update_is_skipped_and_counted():
     assert torch.isfinite(metrics["total_loss"])
 
 
+@pytest.mark.parametrize("norm_scale", [0.1, 50.0])  # under the clip norm (20) and over it
+def test_step_clips_as_torch_clip_grad_norm_then_adam(norm_scale):
+    """_step clips inside fused Adam (grad_scale); the weights move as after torch's clip_grad_norm_ and Adam."""
+    agent = make_agent()
+    params = list(agent.model._pi.parameters())
+    g = torch.Generator().manual_seed(1)
+    grads = [torch.randn(p.shape, generator=g) for p in params]
+    total = torch.linalg.vector_norm(torch.stack([x.norm() for x in grads]))
+    grads = [x * (norm_scale / total) for x in grads]
+    copies = [p.detach().clone().requires_grad_(True) for p in params]
+    plain = torch.optim.Adam(copies, lr=agent.cfg.lr, eps=1e-5)
+    for p, c, x in zip(params, copies, grads):
+        p.grad, c.grad = x.clone(), x.clone()
+    norm, skipped = agent._step(agent.pi_optim)
+    torch.testing.assert_close(torch.nn.utils.clip_grad_norm_(copies, agent.cfg.grad_clip_norm), norm)
+    plain.step()
+    assert skipped.item() == 0.0
+    for p, c in zip(params, copies):
+        torch.testing.assert_close(p.detach(), c.detach(), rtol=1e-5, atol=1e-7)
+
+
 def test_entropy_bonus_forms_on_a_saturated_policy():
     """Where Q gives the policy no gradient (a fresh Q is flat), the bonus alone shapes it: the reference's
     'gaussian' form drives the std to its maximum and leaves the means saturated; the 2023 release's

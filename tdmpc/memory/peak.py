@@ -282,7 +282,7 @@ def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dty
     obs_bytes = math.prod(dims.obs_shape) * (1 if dims.pixels else 4)
     batch = (H + 1) * B * obs_bytes + R * (4 * A + 4 + 1)
     targets = R * L * 4 + 2 * R * 4  # next_z, TD targets
-    world = (_encoder_saved(dims, B, d, hid, sim)
+    world = (_encoder_saved(dims, B if dims.pixels else (H + 1) * B, d, hid, sim)  # state: one pass (Agent)
              + H * B * ((L + A) * d + 2 * M * hid + L * sim)  # dynamics rollout
              + 2 * (H + 1) * B * L * 4  # the stacked latents (kept by the consistency loss) and their inputs
              + R * ((L + A) * d + 2 * M * hid + nb * 4)  # reward head

@@ -73,13 +73,25 @@ def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str
     m.train()
     total, _, zs, reached = agent._model_loss_eager(*(batch.obs, batch.action, batch.reward, batch.terminated), None)
     total.backward()
-    around = count_kernels(lambda: agent._step(agent.optim)).counts
+    around = _optimizer_step_kernels(agent, agent.optim)
     loss, _ = agent._pi_loss_eager(zs.detach(), None, reached)
     loss.backward()
-    around.update(count_kernels(lambda: agent._step(agent.pi_optim)).counts)
+    around.update(_optimizer_step_kernels(agent, agent.pi_optim))
     around.update(count_kernels(lambda: m.soft_update_targets(agent.cfg.tau)).counts)
     m.eval()
     return inside, around
+
+
+def _optimizer_step_kernels(agent: Agent, optim: torch.optim.Optimizer) -> Counter[str]:
+    """Agent._step's kernels but its clipping statistics, which --compile compiles (their kernels are read from
+    the compiled update's code); run with the statistics computed beforehand."""
+    stats = agent._clip_stats[optim]
+    out = stats([p.grad for g in optim.param_groups for p in g["params"] if p.grad is not None])
+    agent._clip_stats[optim] = lambda grads: out
+    try:
+        return count_kernels(lambda: agent._step(optim)).counts
+    finally:
+        agent._clip_stats[optim] = stats
 
 
 def step_transfers(size: int) -> TransferCounter:
