@@ -79,6 +79,7 @@ class ReplayBuffer:
         self.transitions = 0  # transitions stored since creation
         self._valid_host = np.zeros((N, C), dtype=bool)
         self._envs = torch.arange(N, device=self.storage)
+        self._newest = torch.zeros(N, dtype=torch.long, device=self.storage)  # each env's last written row
         self.env_tasks = None if env_tasks is None else torch.as_tensor(env_tasks, dtype=torch.long, device=self.storage)
         self._offsets = torch.arange(horizon + 1, device=self.storage)
 
@@ -117,6 +118,7 @@ class ReplayBuffer:
         self.terminated[e, r] = False
         self.first[e, r] = True
         self.valid[e, r] = False
+        self._newest[e] = r
         self.ep_step[envs] = 0
 
     def add(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
@@ -153,7 +155,17 @@ class ReplayBuffer:
         self.terminated[e, r] = t
         self.first[e, r] = False
         self.valid[ve, vr] = vv
+        self._newest[e] = r
         self.transitions += len(envs)
+
+    def newest(self) -> tuple[Tensor, Tensor]:
+        """Each env's newest observation (N, ...) and whether it begins an episode (N,), on `device`: what the
+        agent acts on next, already there, so acting copies nothing from the host (a host-stored buffer sends
+        both in one copy)."""
+        obs, first = self.obs[self._envs, self._newest], self.first[self._envs, self._newest]
+        if self.storage != self.device:
+            obs, first = to_device(self.device, obs, first)
+        return obs, first
 
     def sample(self, batch_size: int) -> Batch:
         """B sub-trajectories of H+1 observations, uniform over valid starts, time-major."""

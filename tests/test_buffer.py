@@ -129,3 +129,21 @@ def test_a_terminal_transition_is_sampled_at_every_step_of_the_horizon():
     b = buf.sample(4000)
     terminal_at = b.terminated.float().argmax(0)[b.terminated.any(0)]
     assert set(terminal_at.tolist()) == {0, 1, 2}
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=3, max_size=3), min_size=1, max_size=30))
+def test_newest_is_what_each_env_acts_on_next(ends):
+    """newest(): each env's latest observation (the step's, or a new episode's first after an end) and whether it
+    begins an episode, across the ring's wrap-around (capacity 6 rows per env)."""
+    buf = fill(3, 2, 6, ends)
+    obs, first = buf.newest()
+    last = ends[-1]
+    for e in range(3):
+        steps_since_start = 0
+        for row in reversed(ends):  # the steps of the episode in flight
+            if row[e] != 0:
+                break
+            steps_since_start += 1
+        assert obs[e, 1].item() == (0 if last[e] != 0 else steps_since_start), (e, obs[e])
+        assert bool(first[e]) == (last[e] != 0)

@@ -100,11 +100,11 @@ def test_to_device_sends_every_field_in_one_copy():
         assert t.shape == f.shape and np.array_equal(t.numpy(), f) and t.numpy().dtype == f.dtype
 
 
-def test_a_training_step_copies_to_the_device_twice_and_waits_once():
-    """One step of the real loop that acts, stores and updates: act()'s observations and flags in one copy,
-    the buffer's rows, indices and validity in another; the only wait is the action coming back."""
+def test_a_training_step_copies_to_the_device_once_and_waits_once():
+    """One step of the real loop that acts, stores and updates: the buffer's rows, indices and validity in one
+    copy; the agent acts on the buffer's newest rows, already there; the only wait is the action coming back."""
     from tdmpc.report.kernel_counts import step_transfers
 
     with cuda_code_path():
         c = step_transfers(1)
-    assert c.h2d == {"Tensor.to": 2} and c.waits == {"cpu": 1}, (c.h2d, c.waits)
+    assert c.h2d == {"Tensor.to": 1} and c.waits == {"cpu": 1}, (c.h2d, c.waits)

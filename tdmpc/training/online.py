@@ -1,8 +1,9 @@
 """Online training: N vector envs step into a replay buffer, and the agent updates every k agent steps.
 
-One step reads top to bottom: act (random actions while seeding), step the envs, check the data, store
-the transitions, book the episodes that ended, then the updates due: a burst of pretraining updates on
-the seed data once seeding ends, then updates_per_round every update_every steps.
+One step reads top to bottom: act on each env's newest row of the replay buffer, already on the device (random
+actions while seeding), step the envs, check the data, store the transitions, book the episodes that ended,
+then the updates due: a burst of pretraining updates on the seed data once seeding ends, then
+updates_per_round every update_every steps.
 """
 
 from __future__ import annotations
@@ -32,15 +33,15 @@ class OnlineTrainer(Trainer):
         self.envs, self.buffer, self.recorder = envs, buffer, recorder
         self.num_envs = envs.num_envs
         self.env_tasks = None if setup.tasks is None else setup.tasks.env_tasks(setup.cfg.num_envs)
+        self.env_task_ids = None if self.env_tasks is None else agent.task_ids(self.env_tasks, self.num_envs)  # on the device
         self.ended_episodes: list[tuple[float, int, int]] = []  # (return, length, env) since the last log row
         self.ep_return = np.zeros(self.num_envs)
         self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
         self.warned_termination = self.warned_nonfinite = False
         super().__init__(setup, agent, lock, no_buffer, on_log, on_eval)
-        self.obs, _ = self.envs.reset(seed=None if setup.resume else self.cfg.seed)
-        self.first = np.ones(self.num_envs, dtype=bool)
-        try:
-            self._start_episodes(np.arange(self.num_envs), self.obs)
+        obs, _ = self.envs.reset(seed=None if setup.resume else self.cfg.seed)
+        try:  # the agent acts on each env's newest row of the buffer: these first observations, then each step's
+            self._start_episodes(np.arange(self.num_envs), obs)
         except NonFiniteData as e:  # before the run starts: bad input, and the run directory is left as it was
             raise TaskError(str(e)) from None
 
@@ -54,7 +55,7 @@ class OnlineTrainer(Trainer):
                 action *= self.tasks.action_masks(self.env_tasks)
         else:
             self.doing = "act"
-            action = self.agent.act(self.obs, self.first, task=self.env_tasks)
+            action = self.agent.act_on_device(*self.buffer.newest(), task=self.env_task_ids)
         obs, reward, terminated, truncated, info = self.envs.step(action)
         done = terminated | truncated
         stored = obs
@@ -78,11 +79,10 @@ class OnlineTrainer(Trainer):
             ended = np.flatnonzero(done)
             if self.recorder is not None:
                 self.recorder.end(ended[keep[ended]], terminated)
-            obs[ended] = self._start_episodes(ended, obs[ended])
+            self._start_episodes(ended, obs[ended])
             self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i]), int(i)) for i in ended if keep[i]]
             self.ep_return[ended], self.ep_length[ended] = 0, 0
             c.episodes += len(ended)
-        self.obs, self.first = obs, done
         c.vector_steps += 1
         c.env_step += self.num_envs * cfg.action_repeat  # type: ignore[operator]
 
@@ -111,14 +111,13 @@ class OnlineTrainer(Trainer):
     def sample(self) -> Batch:
         return self.buffer.sample(self.cfg.batch_size)
 
-    def _start_episodes(self, envs: np.ndarray, first: np.ndarray) -> np.ndarray:
-        """Episodes begin in `envs` with these first observations (checked as step() checks what it stores);
-        returns them, with any an env had to be reset for."""
+    def _start_episodes(self, envs: np.ndarray, first: np.ndarray) -> None:
+        """Episodes begin in `envs` with these first observations (checked as step() checks what it stores, an env
+        reset again if need be): the buffer's newest rows, which the agent acts on next."""
         first = self._checked_resets(envs, first)
         self.buffer.start(torch.from_numpy(first), envs)
         if self.recorder is not None:
             self.recorder.start(first, envs)
-        return first
 
     def _checked_resets(self, envs: np.ndarray, first: np.ndarray, tries: int = 3) -> np.ndarray:
         """NaN or inf in a reset's observation is an error naming the env ('error'), or the env is reset again
