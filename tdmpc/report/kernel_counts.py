@@ -55,7 +55,7 @@ def plan_kernels(agent: Agent, n: int, compiled: bool) -> Counter[str]:
 def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str]]:
     """Kernels of one update() at batch 256: (inside compiled graphs, run eagerly). Eager, all of them are the
     second; compiled, the first are read from inductor's code (both losses, forward and backward) and the second
-    counted around them (gradient clipping, the fused Adam steps, the target update)."""
+    counted around them (the fused Adam steps and the target update; the clipping statistics are compiled)."""
     agent = _agent(size, compile=False)
     batch = _batch(agent)
     agent.update(batch)

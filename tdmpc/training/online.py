@@ -33,7 +33,8 @@ class OnlineTrainer(Trainer):
         self.envs, self.buffer, self.recorder = envs, buffer, recorder
         self.num_envs = envs.num_envs
         self.env_tasks = None if setup.tasks is None else setup.tasks.env_tasks(setup.cfg.num_envs)
-        self.env_task_ids = None if self.env_tasks is None else agent.task_ids(self.env_tasks, self.num_envs)  # on the device
+        # each env's task id on the device, sent once
+        self.env_task_ids = None if self.env_tasks is None else agent.task_ids(self.env_tasks, self.num_envs)
         self.ended_episodes: list[tuple[float, int, int]] = []  # (return, length, env) since the last log row
         self.ep_return = np.zeros(self.num_envs)
         self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
