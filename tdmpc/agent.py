@@ -99,8 +99,9 @@ class Agent:
         compile_update = cfg.compile and shard.world == 1
         self._model_loss = compiled_if(compile_update, self._model_loss_eager, "update() world-model loss")
         self._pi_loss = compiled_if(compile_update, self._pi_loss_eager, "update() policy loss")
-        self._clip_stats = {optim: compiled_if(compile_update, self._clip_stats_eager, f"update() {name} clipping")
-                            for optim, name in ((self.optim, "world-model"), (self.pi_optim, "policy"))}
+        self._clip_stats: dict[torch.optim.Optimizer, Callable] = {
+            optim: compiled_if(compile_update, self._clip_stats_eager, f"update() {name} clipping")
+            for optim, name in ((self.optim, "world-model"), (self.pi_optim, "policy"))}
 
     # --- acting -------------------------------------------------------------------
     def planner(self, num_envs: int, role: str = "train") -> MPPI:
