@@ -79,8 +79,8 @@ class MPPI:
             # their return and final latent do not change, so later iterations roll out the sampled ones alone.
             prior, col = (P, 0) if i == 0 else (0, P)
             for envs in self._chunks():
-                r = None if rows is None else rows[envs]
-                self._rollout(z[envs], z_part[envs], self.actions[:, envs, col:], col, envs, r, prior, mask)
+                r, mk = (None, None) if rows is None else (rows[envs], None if mask is None else mask[envs])
+                self._rollout(z[envs], z_part[envs], self.actions[:, envs, col:], col, envs, r, prior, mk)
                 self.value[envs] = self._value(envs, r, heads[i])
             value = self.value.nan_to_num_(0.0)  # (N, S)
             elite_value, elite_idx = torch.topk(value, E, dim=1)
@@ -128,8 +128,8 @@ class MPPI:
             if prior:
                 a = m.pi_action(z[:, :prior] if t else z.expand(-1, prior, -1), rows, self.prior_noise[t, envs])
                 actions[t, :, :prior] = a if mask is None else a * mask
-            z, reward = m.step(None, actions[t], rows, z_part) if t == 0 else m.step(z, actions[t], rows)
-            features.append(reward)
+            z, feature = m.step(None, actions[t], rows, z_part) if t == 0 else m.step(z, actions[t], rows)
+            features.append(feature)
             if m.episodic:
                 ok.append(m.termination(z) <= 0.5)
         rewards = m.decode(m.reward_logits(torch.stack(features))) * self.discounts[:-1, envs]  # (H, envs, n, 1)

@@ -148,7 +148,8 @@ def test_each_env_plans_for_its_own_task_with_its_mask_and_discount():
     model = QuadraticModel(action_dims=[1, 2, 3], A=A)
     discounts = torch.tensor([0.5, 0.9, 0.99])
     planner = MPPI(model, MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=discounts,
-                   device=torch.device("cpu"))
+                   device=torch.device("cpu"), chunk_rows=1024)  # 2 envs per model call, as on a CPU
+    assert planner.chunk_envs == 2
     task = torch.tensor([0, 1, 2, 2, 1, 0])
     target = torch.tensor([[0.5, -0.3, 0.2], [-0.2, 0.4, -0.6], [0.1, 0.7, -0.4]]).repeat(2, 1)
     torch.manual_seed(0)
