@@ -1,6 +1,7 @@
 """The memory estimate (tdmpc.memory): exact parts against real allocations, the shipped configs
 against their cards, the dry run, fitting, and an out-of-memory error in a run."""
 
+import copy
 import dataclasses
 import gc
 import json
@@ -297,3 +298,25 @@ def test_slow_run_warning_advises_by_config_size(cfg_name, advice, monkeypatch):
                               env_tasks=None, logger=SimpleNamespace(message=said.append))
     _warn_if_slow(trainer)
     assert len(said) == 1 and "about 50 hours" in said[0] and advice in said[0]
+
+
+def test_the_speed_probe_leaves_the_agent_as_it_was():
+    """hours_left() times act() and update() on the agent itself: weights, optimiser state, gradients, the
+    training planner's warm start and the RNG are as they were."""
+    cfg = validate(Config(model_size=1, action_repeat=2, updates_per_round=1, num_samples=32, num_elites=4,
+                          num_pi_trajs=4, iterations=2, batch_size=16, device="cpu"))
+    torch.manual_seed(0)
+    agent = Agent(cfg, ModelDims.from_config(cfg, (5,), 2, False), 100, torch.device("cpu"))
+    agent.act(np.zeros((cfg.num_envs, 5), dtype=np.float32), first_step=True)
+    before = copy.deepcopy(agent.state_dict())
+    mean, rng = agent.planner(cfg.num_envs).mean.clone(), torch.get_rng_state()
+    plan_s, update_s, hours = speed_probe.hours_left(agent, 10_000)
+    assert plan_s > 0 and update_s > 0 and hours > 0
+    after = agent.state_dict()
+    for key, value in before["model"].items():
+        assert torch.equal(value, after["model"][key]), key
+    assert before["optim"]["state"].keys() == after["optim"]["state"].keys()
+    for i, state in before["optim"]["state"].items():
+        assert all(torch.equal(v, after["optim"]["state"][i][k]) for k, v in state.items()), i
+    assert all(p.grad is None for p in agent.model.parameters())
+    assert torch.equal(agent.planner(cfg.num_envs).mean, mean) and torch.equal(torch.get_rng_state(), rng)

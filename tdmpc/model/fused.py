@@ -166,8 +166,9 @@ class _LnMish(torch.autograd.Function):
 def ln_act(x: Tensor, gamma: Tensor, beta: Tensor, act: str = "mish", heads_first: bool = False,
            group: int = 8) -> Tensor:
     """act(layer_norm(x) * gamma + beta), gamma/beta (G, D) per group (module doc); SimNorm over `group`."""
-    fast = (cpu_fast_paths(x.device) and x.dtype in (torch.float32, torch.bfloat16) and x.is_contiguous()
-            and gamma.dtype == torch.float32 and extension_available() and not torch.compiler.is_compiling())
+    # is_compiling() first: compiled code takes the plain formula, and loading the extension (a lock) would not trace
+    fast = (not torch.compiler.is_compiling() and cpu_fast_paths(x.device) and x.dtype in (torch.float32, torch.bfloat16)
+            and x.is_contiguous() and gamma.dtype == torch.float32 and extension_available())
     grad = torch.is_grad_enabled() and (x.requires_grad or gamma.requires_grad)
     if not fast or (grad and act != "mish") or group > 64:
         return _plain(x, gamma, beta, act, heads_first, group)

@@ -20,23 +20,25 @@ if TYPE_CHECKING:
 
 
 def hours_left(agent: Agent, env_steps_left: int, env_tasks: np.ndarray | None = None) -> tuple[float, float, float]:
-    """(seconds per plan, seconds per update, hours for the steps left), timed on a copy of the agent
-    (its warm start, optimiser and RNG are left as they were). env_tasks: a multi-task run's task of each env."""
+    """(seconds per plan, seconds per update, hours for the steps left), timed on the agent itself and put back as it
+    was (weights, optimisers, RNG), planning with a planner of its own so the training warm start is untouched.
+    Not on a copy: a copy's compiled functions would compile again (--compile), where the agent's first calls
+    compile what training would compile first anyway. env_tasks: a multi-task run's task of each env."""
     cfg, dims = agent.cfg, agent.dims
-    probe = copy.deepcopy(agent)
     num_envs = cfg.num_envs if env_tasks is None else len(env_tasks)
     obs = np.zeros((num_envs, *dims.obs_shape), dtype=np.float32 if cfg.obs == "state" else np.uint8)
     H, B = cfg.horizon, cfg.batch_size
     task = None if env_tasks is None else torch.as_tensor(env_tasks).repeat(B // num_envs + 1)[:B]
     batch = Batch(torch.zeros(H + 1, B, *dims.obs_shape), torch.zeros(H, B, dims.action_dim), torch.zeros(H, B),
                   torch.zeros(H, B, dtype=torch.bool), task)
-    rng = torch.get_rng_state()
+    saved, rng = copy.deepcopy(agent.state_dict()), torch.get_rng_state()
     timings = []
-    for fn in (lambda: probe.act(obs, role="timing", task=env_tasks), lambda: probe.update(batch)):
+    for fn in (lambda: agent.act(obs, role="timing", task=env_tasks), lambda: agent.update(batch)):
         fn()
         t0 = time.perf_counter()
         fn()
         timings.append(time.perf_counter() - t0)
+    agent.load_state_dict(saved)
     torch.set_rng_state(rng)
     assert cfg.action_repeat is not None and cfg.updates_per_round is not None  # filled in by Config.for_task
     vector_steps = max(env_steps_left, 0) / (num_envs * cfg.action_repeat)
