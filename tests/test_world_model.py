@@ -89,3 +89,17 @@ def test_entropy_bonus_is_the_references_pre_squash_scaled_entropy():
     squash = torch.log(torch.relu(1 - p.action.pow(2)) + 1e-6).sum(-1, keepdim=True)
     assert torch.allclose(p.entropy, -(gaussian - squash), rtol=1e-5, atol=1e-4)
     assert (p.entropy * 6 - p.scaled_entropy).abs().mean() > 10  # the tanh-corrected version differs a lot here
+
+
+def test_sample_heads_draws_two_distinct_heads_uniformly():
+    """Every ordered pair of distinct heads, equally often (as the first two of a random permutation)."""
+    cfg = Config(model_size=1, num_q=5)
+    m = WorldModel(ModelDims.from_config(cfg, (4,), 2, False))
+    torch.manual_seed(0)
+    heads = m.sample_heads(40_000)
+    assert heads.shape == (40_000, 2) and (heads[:, 0] != heads[:, 1]).all()
+    counts = torch.bincount(heads[:, 0] * 5 + heads[:, 1], minlength=25).view(5, 5)
+    assert counts.diagonal().sum() == 0
+    off = counts[~torch.eye(5, dtype=torch.bool)].float()
+    assert (off / 2000 - 1).abs().max() < 0.1, counts  # 2,000 expected per pair; sd ~44
+    assert m.sample_heads().shape == (2,)
