@@ -113,17 +113,26 @@ def test_no_host_sync_in_graphed_act_and_update():
     assert counter.calls == []
 
 
+def fresh_batch(g: torch.Generator) -> Batch:
+    """A random batch of B = 64 sub-trajectories (H = 3) for make_agent's model, on the GPU."""
+    return Batch(torch.randn(4, 64, 24, generator=g).cuda(), torch.rand(3, 64, 6, generator=g).cuda() * 2 - 1,
+                 torch.randn(3, 64, generator=g).cuda(), torch.zeros(3, 64, dtype=torch.bool).cuda())
+
+
+def assert_same_losses(a: dict, b: dict, step: int) -> None:
+    """The world model's losses of two updates on one batch, within 5% (dropout's random stream aside)."""
+    for key in ("consistency_loss", "reward_loss", "value_loss"):
+        assert abs(a[key].item() - b[key].item()) <= 0.05 * abs(a[key].item()) + 1e-3, (step, key, a, b)
+
+
 def test_graphed_update_matches_eager():
     """The captured update replays the same arithmetic as eager mode on fresh batches (dropout's random
     stream aside): a replay that kept stale inputs or outputs would drift from the eager losses."""
     eager, graphed = make_agent(graphs=False), make_agent(graphs=True)
     g = torch.Generator().manual_seed(1)
     for step in range(12):
-        batch = Batch(torch.randn(4, 64, 24, generator=g).cuda(), torch.rand(3, 64, 6, generator=g).cuda() * 2 - 1,
-                      torch.randn(3, 64, generator=g).cuda(), torch.zeros(3, 64, dtype=torch.bool).cuda())
-        a, b = eager.update(batch), graphed.update(batch)
-        for key in ("consistency_loss", "reward_loss", "value_loss"):
-            assert abs(a[key].item() - b[key].item()) <= 0.05 * abs(a[key].item()) + 1e-3, (step, key, a, b)
+        batch = fresh_batch(g)
+        assert_same_losses(eager.update(batch), graphed.update(batch), step)
     assert graphed._update_fn.graph is not None
 
 
@@ -137,11 +146,8 @@ def test_cuda_graphs_capture_the_compiled_plan_and_update():
     g = torch.Generator().manual_seed(1)
     obs, first = np.random.randn(2, 24).astype(np.float32), np.ones(2, dtype=bool)
     for step in range(12):
-        batch = Batch(torch.randn(4, 64, 24, generator=g).cuda(), torch.rand(3, 64, 6, generator=g).cuda() * 2 - 1,
-                      torch.randn(3, 64, generator=g).cuda(), torch.zeros(3, 64, dtype=torch.bool).cuda())
-        a, b = eager.update(batch), compiled.update(batch)
-        for key in ("consistency_loss", "reward_loss", "value_loss"):
-            assert abs(a[key].item() - b[key].item()) <= 0.05 * abs(a[key].item()) + 1e-3, (step, key, a, b)
+        batch = fresh_batch(g)
+        assert_same_losses(eager.update(batch), compiled.update(batch), step)
         compiled.act(obs, first)
     assert compiled._update_fn.graph is not None and compiled._plan_fns[(2, "train", False)].graph is not None
     with CountSyncs() as counter:
