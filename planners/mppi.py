@@ -79,7 +79,8 @@ class MPPI:
             # their return and final latent do not change, so later iterations roll out the sampled ones alone.
             prior, col = (P, 0) if i == 0 else (0, P)
             for envs in self._chunks():
-                r, mk = (None, None) if rows is None else (rows[envs], None if mask is None else mask[envs])
+                r = None if rows is None else rows[envs]
+                mk = None if mask is None else mask[envs]
                 self._rollout(z[envs], z_part[envs], self.actions[:, envs, col:], col, envs, r, prior, mk)
                 self.value[envs] = self._value(envs, r, heads[i])
             value = self.value.nan_to_num_(0.0)  # (N, S)

@@ -391,13 +391,18 @@ class Agent:
         `grad_scale` and skips the step on `found_inf` (_clip_stats), so no kernel rescales the gradients.
 
         Returns the gradient norm and 1.0 if the step was skipped (both on the device)."""
-        grads = [p.grad for g in optim.param_groups for p in g["params"] if p.grad is not None]
+        grads = self.grads(optim)
         self.shard.average(grads)  # data-parallel ranks step with the global batch's gradient
         grad_norm, found_inf, grad_scale = self._clip_stats[optim](grads)
         optim.grad_scale, optim.found_inf = grad_scale, found_inf  # type: ignore[attr-defined]
         optim.step()
         optim.zero_grad(set_to_none=True)
         return grad_norm, found_inf
+
+    @staticmethod
+    def grads(optim: torch.optim.Optimizer) -> list[Tensor]:
+        """The gradients an optimiser steps with (its parameters' that have one)."""
+        return [p.grad for g in optim.param_groups for p in g["params"] if p.grad is not None]
 
     def _clip_stats_eager(self, grads: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """The gradient's norm; 1.0 if it is not finite, else 0.0 (counted into `nonfinite`); and fused Adam's

@@ -110,7 +110,7 @@ def test_train_precision_is_separate_from_planning_precision(train_precision):
     assert outputs["_dynamics"] == outputs["_pi"] == {rest}, outputs
 
 
-def test_fused_next_and_reward_match_separate_heads():
+def test_fused_step_matches_separate_heads():
     m = WorldModel(ModelDims.from_config(Config(model_size=1), (24,), 6, False)).eval()
     for p in m.parameters():
         torch.nn.init.normal_(p, std=0.1)
@@ -118,7 +118,8 @@ def test_fused_next_and_reward_match_separate_heads():
     copy32 = planning_copy(m, torch.float32)
     with torch.no_grad():
         for model in (m, copy32):
-            nxt, rew = model.next_and_reward(z, a)
+            nxt, hidden = model.step(z, a)
+            rew = model.reward_logits(hidden)
             assert (nxt - m.next(z, a)).abs().max() < 1e-6 and (rew - m.reward(z, a)).abs().max() < 1e-6
         # planning's first step: the latent's share of the first layers computed once for all its candidates
         z0 = z[:3].unsqueeze(1)
@@ -131,7 +132,7 @@ def test_fused_next_and_reward_match_separate_heads():
         for p in m.parameters():  # the copy follows the model after a sync
             p.add_(0.01)
         sync_copy(copy32, m)
-        assert (copy32.next_and_reward(z, a)[1] - m.reward(z, a)).abs().max() < 1e-6
+        assert (copy32.reward_logits(copy32.step(z, a)[1]) - m.reward(z, a)).abs().max() < 1e-6
 
 
 def trained_like_model():

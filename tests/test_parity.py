@@ -115,7 +115,8 @@ def test_every_multitask_output_matches_reference(mt30):
                                msg="pi_scaled_entropy (float64)")
     torch.testing.assert_close(scaled.double(), scaled64, rtol=1e-5, atol=0, msg="pi_scaled_entropy (float32)")
     # the fused planning path and a bf16-free planning copy agree with the separate heads
-    nxt, rew = m.next_and_reward(z, action, task)
+    nxt, hidden = m.step(z, action, task)
+    rew = m.reward_logits(hidden)
     torch.testing.assert_close(nxt, io["z_next"], rtol=0, atol=1e-5)
     torch.testing.assert_close(rew, io["reward_logits"], rtol=0, atol=1e-5)
 

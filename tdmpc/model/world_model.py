@@ -224,11 +224,6 @@ class WorldModel(nn.Module):
         """The reward head's last layer, on step()'s hidden output of any leading shape (as rows: one addmm)."""
         return self._reward[-1](hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:-1], -1)
 
-    def next_and_reward(self, z: Tensor, a: Tensor, task: Task = None) -> tuple[Tensor, Tensor]:
-        """next(z, a) and reward(z, a) through step()."""
-        z_next, hidden = self.step(z, a, task)
-        return z_next, self.reward_logits(hidden)
-
     def _concat_first_layers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         d, r = cast(NormedLinear, self._dynamics[0]), cast(NormedLinear, self._reward[0])
         return (torch.cat([d.weight, r.weight]), torch.cat([d.bias, r.bias]),
@@ -361,10 +356,3 @@ def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
 def sync_copy(copy_: WorldModel, model: WorldModel) -> None:
     """Refresh a planning copy from the trained model (one fused copy kernel per dtype group)."""
     torch._foreach_copy_(list(copy_.parameters()) + list(copy_.buffers()), list(model.parameters()) + list(model.buffers()))
-
-
-def _first_row(task: Task) -> Task:
-    """The task ids of the first candidate of each env: (N, S)-shaped ids -> (N, 1); others as they are."""
-    if isinstance(task, Tensor) and task.dim() >= 2:
-        return task[..., :1]
-    return task

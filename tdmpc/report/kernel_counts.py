@@ -86,7 +86,7 @@ def _optimizer_step_kernels(agent: Agent, optim: torch.optim.Optimizer) -> Count
     """Agent._step's kernels but its clipping statistics, which --compile compiles (their kernels are read from
     the compiled update's code); run with the statistics computed beforehand."""
     stats = agent._clip_stats[optim]
-    out = stats([p.grad for g in optim.param_groups for p in g["params"] if p.grad is not None])
+    out = stats(agent.grads(optim))
     agent._clip_stats[optim] = lambda grads: out
     try:
         return count_kernels(lambda: agent._step(optim)).counts
