@@ -16,12 +16,15 @@ Task = Union[Tensor, int, None]
 
 
 class PolicyOutput(NamedTuple):
-    action: Tensor  # sampled action in [-1, 1]
-    mean: Tensor  # deterministic action in [-1, 1]
-    log_std: Tensor
+    """A Gaussian prior's (continuous actions) or a categorical one's (discrete: actions are one-hot rows)."""
+
+    action: Tensor  # sampled action in [-1, 1]; categorical: one-hot
+    mean: Tensor  # deterministic action in [-1, 1]; categorical: the most probable, one-hot
+    log_std: Tensor  # categorical: the log-probabilities
     entropy: Tensor  # -log-prob of `action`, squash correction included: (..., 1)
     scaled_entropy: Tensor  # the reference's entropy bonus: -(active action dims) x Gaussian log-prob, (..., 1)
-    squash_correction: Tensor  # sum of log(1 - action^2), <= 0, very negative when saturated: (..., 1)
+    squash_correction: Tensor  # sum of log(1 - action^2), <= 0, very negative when saturated: (..., 1); categorical: 0
+    probs: Optional[Tensor] = None  # categorical: the probabilities (..., n); None for a Gaussian
 
 
 class LatentModel(Protocol):
@@ -31,6 +34,8 @@ class LatentModel(Protocol):
     def episodic(self) -> bool: ...
     @property
     def latent_dim(self) -> int: ...
+    @property
+    def discrete(self) -> bool: ...  # actions are one-hot rows (CategoricalMPPI plans it), else in [-1, 1]
     @property
     def latent_dtype(self) -> torch.dtype: ...  # what encode() and next() return
 
@@ -44,7 +49,8 @@ class LatentModel(Protocol):
     def termination(self, z: Tensor) -> Tensor: ...  # probability (single-task models)
     def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Optional[Tensor] = None) -> Tensor: ...  # logits
     def pi(self, z: Tensor, task: Task = None) -> PolicyOutput: ...
-    def pi_action(self, z: Tensor, task: Task = None, eps: Optional[Tensor] = None) -> Tensor: ...  # pi().action
+    # pi().action; eps: N(0, 1) draws, (..., A), whatever the prior (a categorical one makes Gumbel noise of them)
+    def pi_action(self, z: Tensor, task: Task = None, eps: Optional[Tensor] = None) -> Tensor: ...
     def action_mask(self, task: Task) -> Optional[Tensor]: ...  # (..., A) ones on each task's action dims
     def decode(self, logits: Tensor) -> Tensor: ...  # logits -> (..., 1) scalars
     def sample_heads(self, draws: int) -> Tensor: ...  # (draws, 2): indices of 2 random Q heads per draw

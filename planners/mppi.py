@@ -2,9 +2,13 @@
 
 Buffers are allocated once, sized by N, so shapes are static (CUDA-graph friendly) and
 no memory is allocated per step beyond the network activations. The warm start (last
-plan's mean, shifted by one step) is kept per environment. With a multi-task model every
+plan's distribution, shifted by one step) is kept per environment. With a multi-task model every
 environment may be a different task: its id picks its embedding, its action mask (applied
 to the samples, the mean and the std, as the reference does) and its discount.
+
+LatentMPPI is the loop every action space shares: sample candidates, roll them out, score them, refit the
+sampling distribution to the elites' softmax weights, act. MPPI samples from a per-step Gaussian (continuous
+actions); planners/categorical.py's CategoricalMPPI from per-step categorical probabilities (discrete ones).
 """
 
 from __future__ import annotations
@@ -17,10 +21,13 @@ from torch import Tensor
 from .base import LatentModel
 from .settings import MPPIConfig
 
-__all__ = ["MPPI", "MPPIConfig"]
+__all__ = ["LatentMPPI", "MPPI", "MPPIConfig"]
 
 
-class MPPI:
+class LatentMPPI:
+    """The planning loop, whatever the action space; a subclass holds the sampling distribution: _warm_start,
+    _draw, _sample, _refit and _act."""
+
     def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
                  discount: float | Tensor, device: torch.device, chunk_rows: int | None = None):
         """discount: one for every env, or a tensor of one per task id (multi-task models).
@@ -30,28 +37,21 @@ class MPPI:
         self.chunk_envs = num_envs if chunk_rows is None else max(1, chunk_rows // cfg.num_samples)
         H, N, S, A = cfg.horizon, num_envs, cfg.num_samples, action_dim
         self.num_envs, self.action_dim = N, A
-        kw: dict[str, Any] = dict(device=device, dtype=torch.float32)
-        self.actions = torch.zeros(H, N, S, A, **kw)  # candidates; the first num_pi_trajs from the prior
-        # Every iteration's noise for the sampled candidates, then the policy prior's draws for its own: one draw
-        # per plan, the same values however the rollouts are chunked.
-        P = cfg.num_pi_trajs
-        self.draws = torch.zeros(cfg.iterations * H * N * (S - P) * A + H * N * P * A, **kw)
-        self.noise = self.draws[:cfg.iterations * H * N * (S - P) * A].view(cfg.iterations, H, N, S - P, A)
-        self.prior_noise = self.draws[self.noise.numel():].view(H, N, P, A)
-        self.mean = torch.zeros(H, N, A, **kw)
-        self.std = torch.full((H, N, A), cfg.max_std, **kw)
-        self.prev_mean = torch.zeros(H, N, A, **kw)  # warm start, per environment
-        self.value = torch.zeros(N, S, **kw)
-        self.G = torch.zeros(N, S, 1, **kw)  # model return of each candidate
-        self.alive = torch.ones(N, S, 1, **kw)  # 0 once the model predicts a termination
-        self.gamma = torch.full((N, 1, 1), float(discount) if not isinstance(discount, Tensor) else 0.0, **kw)
-        self.discounts = torch.ones(H + 1, N, 1, 1, **kw)  # gamma^t for t = 0..H, per env
+        self.kw: dict[str, Any] = dict(device=device, dtype=torch.float32)
+        self.actions = torch.zeros(H, N, S, A, **self.kw)  # candidates; the first num_pi_trajs from the prior
+        self.value = torch.zeros(N, S, **self.kw)
+        self.G = torch.zeros(N, S, 1, **self.kw)  # model return of each candidate
+        self.alive = torch.ones(N, S, 1, **self.kw)  # 0 once the model predicts a termination
+        self.gamma = torch.full((N, 1, 1), float(discount) if not isinstance(discount, Tensor) else 0.0, **self.kw)
+        self.discounts = torch.ones(H + 1, N, 1, 1, **self.kw)  # gamma^t for t = 0..H, per env
         self.z_final = torch.zeros(N, S, model.latent_dim, device=device, dtype=model.latent_dtype)  # after the horizon
         self._powers = torch.arange(H + 1, device=device, dtype=torch.float32).view(-1, 1, 1, 1)
+        self.prior_noise: Tensor  # (H, N, num_pi_trajs, A): the policy prior's N(0, 1) draws, set by the subclass
 
     @torch.inference_mode()
     def plan(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False, task: Tensor | None = None) -> Tensor:
-        """obs (N, ...), first_step (N,) bool, task (N,) ids or None -> actions (N, A) in [-1, 1]."""
+        """obs (N, ...), first_step (N,) bool, task (N,) ids or None -> actions (N, A): in [-1, 1] (continuous), or
+        one-hot rows (discrete)."""
         return self.plan_graph(obs, first_step, eval_mode, task)
 
     def plan_graph(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False, task: Tensor | None = None) -> Tensor:
@@ -68,13 +68,11 @@ class MPPI:
         z_part = m.latent_part(z, task).unsqueeze(1)  # every candidate starts from z: its share, once per plan
         z = z.unsqueeze(1)
         self._warm_start(first_step)
-        torch.randn(self.draws.shape, out=self.draws)  # every iteration's noise and the prior's, in one draw
+        self._draw()  # every iteration's noise and the prior's, in one draw
         heads = m.sample_heads(c.iterations)  # (iterations, 2): every iteration's pair of Q heads
 
         for i in range(c.iterations):
-            self.actions[:, :, P:] = torch.addcmul(self.mean.unsqueeze(2), self.std.unsqueeze(2), self.noise[i]).clamp_(-1, 1)
-            if mask is not None:
-                self.actions.mul_(mask)
+            self._sample(i, mask)  # into actions[:, :, P:]
             # The first iteration also rolls out the policy prior's P candidates, drawing their actions as it goes;
             # their return and final latent do not change, so later iterations roll out the sampled ones alone.
             prior, col = (P, 0) if i == 0 else (0, P)
@@ -88,29 +86,24 @@ class MPPI:
             elite_actions = self.actions.gather(
                 2, elite_idx.view(1, -1, E, 1).expand(H, -1, E, self.action_dim))  # (H, N, E, A)
             score = torch.softmax(c.temperature * (elite_value - elite_value.max(1, keepdim=True).values), 1)
-            w = score.view(1, -1, E, 1)
-            self.mean.copy_((w * elite_actions).sum(2))
-            var = (w * (elite_actions - self.mean.unsqueeze(2)).pow(2)).sum(2)
-            self.std.copy_(var.sqrt().clamp_(c.min_std, c.max_std))
-            if mask is not None:
-                self.mean.mul_(mask.squeeze(1))
-                self.std.mul_(mask.squeeze(1))
-
-        # Sample one elite per env from the softmax weights (Gumbel-max: no host sync).
-        gumbel = -torch.log(-torch.log(torch.rand_like(score).clamp_(1e-20, 1.0)))
-        choice = (score.log() + gumbel).argmax(1)
-        action = elite_actions[0].gather(1, choice.view(-1, 1, 1).expand(-1, 1, self.action_dim)).squeeze(1)
-        if not eval_mode:
-            action = action + self.std[0] * torch.randn_like(action)
-        self.prev_mean.copy_(self.mean)
-        return action.clamp_(-1, 1)
+            self._refit(score.view(1, -1, E, 1), elite_actions, mask)
+        return self._act(score, elite_actions, eval_mode)
 
     def _warm_start(self, first_step: Tensor) -> None:
-        """Last plan's mean shifted one step; zeros for envs whose episode just began."""
-        keep = (~first_step).to(self.mean.dtype).unsqueeze(-1)
-        self.mean[:-1] = self.prev_mean[1:] * keep
-        self.mean[-1] = 0
-        self.std.fill_(self.cfg.max_std)
+        raise NotImplementedError
+
+    def _draw(self) -> None:
+        raise NotImplementedError
+
+    def _sample(self, i: int, mask: Tensor | None) -> None:
+        raise NotImplementedError
+
+    def _refit(self, w: Tensor, elite_actions: Tensor, mask: Tensor | None) -> None:
+        """The sampling distribution fitted to the elites (H, N, E, A) weighted by w (1, N, E, 1)."""
+        raise NotImplementedError
+
+    def _act(self, score: Tensor, elite_actions: Tensor, eval_mode: bool) -> Tensor:
+        raise NotImplementedError
 
     def _chunks(self) -> list[slice]:
         return [slice(e, e + self.chunk_envs) for e in range(0, self.num_envs, self.chunk_envs)]
@@ -149,3 +142,55 @@ class MPPI:
         bootstrap = self.discounts[-1, envs]
         alive = self.alive[envs] if m.episodic else 1.0
         return (self.G[envs] + bootstrap * alive * q).squeeze(-1)
+
+
+class MPPI(LatentMPPI):
+    """Continuous actions: candidates from a per-step Gaussian, clamped to [-1, 1], as the reference plans."""
+
+    def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
+                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None):
+        super().__init__(model, cfg, num_envs, action_dim, discount, device, chunk_rows)
+        H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, action_dim
+        # Every iteration's noise for the sampled candidates, then the policy prior's draws for its own: one draw
+        # per plan, the same values however the rollouts are chunked.
+        self.draws = torch.zeros(cfg.iterations * H * N * (S - P) * A + H * N * P * A, **self.kw)
+        self.noise = self.draws[:cfg.iterations * H * N * (S - P) * A].view(cfg.iterations, H, N, S - P, A)
+        self.prior_noise = self.draws[self.noise.numel():].view(H, N, P, A)
+        self.mean = torch.zeros(H, N, A, **self.kw)
+        self.std = torch.full((H, N, A), cfg.max_std, **self.kw)
+        self.prev_mean = torch.zeros(H, N, A, **self.kw)  # warm start, per environment
+
+    def _warm_start(self, first_step: Tensor) -> None:
+        """Last plan's mean shifted one step; zeros for envs whose episode just began."""
+        keep = (~first_step).to(self.mean.dtype).unsqueeze(-1)
+        self.mean[:-1] = self.prev_mean[1:] * keep
+        self.mean[-1] = 0
+        self.std.fill_(self.cfg.max_std)
+
+    def _draw(self) -> None:
+        torch.randn(self.draws.shape, out=self.draws)
+
+    def _sample(self, i: int, mask: Tensor | None) -> None:
+        P = self.cfg.num_pi_trajs
+        self.actions[:, :, P:] = torch.addcmul(self.mean.unsqueeze(2), self.std.unsqueeze(2), self.noise[i]).clamp_(-1, 1)
+        if mask is not None:
+            self.actions.mul_(mask)
+
+    def _refit(self, w: Tensor, elite_actions: Tensor, mask: Tensor | None) -> None:
+        self.mean.copy_((w * elite_actions).sum(2))
+        var = (w * (elite_actions - self.mean.unsqueeze(2)).pow(2)).sum(2)
+        self.std.copy_(var.sqrt().clamp_(self.cfg.min_std, self.cfg.max_std))
+        if mask is not None:
+            self.mean.mul_(mask.squeeze(1))
+            self.std.mul_(mask.squeeze(1))
+
+    def _act(self, score: Tensor, elite_actions: Tensor, eval_mode: bool) -> Tensor:
+        """One elite per env, sampled from the softmax weights (Gumbel-max: no host sync): its first action, with
+        the std's noise when training."""
+        gumbel = -torch.log(-torch.log(torch.rand_like(score).clamp_(1e-20, 1.0)))
+        choice = (score.log() + gumbel).argmax(1)
+        action = elite_actions[0].gather(1, choice.view(-1, 1, 1).expand(-1, 1, self.action_dim)).squeeze(1)
+        if not eval_mode:
+            action = action + self.std[0] * torch.randn_like(action)
+        self.prev_mean.copy_(self.mean)
+        return action.clamp_(-1, 1)

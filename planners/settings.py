@@ -29,6 +29,9 @@ class MPPIConfig:
     """Upper bound of the sampling std, and its value at the first iteration."""
     temperature: float = 0.5
     """Sharpness of the elites' softmax weights: exp(temperature x (value - max))."""
+    min_prob: float = 0.05
+    """Discrete actions: each refit mixes every step's probabilities with uniform at this weight, so that no
+    action's falls below min_prob / n (the analogue of min_std)."""
 
     @classmethod
     def from_config(cls, cfg: Any, action_dim: int) -> "MPPIConfig":

@@ -22,7 +22,8 @@ from tdmpc.config import Config
 from tdmpc.errors import BadInput, CheckpointError, TaskError
 from tdmpc.model import checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
-from tdmpc.planners.mppi import MPPI, MPPIConfig
+from tdmpc.planners.make import make_planner
+from tdmpc.planners.mppi import LatentMPPI, MPPIConfig
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.compile import compiled_if
 from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype, set_matmul_precision
@@ -88,7 +89,7 @@ class Agent:
         self._rho = cfg.rho ** torch.arange(H + 1, device=device, dtype=torch.float32)
         self._quantiles = torch.tensor([0.05, 0.95], device=device)
         self.planner_cfg = MPPIConfig.from_config(cfg, dims.action_dim)
-        self._planners: dict[tuple[int, str], MPPI] = {}
+        self._planners: dict[tuple[int, str], LatentMPPI] = {}
         # On CUDA, plan() and update() replay as CUDA graphs (static shapes, no host syncs); not across ranks.
         self.graphs = device.type == "cuda" and cfg.cuda_graphs and shard.world == 1
         self._plan_fns: dict[tuple[int, str, bool], Callable] = {}
@@ -104,12 +105,12 @@ class Agent:
             for optim, name in ((self.optim, "world-model"), (self.pi_optim, "policy"))}
 
     # --- acting -------------------------------------------------------------------
-    def planner(self, num_envs: int, role: str = "train") -> MPPI:
+    def planner(self, num_envs: int, role: str = "train") -> LatentMPPI:
         """One planner per (N, role), so evaluation never disturbs the training warm start."""
         key = (num_envs, role)
         if key not in self._planners:
             chunk_rows = CPU_PLAN_CHUNK_ROWS if cpu_fast_paths(self.device) else None
-            self._planners[key] = MPPI(self.plan_model, self.planner_cfg, num_envs, self.dims.action_dim,
+            self._planners[key] = make_planner(self.plan_model, self.planner_cfg, num_envs, self.dims.action_dim,
                                        self.discount, self.device, chunk_rows)
         return self._planners[key]
 
@@ -160,8 +161,9 @@ class Agent:
 
     def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None = None,
             eval_mode: bool = False, role: str | None = None,
-            task: int | str | Sequence | np.ndarray | Tensor | None = None) -> np.ndarray:
-        """Actions in [-1, 1] for one observation (-> (A,)) or a batch of N (-> (N, A)), as numpy.
+            task: int | str | Sequence | np.ndarray | Tensor | None = None) -> np.ndarray | int:
+        """Actions for one observation or a batch of N, as numpy: in [-1, 1], (A,) or (N, A), for a continuous
+        model; a discrete model's are integers, an int or (N,).
 
         first_step marks envs whose episode just began (True for all at the first call of an
         episode): their plan starts afresh instead of from the last plan's mean. Default: none.
@@ -178,13 +180,16 @@ class Agent:
             obs_t, first = to_device(self.device, obs_t, first)  # host observations and flags in one copy
         actions = self.act_on_device(obs_t, first.to(self.device, non_blocking=True), eval_mode, role,
                                      self.task_ids(task, n))
-        return actions[0] if single else actions
+        if not single:
+            return actions
+        return actions[0].item() if actions.ndim == 1 else actions[0]  # one discrete action: a Python int
 
     def act_on_device(self, obs: Tensor, first: Tensor, eval_mode: bool = False, role: str | None = None,
                       task: Tensor | None = None) -> np.ndarray:
         """act() for a batch already on the agent's device and checked: (N, *obs_shape) observations, (N,) bool
-        first-step flags and (N,) task ids (task_ids()) or None -> (N, A) actions as numpy. Training acts on its
-        replay buffer's newest rows through it, so an env step sends nothing to the device to act."""
+        first-step flags and (N,) task ids (task_ids()) or None -> actions as numpy, as the envs take them: (N, A)
+        float32, or (N,) integers for a discrete model. Training acts on its replay buffer's newest rows through it,
+        so an env step sends nothing to the device to act."""
         # Inference mode, or no_grad for compiled planning: inductor cannot compile on inference tensors.
         with torch.no_grad() if self.cfg.compile else torch.inference_mode():
             if self._plan_model_stale:
@@ -197,7 +202,7 @@ class Agent:
             else:
                 policy = self.plan_model.pi(self.plan_model.encode(obs, task), task)
                 a = policy.mean if eval_mode else policy.action
-            return a.float().cpu().numpy()
+            return self.plan_model.env_action(a).cpu().numpy()
 
     def _observations(self, obs: np.ndarray | Tensor) -> tuple[Tensor, bool]:
         """(N, *obs_shape) observations in the dtype the model takes, and whether one was given unbatched."""
@@ -249,7 +254,7 @@ class Agent:
         dynamics predict, as planning does; evaluation scores it against the env's terminations."""
         m = self.model
         z = m.encode(torch.as_tensor(obs).to(self.device))
-        z = m.next(z, torch.as_tensor(action, dtype=torch.float32).to(self.device))
+        z = m.next(z, m.action_input(torch.as_tensor(action, dtype=torch.float32).to(self.device)))
         return (m.termination(z) > 0.5).squeeze(-1).cpu().numpy()
 
     # --- learning -----------------------------------------------------------------
@@ -268,6 +273,7 @@ class Agent:
                         task: Tensor | None = None) -> dict[str, Tensor]:
         m = self.model
         m.train()
+        action = m.action_input(action)  # a discrete model's stored integers as one-hot rows
         total, losses, zs, reached = self._model_loss(obs, action, reward, terminated, task)
         total.backward()
         grad_norm, skipped = self._step(self.optim)
@@ -345,7 +351,7 @@ class Agent:
             policy = m.pi(zs, task, eps=self._noise(zs.shape[:-1]))
             values, z_in = self._values(zs)
             with values:
-                q = m.q_value(z_in, policy.action, "avg", task, detach=True).float()
+                q = m.prior_value(z_in, policy, task).float()
         self._update_scale(self.shard.gather(q[0]), None if task is None else self.shard.gather(task))
         scale = self.scale if self.scale.dim() == 0 else self.scale[task].view(1, -1, 1)
         bonus = policy.scaled_entropy

@@ -38,7 +38,8 @@ from tdmpc.runtime.transfer import to_device
 @dataclass
 class Batch:
     """B sub-trajectories, time first: obs (H+1, B, ...), the rest (H, B[, A]); task (B,) ids of a
-    multi-task batch (one per sub-trajectory), None for a single-task one."""
+    multi-task batch (one per sub-trajectory), None for a single-task one. Discrete actions are (H, B) integers
+    (the model makes one-hot rows of them: WorldModel.action_input)."""
 
     obs: Tensor
     action: Tensor
@@ -54,10 +55,12 @@ BUFFER_FIELDS = ("obs", "action", "reward", "terminated", "first", "valid")
 class ReplayBuffer:
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], action_dim: int,
                  horizon: int, obs_dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-                 storage: torch.device | str | None = None, env_tasks: np.ndarray | None = None):
+                 storage: torch.device | str | None = None, env_tasks: np.ndarray | None = None,
+                 discrete: bool = False):
         """env_tasks: the task id of each env (a multi-task model's); sampled batches then carry the task of
-        each sub-trajectory."""
+        each sub-trajectory. discrete: actions are integers 0..action_dim-1, stored as one int32 per row."""
         self.N, self.H = num_envs, horizon
+        self.num_actions = action_dim if discrete else None  # saved, so a buffer file says what its integers index
         self.C = capacity // num_envs  # rows per env
         if self.C <= horizon + 1:
             raise ValueError(f"buffer of {capacity} rows for {num_envs} envs cannot hold horizon {horizon}")
@@ -67,7 +70,8 @@ class ReplayBuffer:
         kw: dict[str, Any] = dict(device=self.storage, pin_memory=pin)
         N, C = self.N, self.C
         self.obs = torch.zeros((N, C, *obs_shape), dtype=obs_dtype, **kw)
-        self.action = torch.zeros((N, C, action_dim), **kw)
+        self.action = torch.zeros((N, C) if discrete else (N, C, action_dim), dtype=torch.int32 if discrete else
+                                  torch.float32, **kw)
         self.reward = torch.zeros((N, C), **kw)
         self.terminated = torch.zeros((N, C), dtype=torch.bool, **kw)
         self.first = torch.zeros((N, C), dtype=torch.bool, device=self.storage)  # the row starts an episode
@@ -132,7 +136,7 @@ class ReplayBuffer:
             return
         if (self.ep_step[envs] < 0).any():
             raise RuntimeError("ReplayBuffer.add() before start(): begin each env's episode first")
-        obs_h, action_h = _host(obs, self.obs.dtype)[envs], _host(action, torch.float32)[envs]
+        obs_h, action_h = _host(obs, self.obs.dtype)[envs], _host(action, self.action.dtype)[envs]
         reward_h, ended = _host(reward, torch.float32)[envs], _host(terminated, torch.bool)[envs]
         rows = self._rows(envs)
         self.ep_step[envs] += 1
@@ -203,6 +207,8 @@ class ReplayBuffer:
                     f.create_dataset("env_tasks", data=self.env_tasks.cpu().numpy())
                 f.attrs.update(capacity_per_env=self.C, num_envs=self.N, horizon=self.H, filled=F,
                                transitions=self.transitions)
+                if self.num_actions is not None:
+                    f.attrs["num_actions"] = self.num_actions
 
         atomic_write(Path(path), write)
 
@@ -253,4 +259,4 @@ def _host(x: Tensor | np.ndarray, dtype: torch.dtype) -> np.ndarray:
     return array.astype(_NUMPY[dtype], copy=False)
 
 
-_NUMPY = {torch.float32: np.float32, torch.uint8: np.uint8, torch.bool: np.bool_}  # the buffer fields' dtypes
+_NUMPY = {torch.float32: np.float32, torch.uint8: np.uint8, torch.bool: np.bool_, torch.int32: np.int32}  # the buffer fields' dtypes

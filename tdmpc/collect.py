@@ -1,7 +1,7 @@
 """python -m tdmpc.collect --checkpoint PATH --task T --episodes N --out data.h5: episodes of a trained agent, as a dataset.
 
 The agent plans (or acts with its policy prior, --no-mpc), with Gaussian noise of std --noise
-added to its actions (clipped to [-1, 1]); episodes run up to 16 at a time, planned in one
+added to its actions (clipped to [-1, 1]), or for discrete actions a random action with chance --noise; episodes run up to 16 at a time, planned in one
 call per step. They are appended to --out, created if missing: a file that exists must hold
 the same task and dims, and a crash never corrupts what it held (tdmpc.offline.writer).
 """
@@ -40,7 +40,8 @@ class CollectArgs:
     mpc: bool = True
     """Plan with MPPI; --no-mpc acts with the policy prior alone."""
     noise: float = 0.0
-    """Std of Gaussian noise added to every action (then clipped to [-1, 1])."""
+    """Std of Gaussian noise added to every action (then clipped to [-1, 1]); for discrete actions, the chance of
+    a uniformly random action instead (at most 1)."""
     seed: int = 0
     """Seeds the envs, the planner and the noise."""
     device: str = "auto"
@@ -57,17 +58,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def collect(args: CollectArgs) -> int:
-    if args.episodes < 1 or args.noise < 0:
+    if args.episodes < 1 or args.noise < 0:  # (a discrete model's noise above 1 acts at random throughout)
         raise BadInput(f"--episodes must be >= 1 and --noise >= 0, got {args.episodes} and {args.noise}")
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc)
     cfg, dims = agent.cfg, agent.dims
     task = args.task or cfg.task
     repeat = cfg.action_repeat or resolve_task(task).default_action_repeat
-    own: tuple[list[int], list[int]] | tuple = ()
+    own: tuple[list[int] | None, list[int] | None] = (None, None)
     if dims.multitask:  # obs stay padded to the model's; the file says the task's own dims
         agent.task_ids(task, 1)  # one of its set, or a one-line error
         own = ([_own_obs_dim(task)], [dims.action_dims[dims.tasks.index(task)]])
-    writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat, _source(args), *own)
+    writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat, _source(args), *own,
+                           discrete=dims.discrete)
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -95,8 +97,12 @@ def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.rand
         history: list[tuple[list[np.ndarray], list[np.ndarray], list[float]]] = [([o], [], []) for o in obs]
         done, first, returns = np.zeros(n, bool), np.ones(n, bool), []
         while not done.all():
-            action = agent.act(obs, first, eval_mode=True, role=f"collect{n}", task=task if dims.multitask else None)
-            action = (np.clip(action + noise * rng.standard_normal(action.shape), -1, 1) * mask).astype(np.float32)
+            action = np.asarray(agent.act(obs, first, eval_mode=True, role=f"collect{n}",
+                                          task=task if dims.multitask else None))
+            if dims.discrete:  # noise: the chance of a uniformly random action instead
+                action = np.where(rng.random(n) < noise, rng.integers(0, dims.action_dim, n), action)
+            else:
+                action = (np.clip(action + noise * rng.standard_normal(action.shape), -1, 1) * mask).astype(np.float32)
             obs, reward, terminated, truncated, info = envs.step(action)
             for i in np.flatnonzero(~done):
                 ended = bool(terminated[i] or truncated[i])

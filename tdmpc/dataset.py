@@ -53,7 +53,8 @@ def describe(file: DatasetFile) -> str:
     raw = file.rows * s.row_bytes()
     lines = [f"{file.path}: {file.episodes:,} episodes, {file.rows:,} rows, {len(s.tasks)} task(s), "
              f"{size / 1e6:.1f} MB ({raw / max(size, 1):.1f}x compressed)",
-             f"  obs {s.obs_type} {s.obs_shape} {s.obs_dtype}, action {s.action_dim}, action_repeat {s.action_repeat}"]
+             f"  obs {s.obs_type} {s.obs_shape} {s.obs_dtype}, action "
+             f"{f'{s.action_dim} discrete' if s.discrete else s.action_dim}, action_repeat {s.action_repeat}"]
     returns = _returns(file)
     for t, name in enumerate(s.tasks):
         mine = file.episode_task == t

@@ -83,7 +83,7 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
             first = np.ones(n, dtype=bool)
             dropped = np.zeros(n, dtype=bool)
             if record:
-                frames.append(cast(np.ndarray, envs.envs[0].render()))
+                frames.append(_frame(envs))
             while True:
                 obs_, bad = _finite(obs_, done, drop_nonfinite, env, length)
                 dropped |= bad
@@ -92,8 +92,8 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
                     break
                 if stop is not None and stop():
                     return None
-                action = agent.act(obs_, first, eval_mode=True, role=f"eval{n}",
-                                   task=cast(str, env) if multitask else None)
+                action = np.asarray(agent.act(obs_, first, eval_mode=True, role=f"eval{n}",
+                                              task=cast(str, env) if multitask else None))
                 if result.termination is not None:
                     predicted = agent.predicts_termination(obs_, action)
                 obs_, reward, terminated, truncated, info = envs.step(action)
@@ -102,14 +102,15 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
                     np.add.at(result.termination, (terminated[live].astype(int), predicted[live].astype(int)), 1)
                 ret[live] += reward[live]
                 length[live] += 1
-                act_abs[live] += np.abs(action[live, :own_dims]).mean(-1)
+                if not agent.dims.discrete:  # integer actions have no magnitude: action_abs_mean stays NaN
+                    act_abs[live] += np.abs(action[live, :own_dims]).mean(-1)
                 ended = (terminated | truncated) & live
                 if "success" in info:
                     success[live] = np.asarray(info["success"], dtype=np.float64)[live]
                 if ended.any() and "final_info" in info and "success" in info["final_info"]:
                     success[ended] = np.asarray(info["final_info"]["success"], dtype=np.float64)[ended]
                 if record and live[0]:
-                    frames.append(cast(np.ndarray, envs.envs[0].render()) if not ended[0] else frames[-1])
+                    frames.append(_frame(envs) if not ended[0] else frames[-1])
                 done |= ended
                 first = terminated | truncated
         finally:
@@ -118,7 +119,8 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
         result.dropped += int(dropped.sum())
         result.returns += ret[kept].tolist()
         result.lengths += length[kept].tolist()
-        result.action_abs += (act_abs / np.maximum(length, 1))[kept].tolist()
+        if not agent.dims.discrete:
+            result.action_abs += (act_abs / np.maximum(length, 1))[kept].tolist()
         if not np.isnan(success[kept]).all():
             result.successes += np.nan_to_num(success[kept]).tolist()
     if video is not None and frames:
@@ -140,6 +142,16 @@ def _finite(obs: np.ndarray, done: np.ndarray, drop: bool, env: EnvSource, lengt
         raise NonFiniteData(f"evaluation env {i} ({name}) returned a non-finite observation at step {int(length[i]):,} "
                             f"of its episode; pass --nonfinite-data drop to leave such episodes out")
     return np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), np.zeros_like(obs), obs), live
+
+
+def _frame(envs: gym.vector.SyncVectorEnv) -> np.ndarray:
+    """The first env's rendered frame; a renderer that is not installed (pygame, for gymnasium's classic-control
+    tasks) is a one-line BadInput."""
+    try:
+        return cast(np.ndarray, envs.envs[0].render())
+    except gym.error.DependencyNotInstalled as e:
+        raise BadInput(f"cannot render this task for a video: {str(e).splitlines()[0]} (pip install "
+                       f"'tdmpc[video]' installs it)") from None
 
 
 def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:

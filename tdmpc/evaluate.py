@@ -84,7 +84,8 @@ def evaluate(args: EvalArgs) -> int:
             check_observations(env, spec)
         finally:
             env.close()
-        check_dims_match(agent.dims, spec.obs_shape, spec.action_dim, spec.task, str(args.checkpoint))
+        check_dims_match(agent.dims, spec.obs_shape, spec.action_dim, spec.discrete, spec.task,
+                         str(args.checkpoint))
 
     set_threads(args.threads)
     torch.manual_seed(args.seed)  # the planner's samples: the same seed repeats the same evaluation

@@ -73,7 +73,8 @@ def test_rows_follow_the_replay_buffer_convention(tmp_path):
         assert f["truncated"][...].tolist() == [False, False, False, False, True]
         assert f["episode_start"][...].tolist() == [0, 3] and f["episode_length"][...].tolist() == [2, 1]
         assert f["episode_task"][...].tolist() == [0, 0]
-        assert f.attrs["format"] == "tdmpc-dataset" and f.attrs["version"] == 1
+        assert f.attrs["format"] == "tdmpc-dataset" and f.attrs["version"] == 2
+        assert f.attrs["action_type"] == "continuous"
         assert json.loads(f.attrs["tasks"]) == ["walker-walk"] and f.attrs["action_repeat"] == 2
         assert f["obs"].compression == "gzip" and f["obs"].maxshape == (None, 3)
 
@@ -159,7 +160,8 @@ CORRUPTIONS = {
     "missing field": (lambda f: f.__delitem__("reward"), "missing field 'reward'"),
     "missing attribute": (lambda f: f.attrs.__delitem__("tasks"), "missing field 'tasks'"),
     "wrong format": (lambda f: f.attrs.__setitem__("format", "other"), "'format' is 'other'"),
-    "newer version": (lambda f: f.attrs.__setitem__("version", 2), "'version' is 2"),
+    "newer version": (lambda f: f.attrs.__setitem__("version", 3), "'version' is 3"),
+    "action type": (lambda f: f.attrs.__setitem__("action_type", "hybrid"), "'action_type' is 'hybrid'"),
     "lengths": (lambda f: f["episode_length"].__setitem__(1, 5), "'episode_start'/'episode_length' do not tile"),
     "task out of range": (lambda f: f["episode_task"].__setitem__(2, 3), "'episode_task' is 3 at episode 2"),
     "nan reward": (_nan_reward, r"'reward' is not finite at row 41 \(episode 5, step 1\)"),

@@ -58,13 +58,13 @@ class LiveOutputs(TorchDispatchMode):
         return sum(storages.values())
 
 
-@pytest.mark.parametrize("model_size", [1, 5])
-def test_exact_parts_equal_the_bytes_allocated(model_size):
+@pytest.mark.parametrize("model_size,discrete", [(1, False), (5, False), (1, True)])
+def test_exact_parts_equal_the_bytes_allocated(model_size, discrete):
     cfg = validate(Config(model_size=model_size, device="cpu", precision="fp32", batch_size=8, num_samples=64,
                           num_elites=8, num_pi_trajs=4, iterations=1, num_envs=2, eval_episodes=0,
                           buffer_size=2000))
     obs_shape, A, episodic = (17,), 6, True
-    dims = ModelDims.from_config(cfg, obs_shape, A, episodic)
+    dims = ModelDims.from_config(cfg, obs_shape, A, episodic, discrete=discrete)
     agent = Agent(cfg, dims, 500, torch.device("cpu"))
     grads = []
     for optim in (agent.optim, agent.pi_optim):  # gradients live until zero_grad: measure them there
@@ -73,12 +73,13 @@ def test_exact_parts_equal_the_bytes_allocated(model_size):
             _orig(set_to_none=set_to_none)
         optim.zero_grad = zero_grad
     H, B = cfg.horizon, cfg.batch_size
-    agent.update(Batch(torch.randn(H + 1, B, *obs_shape), torch.rand(H, B, A) * 2 - 1, torch.rand(H, B),
+    action = torch.randint(A, (H, B)) if discrete else torch.rand(H, B, A) * 2 - 1
+    agent.update(Batch(torch.randn(H + 1, B, *obs_shape), action, torch.rand(H, B),
                        torch.zeros(H, B, dtype=torch.bool)))
     with LiveOutputs() as planner_memory:  # the first act() makes the planner and its buffers
         agent.act(np.zeros((cfg.num_envs, *obs_shape), np.float32), np.ones(cfg.num_envs, bool))
 
-    est = memory.estimate(cfg, obs_shape, A, episodic, CPU_FP32)
+    est = memory.estimate(cfg, obs_shape, A, episodic, CPU_FP32, discrete=discrete)
     m = agent.model
     targets = list(m._target_Qs.parameters())
     online = [p for p in m.parameters() if all(p is not t for t in targets)]
@@ -91,7 +92,7 @@ def test_exact_parts_equal_the_bytes_allocated(model_size):
     assert est.planning_copy == _bytes([*agent.plan_model.parameters(), *agent.plan_model.buffers()])
     assert est.planner_buffers == planner_memory.live_bytes()  # what the planner really keeps, whatever it is
     assert est.learnable == m.num_learnable_params
-    buf = ReplayBuffer(cfg.buffer_size, cfg.num_envs, obs_shape, A, H)
+    buf = ReplayBuffer(cfg.buffer_size, cfg.num_envs, obs_shape, A, H, discrete=discrete)
     assert est.replay_buffer == buf.nbytes
 
 

@@ -354,8 +354,8 @@ def _bad_checkpoint(kind: str, tmp_path: Path) -> tuple[Path, str, list[str]]:
         sd["_decoder.0.weight"], sd["_extra"] = torch.zeros(4, 4), torch.zeros(1)
         return save_model(sd, path), "walker-walk", ["unexpected keys ['_decoder.0.weight', '_extra'] (2 in all)"]
     if kind == "task-dims":  # obs 24 / action 6, cartpole has obs 5 / action 1
-        return REF, "cartpole-swingup", ["model is for obs (24,) / action dim 6", "'cartpole-swingup' has obs (5,) / "
-                                                                                 "action dim 1"]
+        return REF, "cartpole-swingup", ["model is for obs (24,) / continuous actions of dim 6",
+                                         "'cartpole-swingup' has obs (5,) / continuous actions of dim 1"]
     if kind == "multi-task":  # a task embedding added to a single-task model: its first layers have no room
         sd["_task_emb.weight"], sd["_action_masks"] = torch.zeros(30, 96), torch.ones(30, 6)
         return save_model(sd, path), "walker-walk", ["not more than the latent size 128 and task dim 96"]

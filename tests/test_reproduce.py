@@ -297,3 +297,16 @@ def test_plot_command_draws_runs_grouped_as_seeds(tmp_path):
     assert r.returncode == 0 and f"wrote {out}" in r.stdout, r.stderr
     assert out.stat().st_size > 5_000
     assert "no eval.csv" in one_line_error(run_module("tdmpc.plot", tmp_path, "--out", tmp_path / "x.png"))
+
+
+def test_a_gymnasium_task_without_a_published_curve_is_judged_by_its_solved_threshold(tmp_path, capsys):
+    fake_run(tmp_path / "runs/CartPole-v1/seed1", "CartPole-v1", 1, [(10_000, 300.0), (30_000, 490.0)])
+    fake_run(tmp_path / "runs/Acrobot-v1/seed1", "Acrobot-v1", 1, [(50_000, -120.0)])
+    fake_run(tmp_path / "runs/Pendulum-v1/seed1", "Pendulum-v1", 1, [(30_000, -200.0)])  # no threshold: n/a
+    out = tmp_path / "out"
+    assert main(["--gather", str(tmp_path / "runs"), "--out", str(out), "--at", "30000"]) == 0
+    checks = {r["task"]: r["check"] for r in read_rows(out / "results.csv") if r["check"]}
+    assert checks == {"CartPole-v1": "PASS", "Acrobot-v1": "FAIL", "Pendulum-v1": "n/a"}
+    printed = capsys.readouterr().out
+    assert "PASS  CartPole-v1" in printed and "gymnasium's solved threshold 475" in printed
+    assert "gymnasium's solved threshold (`reward_threshold`), -100" in (out / "results.md").read_text()

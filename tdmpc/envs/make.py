@@ -35,10 +35,18 @@ class EnvSpec:
 
     task: str
     obs_shape: tuple[int, ...]  # (obs_dim,) for obs="state"; (3*frame_stack, 64, 64) uint8 for obs="rgb"
-    action_dim: int
+    action_dim: int  # continuous: the action vector's length; discrete: the number of actions, n
     episode_length: int  # agent steps per episode, after action repeat (DMC: 500)
     action_repeat: int  # DMC default 2, gymnasium tasks default 1
     episodic: bool  # whether the task can truly terminate (trains a termination head)
+    discrete: bool = False  # Discrete(n) actions, taken as integers 0..n-1; else a vector in [-1, 1]^action_dim
+
+    def random_actions(self, rng: np.random.Generator, num_envs: int) -> np.ndarray:
+        """Uniform random actions for num_envs envs, as they take them (seeding): (num_envs,) integers or
+        (num_envs, action_dim) float32."""
+        if self.discrete:
+            return rng.integers(0, self.action_dim, num_envs)
+        return rng.uniform(-1, 1, (num_envs, self.action_dim)).astype(np.float32)
 
 
 def make_env(
@@ -52,7 +60,8 @@ def make_env(
 ) -> tuple[gym.Env, EnvSpec]:
     """Build one environment: ``env`` is a DMC ``domain-task``, a gymnasium id, or a factory.
 
-    Actions are in [-1, 1]^A (mapped linearly onto the env's Box; a constant dimension held); observations float32 vectors (``obs="state"``) or
+    Actions are in [-1, 1]^A (mapped linearly onto the env's Box; a constant dimension held), or integers 0..n-1
+    for a ``Discrete(n)`` action space (its ``start`` added); observations float32 vectors (``obs="state"``) or
     stacked uint8 frames (``obs="rgb"``, DMC only). Each episode truncates after
     ``spec.episode_length`` agent steps; ``terminated`` only marks true terminal states.
     ``seed`` takes effect at the first ``reset()``. ``render=True`` asks a gymnasium task for
@@ -61,7 +70,7 @@ def make_env(
 
     Bad input raises one-line errors: UnknownTaskError and ValueError (bad options) before
     anything is built, ImportError for a DMC task without dm_control, TaskError for a
-    task whose action space is not a continuous Box (known only once built).
+    task whose action space is neither a Box nor a Discrete (known only once built).
     """
     task, repeat, first = _check(env, obs, action_repeat)
     built = _wrap(first or _make_named(task, obs, render, render_size), task, seed, obs, repeat)
@@ -148,6 +157,8 @@ def make_task_envs(
         probe = _wrap(_make_named(task, "state", False, RENDER_SIZE), task, None, "state", repeat)
         spec = _spec(task, probe, probe.observation_space, probe.action_space, repeat)
         probe.close()
+        if spec.discrete:
+            raise TaskError(f"task {t!r} has discrete actions; multi-task models are for continuous ones")
         if spec.obs_shape[0] > obs_dim or spec.action_dim > action_dim:
             raise TaskError(f"task {t!r} has obs dim {spec.obs_shape[0]} / action dim {spec.action_dim}, more than "
                             f"the model's {obs_dim} / {action_dim}")
@@ -255,7 +266,7 @@ def _wrap(built: gym.Env, task: Task, seed: int | None, obs: str, repeat: int,
         raise TaskError(problem)
     if not pixels:
         built = _flat_float32(built)
-    built = _rescaled(built)  # the policy samples in [-1, 1]^A
+    built = _from_zero(built) if isinstance(built.action_space, spaces.Discrete) else _rescaled(built)
     if repeat > 1:
         built = ActionRepeat(built, repeat)
     # In agent steps, so that every episode is exactly episode_length long even when the
@@ -281,6 +292,15 @@ def _rescaled(env: gym.Env) -> gym.Env:
         return np.clip(low + (high - low) * (np.asarray(action, np.float64) + 1) / 2, low, high).astype(space.dtype)
 
     return TransformAction(env, rescale, spaces.Box(-1.0, 1.0, space.shape, np.float32))
+
+
+def _from_zero(env: gym.Env) -> gym.Env:
+    """A Discrete(n, start) env takes the agent's 0..n-1 (its start added)."""
+    space = env.action_space
+    assert isinstance(space, spaces.Discrete)
+    if space.start == 0:
+        return env
+    return TransformAction(env, lambda a: int(a) + int(space.start), spaces.Discrete(int(space.n)))
 
 
 def _padded(env: gym.Env, obs_dim: int, action_dim: int) -> gym.Env:
@@ -336,8 +356,11 @@ def _flat_float32(env: gym.Env) -> gym.Env:
 
 def _action_space_problem(task: str, space: gym.Space) -> str | None:
     """Why the agent cannot act in ``space`` (a one-line message), or None if it can."""
+    if isinstance(space, spaces.Discrete):
+        return None if space.n >= 2 else f"task {task!r} has a Discrete action space of {space.n} action(s): nothing to choose"
     if not isinstance(space, spaces.Box):
-        return f"task {task!r} has a {type(space).__name__} action space; only continuous (Box) actions are supported"
+        return (f"task {task!r} has a {type(space).__name__} action space ({space}); supported are Box (continuous) "
+                f"and Discrete(n)")
     if len(space.shape) != 1 or not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
         return f"task {task!r} needs a 1-D action Box with finite bounds, got {space}"
     return None
@@ -350,5 +373,7 @@ def _spec(task: Task, env: gym.Env | None, obs_space: gym.Space, action_space: g
     if episodic is None:
         episodic = bool(env is not None and env.unwrapped.metadata.get("episodic", False))
     assert obs_space.shape is not None and action_space.shape is not None
-    return EnvSpec(task=task.name, obs_shape=tuple(obs_space.shape), action_dim=int(action_space.shape[0]),
-                   episode_length=task.env_steps // repeat, action_repeat=repeat, episodic=episodic)
+    discrete = isinstance(action_space, spaces.Discrete)
+    return EnvSpec(task=task.name, obs_shape=tuple(obs_space.shape),
+                   action_dim=int(action_space.n) if discrete else int(action_space.shape[0]),  # type: ignore[attr-defined]
+                   episode_length=task.env_steps // repeat, action_repeat=repeat, episodic=episodic, discrete=discrete)

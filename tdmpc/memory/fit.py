@@ -167,7 +167,7 @@ class MemoryPlan:
 
 def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
            fit: bool = False, resuming: bool = False, log: Callable[[str], None] | None = None,
-           tasks: TaskSetup | None = None) -> MemoryPlan:
+           tasks: TaskSetup | None = None, discrete: bool = False) -> MemoryPlan:
     """Estimate `cfg` on `target`. buffer_device 'auto' moves the replay buffer to host memory
     when the whole does not fit; beyond that, walk LADDER until it fits, applying each step
     (fit=True, each one logged) or only listing them as advice. A user's settings change only
@@ -175,7 +175,7 @@ def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: b
     budget = target.budget
 
     def est(c: Config, on_device: bool) -> MemoryEstimate:
-        return estimate(c, obs_shape, action_dim, episodic, target, on_device, tasks)
+        return estimate(c, obs_shape, action_dim, episodic, target, on_device, tasks, discrete)
 
     on_device = cfg.buffer_device != "host" or not target.cuda  # without CUDA all of it is host memory
     given = est(cfg, on_device)
@@ -207,7 +207,7 @@ def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: b
 # --- a run's plan, decided once before it starts -------------------------------------------
 def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
                device: torch.device | None, gpu_mem: str | None = None, fit: bool = False,
-               resuming: bool = False, tasks: TaskSetup | None = None) -> MemoryPlan:
+               resuming: bool = False, tasks: TaskSetup | None = None, discrete: bool = False) -> MemoryPlan:
     """The estimate for this run on this device (or a card of `gpu_mem`), with the replay buffer's place
     decided; with fit=True, lowered settings (each change printed). `plan.cfg` is the config to run."""
     try:
@@ -215,7 +215,8 @@ def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodi
     except ValueError as e:
         raise ConfigError(f"--gpu-mem: {e}") from None
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    return assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log, tasks=tasks)
+    return assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log, tasks=tasks,
+                  discrete=discrete)
 
 
 def buffer_storage(p: MemoryPlan, device: torch.device) -> torch.device:
@@ -223,12 +224,14 @@ def buffer_storage(p: MemoryPlan, device: torch.device) -> torch.device:
     return device if p.buffer_on_device and p.cfg.buffer_device != "host" else torch.device("cpu")
 
 
-def dry_run_report(p: MemoryPlan, obs_shape: tuple[int, ...], action_dim: int, device: torch.device | None) -> str:
+def dry_run_report(p: MemoryPlan, obs_shape: tuple[int, ...], action_dim: int, device: torch.device | None,
+                   discrete: bool = False) -> str:
     """What --dry-run prints: the run's settings, the breakdown and the verdict."""
+    actions = f"{action_dim} discrete actions" if discrete else f"action dim {action_dim}"
     cfg, s = p.cfg, p.cfg.sizes()
     size = f"model size {cfg.model_size}" if cfg.model_size else "custom model"
     where = device if device is not None else f"{cfg.device} (not available here)"
-    return (f"dry run: {cfg.task} (obs {obs_shape} {cfg.obs}, action dim {action_dim}), device {where}, "
+    return (f"dry run: {cfg.task} (obs {obs_shape} {cfg.obs}, {actions}), device {where}, "
             f"run dir {cfg.run_dir}\n"
             f"{size}: enc_dim {s['enc_dim']}, mlp_dim {s['mlp_dim']}, latent_dim {s['latent_dim']}, num_q {s['num_q']}; "
             f"num_envs {cfg.num_envs}, batch_size {cfg.batch_size}, num_samples {cfg.num_samples}, horizon "
@@ -248,11 +251,13 @@ def summary_line(p: MemoryPlan) -> str | None:
 
 
 def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
-                         target: Target, buffer_on_device: bool, device: torch.device) -> tuple[str, str]:
+                         target: Target, buffer_on_device: bool, device: torch.device,
+                         discrete: bool = False) -> tuple[str, str]:
     """After running out of device memory: the estimate beside torch's own peak, and the flags that take
     the estimate 25% lower (what a resume may change)."""
     where: Literal["device", "host"] = "device" if buffer_on_device else "host"
-    p = assess(dataclasses.replace(cfg, buffer_device=where), obs_shape, action_dim, episodic, target, resuming=True)
+    p = assess(dataclasses.replace(cfg, buffer_device=where), obs_shape, action_dim, episodic, target, resuming=True,
+               discrete=discrete)
     est = p.estimate
     if device.type == "cuda":
         actual = (f"actual peak {fmt_bytes(torch.cuda.max_memory_allocated(device))} allocated, "
@@ -260,7 +265,7 @@ def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: in
     else:
         actual = "actual peak not measurable here (no CUDA device)"
     lower = dataclasses.replace(target, capacity=int(0.75 * est.total / (1 - SAFETY_MARGIN)))
-    flags = assess(p.cfg, obs_shape, action_dim, episodic, lower, resuming=True).flags() \
+    flags = assess(p.cfg, obs_shape, action_dim, episodic, lower, resuming=True, discrete=discrete).flags() \
         or "--batch-size N --num-samples N"
     return (f"memory: estimate {fmt_bytes(est.total)} in all, {fmt_bytes(est.peak_allocated)} of tensors at the "
             f"peak, on {target.label}; {actual}."), flags

@@ -239,23 +239,29 @@ def eval_sizes(cfg: Config) -> list[int]:
 
 def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
     """MPPI.__init__'s tensors (actions, every iteration's noise and the prior's; mean, std, prev_mean; value, G, alive; gamma,
-    gamma^t and the powers t), and z_final in the planning dtype. A test measures what a planner really keeps
-    allocated."""
+    gamma^t and the powers t), and z_final in the planning dtype; CategoricalMPPI's draws are one U(0, 1) value per
+    sampled candidate step and env (and one per env to act), and it keeps probs and prev_probs. A test measures what
+    a planner really keeps allocated."""
     H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, dims.action_dim
     iterations = MPPIConfig.from_config(cfg, A).iterations
-    fp32 = 4 * (H * N * S * A + iterations * H * N * (S - P) * A + H * N * P * A + 3 * H * N * A + 3 * N * S + N + (H + 1) * (N + 1))
+    shared = H * N * S * A + H * N * P * A + 3 * N * S + N + (H + 1) * (N + 1)
+    if dims.discrete:
+        fp32 = 4 * (shared + iterations * H * N * (S - P) + N + 2 * H * N * A)
+    else:
+        fp32 = 4 * (shared + iterations * H * N * (S - P) * A + 3 * H * N * A)
     return fp32 + N * S * dims.latent_dim * _size(plan_dtype)
 
 
-def replay_buffer_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, num_envs: int) -> int:
-    """ReplayBuffer.nbytes: N x C rows of obs (fp32 state, uint8 pixels), action and reward (fp32),
-    terminated, first and valid (bool)."""
+def replay_buffer_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, num_envs: int,
+                        discrete: bool = False) -> int:
+    """ReplayBuffer.nbytes: N x C rows of obs (fp32 state, uint8 pixels), action (fp32 vectors, or one int32 for
+    discrete actions) and reward (fp32), terminated, first and valid (bool)."""
     rows = (cfg.buffer_size // num_envs) * num_envs
-    return rows * _row_bytes(cfg, obs_shape, action_dim)
+    return rows * _row_bytes(cfg, obs_shape, action_dim, discrete)
 
 
-def _row_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int) -> int:
-    return math.prod(obs_shape) * (1 if cfg.obs == "rgb" else 4) + 4 * action_dim + 4 + 1 + 1 + 1
+def _row_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, discrete: bool) -> int:
+    return math.prod(obs_shape) * (1 if cfg.obs == "rgb" else 4) + 4 * (1 if discrete else action_dim) + 4 + 1 + 1 + 1
 
 
 def _encoder_saved(dims: ModelDims, rows: int, d: int, hid: int, sim: int) -> int:
@@ -296,7 +302,9 @@ def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dty
     # allocated (they are counted apart, in MemoryEstimate.gradients): subtract them there.
     wm_grads = 4 * sum(p.numel() for p in _world_model_params(model))
     Rp = (H + 1) * B
-    policy = (Rp * (L * d + 2 * M * hid + 2 * A * 4 * 4) + 2 * Rp * ((L + A) * d + 2 * M * hid + nb * 4)
+    # the prior's Q: of its action, or of each of a categorical prior's A actions (its expectation)
+    policy = (Rp * (L * d + 2 * M * hid + 2 * A * 4 * 4)
+              + 2 * Rp * (A if dims.discrete else 1) * ((L + A) * d + 2 * M * hid + nb * 4)
               + 4 * _params(model._pi) - wm_grads)
     no_grad = R * (_encoder_saved(dims, 1, d, hid, sim) + 2 * ((L + A) * d + 3 * M * d + nb * 4)) - wm_grads
     return batch + targets + max(world, policy, no_grad)
@@ -316,11 +324,11 @@ def plan_activation_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtyp
 
 
 def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
-             buffer_on_device: bool = True, tasks: TaskSetup | None = None) -> MemoryEstimate:
+             buffer_on_device: bool = True, tasks: TaskSetup | None = None, discrete: bool = False) -> MemoryEstimate:
     """Peak device memory of a run of `cfg` on `target` (the model is in the module docstring); `tasks`:
-    a multi-task run's (its embedding, and num_envs envs of each task)."""
-    dims = ModelDims.from_config(cfg, tuple(obs_shape), action_dim, episodic,
-                                 *((tasks.task_set, tasks.action_dims) if tasks else ()))
+    a multi-task run's (its embedding, and num_envs envs of each task); discrete: Discrete(action_dim) actions."""
+    dims = ModelDims.from_config(cfg, tuple(obs_shape), action_dim, episodic, tasks.task_set if tasks else (),
+                                 tasks.action_dims if tasks else (), discrete=discrete)
     num_envs = cfg.num_envs * (len(tasks.tasks) if tasks else 1)
     with torch.device("meta"):  # exact shapes, no memory, any model size
         model = WorldModel(dims)
@@ -332,10 +340,11 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     plan_acts = [plan_activation_bytes(cfg, n, dims, target.dtype) for n in envs] if cfg.mpc else [0]
     gradients = _nbytes(_world_model_params(model))
     update = update_activation_bytes(cfg, dims, model, target.train_dtype)
-    buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs)  # offline: no buffer
+    buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs, discrete)  # offline: none
     graphs = target.cuda and cfg.cuda_graphs
     dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
-    rows = f"{buffer // _row_bytes(cfg, obs_shape, action_dim):,} x {_row_bytes(cfg, obs_shape, action_dim):,} B"
+    row = _row_bytes(cfg, obs_shape, action_dim, discrete)
+    rows = f"{buffer // row:,} x {row:,} B"
     return MemoryEstimate(
         parameters=_nbytes(p for p in model.parameters() if id(p) not in in_target) + _nbytes(model.buffers()),
         gradients=gradients,

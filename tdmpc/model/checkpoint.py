@@ -162,11 +162,16 @@ def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool 
                             [int(n) for n in length] if isinstance(length, (list, tuple)) else int(length), False)
 
 
-def check_dims_match(dims: ModelDims, obs_shape: tuple[int, ...], action_dim: int, task: str, source: str) -> None:
-    """A model made for other observation/action sizes than the task's is a one-line error."""
-    if (tuple(dims.obs_shape), dims.action_dim) != (tuple(obs_shape), action_dim):
+def check_dims_match(dims: ModelDims, obs_shape: tuple[int, ...], action_dim: int, discrete: bool, task: str,
+                     source: str) -> None:
+    """A model made for other observation or action sizes, or the other kind of actions, than the task's is a
+    one-line error."""
+    def actions(n: int, discrete: bool) -> str:
+        return f"{n} discrete actions" if discrete else f"continuous actions of dim {n}"
+
+    if (tuple(dims.obs_shape), dims.action_dim, dims.discrete) != (tuple(obs_shape), action_dim, discrete):
         raise CheckpointError(
-            f"{source}: model is for obs {tuple(dims.obs_shape)} / action dim {dims.action_dim}, but task "
-            f"'{task}' has obs {tuple(obs_shape)} / action dim {action_dim}")
+            f"{source}: model is for obs {tuple(dims.obs_shape)} / {actions(dims.action_dim, dims.discrete)}, but "
+            f"task '{task}' has obs {tuple(obs_shape)} / {actions(action_dim, discrete)}")
 
 

@@ -1,5 +1,9 @@
 """The TD-MPC2 world model: encoder, latent dynamics, reward, termination, Q-ensemble, policy prior.
 
+Continuous actions are vectors in [-1, 1]^A and the prior a squashed Gaussian, as in the reference. Discrete
+actions (Discrete(n) envs) are one-hot rows of n wherever a network reads an action, and the prior is a
+categorical distribution over the n actions; action_input() and env_action() convert at the boundary.
+
 Module names (`_encoder`, `_dynamics`, `_reward`, `_termination`, `_pi`, `_Qs`,
 `_target_Qs`) follow the reference implementation so checkpoints map across by name.
 """
@@ -47,6 +51,7 @@ class ModelDims(NetworkSettings):
     tasks: tuple[str, ...] = ()  # a multi-task model's task set; () for a single-task model
     task_dim: int = 0
     action_dims: tuple[int, ...] = ()  # each task's own action dims (the rest are masked)
+    discrete: bool = False  # Discrete(action_dim) actions, one-hot inside the model; else continuous in [-1, 1]
 
     @property
     def pixels(self) -> bool:
@@ -57,19 +62,24 @@ class ModelDims(NetworkSettings):
         return bool(self.tasks)
 
     @property
+    def action_shape(self) -> tuple[int, ...]:
+        """One action as the envs take it and the replay buffer stores it: () for an integer, else (action_dim,)."""
+        return () if self.discrete else (self.action_dim,)
+
+    @property
     def pad_to(self) -> tuple[int, int] | None:
         """A multi-task model's (obs dim, action dim), to which every task's envs are padded; None for one task."""
         return (self.obs_shape[0], self.action_dim) if self.multitask else None
 
     @classmethod
     def from_config(cls, cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
-                    tasks: tuple[str, ...] = (), action_dims: tuple[int, ...] = ()) -> "ModelDims":
+                    tasks: tuple[str, ...] = (), action_dims: tuple[int, ...] = (), discrete: bool = False) -> "ModelDims":
         """From a config and the task's dims; a multi-task model's task set and each task's action dims too."""
         values = {**cfg.to_dict(), **cfg.sizes()}
         return cls(obs_shape=tuple(obs_shape), action_dim=action_dim, episodic=episodic,
                    **{name: values[name] for name in CONFIG_DIMS},
                    tasks=tuple(tasks), task_dim=cfg.embedding_dim(len(tasks)) if tasks else 0,
-                   action_dims=tuple(action_dims))
+                   action_dims=tuple(action_dims), discrete=discrete)
 
     def config_values(self) -> dict:
         """The Config fields that reproduce these dims (model_size None: the sizes are explicit)."""
@@ -107,9 +117,9 @@ class WorldModel(nn.Module):
         super().__init__()
         self.dims = dims
         L, A, M, T = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.task_dim
-        if dims.multitask and (dims.episodic or dims.pixels):
-            raise ValueError("multi-task models are for state observations and tasks without terminations "
-                             "(as the reference's)")
+        if dims.multitask and (dims.episodic or dims.pixels or dims.discrete):
+            raise ValueError("multi-task models are for state observations, continuous actions and tasks without "
+                             "terminations (as the reference's)")
         if dims.multitask:
             self._task_emb = nn.Embedding(len(dims.tasks), T, max_norm=1)
             masks = torch.zeros(len(dims.tasks), A)
@@ -127,7 +137,7 @@ class WorldModel(nn.Module):
         self._dynamics = mlp(L + T + A, [M, M], L, last="simnorm", simnorm_dim=dims.simnorm_dim)
         self._reward = mlp(L + T + A, [M, M], dims.num_bins)
         self._termination = mlp(L, [M, M], 1) if dims.episodic else None
-        self._pi = mlp(L + T, [M, M], 2 * A)
+        self._pi = mlp(L + T, [M, M], A if dims.discrete else 2 * A)  # logits, or a Gaussian's mean and log std
         self._Qs = Ensemble(dims.num_q, L + T + A, [M, M], dims.num_bins, dropout=dims.dropout)
         init_weights(self)
         nn.init.zeros_(cast(nn.Linear, self._reward[-1]).weight)
@@ -151,6 +161,10 @@ class WorldModel(nn.Module):
     @property
     def latent_dim(self) -> int:
         return self.dims.latent_dim
+
+    @property
+    def discrete(self) -> bool:
+        return self.dims.discrete
 
     @property
     def latent_dtype(self) -> torch.dtype:
@@ -241,7 +255,11 @@ class WorldModel(nn.Module):
         A multi-task model masks the raw mean, the log std and eps to the task's own action dims.
         scaled_entropy is the reference's bonus, -(active dims) x the Gaussian log-prob *before* the tanh
         correction, written as it writes it (entropy x scaled_log_prob / log_prob); squash_correction is
-        that correction, which the 2023 release added to it (Config.entropy_bonus)."""
+        that correction, which the 2023 release added to it (Config.entropy_bonus).
+
+        A discrete model's prior is categorical (_categorical)."""
+        if self.dims.discrete:
+            return self._categorical(z, task, eps)
         mean, log_std, eps, mask = self._prior(z, task, eps)
         if mask is not None:
             active: Tensor | int = mask.sum(-1, keepdim=True)
@@ -257,8 +275,47 @@ class WorldModel(nn.Module):
 
     def pi_action(self, z: Tensor, task: Task = None, eps: Tensor | None = None) -> Tensor:
         """pi(z, task, eps).action alone: what planning reads, without the log-probs it would not use."""
+        if self.dims.discrete:
+            logits = self._pi(self._with_task(z, task)).float()
+            return one_hot_argmax(logits + gumbel(torch.randn_like(logits) if eps is None else eps))
         mean, log_std, eps, _ = self._prior(z, task, eps)
         return torch.tanh(torch.addcmul(mean, eps, log_std.exp()))
+
+    def _categorical(self, z: Tensor, task: Task, eps: Tensor | None) -> Policy:
+        """The categorical prior: a sample (Gumbel-max, from eps's N(0, 1) draws) and the most probable action,
+        one-hot; log_std holds the log-probabilities and probs the probabilities (the policy loss takes the
+        expectation over the n actions, prior_value()); the bonus is the entropy, with nothing to squash."""
+        log_probs = self._pi(self._with_task(z, task)).float().log_softmax(-1)
+        probs = log_probs.exp()
+        action = one_hot_argmax(log_probs + gumbel(torch.randn_like(log_probs) if eps is None else eps))
+        entropy = -(probs * log_probs).sum(-1, keepdim=True)
+        return Policy(action, one_hot_argmax(log_probs), log_probs, entropy, entropy, torch.zeros_like(entropy), probs)
+
+    def prior_value(self, z: Tensor, policy: Policy, task: Task = None) -> Tensor:
+        """What the policy loss maximises, (..., 1), the Q weights detached (2 random heads, averaged): a Gaussian
+        prior's Q of its reparameterised sample; a categorical prior's expected Q over its n actions, exact, so
+        the gradient reaches the probabilities without a sampling estimator (the form of the reference's
+        `discrete` branch and of SAC-Discrete)."""
+        if not self.dims.discrete:
+            return self.q_value(z, policy.action, "avg", task, detach=True)
+        assert policy.probs is not None
+        n = self.dims.action_dim
+        every = torch.eye(n, device=z.device, dtype=z.dtype).expand(*z.shape[:-1], n, n)
+        q = self.decode(self.Q(z.unsqueeze(-2).expand(*z.shape[:-1], n, z.shape[-1]), every, task,
+                               self.sample_heads(), detach=True)).mean(0).squeeze(-1)  # (..., n)
+        return (policy.probs * q).sum(-1, keepdim=True)
+
+    def action_input(self, action: Tensor) -> Tensor:
+        """Actions as the envs take them (and the replay buffer stores them) -> what the networks read: a discrete
+        model's integer actions as one-hot float rows, (...) -> (..., n); a continuous model's unchanged."""
+        if not self.dims.discrete:
+            return action
+        rows = torch.zeros(*action.shape, self.dims.action_dim, device=action.device)
+        return rows.scatter_(-1, action.long().unsqueeze(-1), 1.0)
+
+    def env_action(self, action: Tensor) -> Tensor:
+        """The inverse of action_input: planned one-hot rows -> (...) integer actions; continuous ones as float32."""
+        return action.argmax(-1) if self.dims.discrete else action.float()
 
     def _prior(self, z: Tensor, task: Task, eps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """The prior's raw mean, bounded log std and N(0, 1) draw (masked to the task's dims), and the mask."""
@@ -308,6 +365,17 @@ class WorldModel(nn.Module):
     @property
     def num_learnable_params(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def one_hot_argmax(x: Tensor) -> Tensor:
+    """One-hot rows of x's argmax (a scatter: no host sync, unlike F.one_hot's range check)."""
+    return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
+
+
+def gumbel(eps: Tensor) -> Tensor:
+    """Gumbel(0, 1) noise from N(0, 1) draws (through the normal CDF), so that every prior samples from the same
+    draws: the agent's and the planner's N(0, 1) noise serve the categorical prior as they serve the Gaussian."""
+    return -torch.log(-torch.log(torch.special.ndtr(eps)))
 
 
 def squash_correction(action: Tensor) -> Tensor:

@@ -58,12 +58,15 @@ def convert_buffer(buffer_path: str | Path, out_path: str | Path, task: str, obs
     the task's default (the buffer does not record it: pass what the run used).
     """
     with _open_buffer(Path(buffer_path)) as f:
-        obs_shape, action_dim, obs_dtype = f["obs"].shape[2:], f["action"].shape[2], f["obs"].dtype
+        obs_shape, obs_dtype = f["obs"].shape[2:], f["obs"].dtype
+        discrete = "num_actions" in f.attrs  # a discrete run's buffer: one integer action per row
+        action_dim = int(f.attrs["num_actions"]) if discrete else f["action"].shape[2]
     if action_repeat is None:
         from tdmpc.envs.names import resolve_task
 
         action_repeat = resolve_task(task).default_action_repeat
     obs_type = obs_type or ("rgb" if obs_dtype == np.uint8 else "state")
     source = source or f"replay buffer {Path(buffer_path).resolve()}"
-    with DatasetWriter(out_path, obs_shape, action_dim, [task], obs_type, action_repeat, source) as writer:
+    with DatasetWriter(out_path, obs_shape, action_dim, [task], obs_type, action_repeat, source,
+                       discrete=discrete) as writer:
         return writer.commit(episodes_from_buffer(buffer_path))

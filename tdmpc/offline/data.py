@@ -54,10 +54,13 @@ def model_spec(cfg: Config, info: DatasetInfo) -> tuple[EnvSpec, TaskSetup | Non
             raise DatasetError(f"{info.files[0].path}: the data are of task {task!r}; pass --task {task}")
         env, spec = make_env(task, obs=cfg.obs, action_repeat=schema.action_repeat)
         env.close()
-        if (tuple(spec.obs_shape), spec.action_dim) != (schema.obs_shape, schema.action_dim):
-            raise DatasetError(f"{info.files[0].path}: 'obs' rows {schema.obs_shape} and 'action' rows "
-                               f"{schema.action_dim} do not fit task {task!r} (obs {spec.obs_shape}, action "
-                               f"{spec.action_dim})")
+        if (tuple(spec.obs_shape), spec.action_dim, spec.discrete) != (schema.obs_shape, schema.action_dim,
+                                                                        schema.discrete):
+            def actions(n: int, discrete: bool) -> str:
+                return f"{n} discrete actions" if discrete else f"action rows of {n}"
+            raise DatasetError(f"{info.files[0].path}: 'obs' rows {schema.obs_shape} and "
+                               f"{actions(schema.action_dim, schema.discrete)} do not fit task {task!r} (obs "
+                               f"{spec.obs_shape}, {actions(spec.action_dim, spec.discrete)})")
         tasks = None
     else:
         missing = [t for t in wanted if t not in schema.tasks]

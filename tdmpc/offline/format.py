@@ -22,7 +22,10 @@ import numpy as np
 
 from tdmpc.errors import ActionRangeError, DatasetError
 
-FORMAT, VERSION = "tdmpc-dataset", 1
+# Version 2 added discrete actions: an 'action_type' attribute ("continuous" or "discrete"); a discrete file's
+# 'action' rows are int32 action indices, one per row, and its 'num_actions' attribute says how many there are.
+# Version 1 files (continuous, without the attribute) are still read.
+FORMAT, VERSION, READABLE_VERSIONS = "tdmpc-dataset", 2, (1, 2)
 OBS_DTYPES: dict[str, np.dtype] = {"state": np.dtype(np.float32), "rgb": np.dtype(np.uint8)}
 OBS_TYPES = tuple(OBS_DTYPES)
 ROW_FIELDS = ("obs", "action", "reward", "terminated", "truncated")
@@ -43,7 +46,8 @@ def _fail(where: object, message: str) -> NoReturn:
 
 @dataclass
 class Episode:
-    """One episode: obs (L+1, ...) from the reset observation on; action (L, A) and reward (L,) per transition."""
+    """One episode: obs (L+1, ...) from the reset observation on; action (L, A), or (L,) integers for discrete
+    actions, and reward (L,) per transition."""
 
     obs: np.ndarray
     action: np.ndarray
@@ -64,6 +68,7 @@ class Schema:
     action_repeat: int
     task_obs_dims: tuple[int, ...]  # per task, obs features before zero padding (pixels: channels)
     task_action_dims: tuple[int, ...]  # per task, action dims before zero padding
+    discrete: bool = False  # action rows are integers 0..action_dim-1 (action_dim: the number of actions)
 
     @property
     def obs_dtype(self) -> np.dtype:
@@ -72,7 +77,8 @@ class Schema:
     def row_fields(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Shape of one row and dtype of each row field."""
         f32, b = np.dtype(np.float32), np.dtype(bool)
-        return {"obs": (self.obs_shape, self.obs_dtype), "action": ((self.action_dim,), f32), "reward": ((), f32),
+        action = ((), np.dtype(np.int32)) if self.discrete else ((self.action_dim,), f32)
+        return {"obs": (self.obs_shape, self.obs_dtype), "action": action, "reward": ((), f32),
                 "terminated": ((), b), "truncated": ((), b)}
 
     def row_bytes(self) -> int:
@@ -88,8 +94,9 @@ class Schema:
 
 def make_schema(where: object, obs_shape: Sequence[int], action_dim: int, tasks: Sequence[str], obs_type: str,
                 action_repeat: int, task_obs_dims: Sequence[int] | None = None,
-                task_action_dims: Sequence[int] | None = None) -> Schema:
-    """A checked Schema; task dims default to the full dims (no padding). `where` names the file in errors."""
+                task_action_dims: Sequence[int] | None = None, discrete: bool = False) -> Schema:
+    """A checked Schema; task dims default to the full dims (no padding). `where` names the file in errors.
+    discrete: action rows are integers 0..action_dim-1."""
     obs_shape, tasks = tuple(int(d) for d in obs_shape), tuple(tasks)
     if obs_type not in OBS_TYPES:
         _fail(where, f"'obs_type' is {obs_type!r}, not one of {list(OBS_TYPES)}")
@@ -99,13 +106,15 @@ def make_schema(where: object, obs_shape: Sequence[int], action_dim: int, tasks:
         _fail(where, f"'tasks' must be a non-empty list of distinct names, got {list(tasks)}")
     if action_repeat < 1:
         _fail(where, f"'action_repeat' is {action_repeat}; it must be at least 1")
+    if discrete and (action_dim < 2 or len(tasks) > 1):
+        _fail(where, f"discrete actions need 'num_actions' >= 2 (got {action_dim}) and one task (got {len(tasks)})")
     dims = {}
     for name, given, full in (("task_obs_dims", task_obs_dims, obs_shape[0]),
                               ("task_action_dims", task_action_dims, action_dim)):
         dims[name] = tuple(int(d) for d in given) if given is not None else (full,) * len(tasks)
         if len(dims[name]) != len(tasks) or not all(1 <= d <= full for d in dims[name]):
             _fail(where, f"'{name}' is {list(dims[name])}: one dim per task (of {len(tasks)}), each 1..{full}")
-    return Schema(obs_shape, int(action_dim), tasks, obs_type, int(action_repeat), **dims)
+    return Schema(obs_shape, int(action_dim), tasks, obs_type, int(action_repeat), **dims, discrete=discrete)
 
 
 def _first_nonfinite(a: np.ndarray) -> int | None:
@@ -120,6 +129,12 @@ def _first_out_of_range(action: np.ndarray) -> int | None:
     return int(out[0]) if len(out) else None
 
 
+def _first_bad_index(action: np.ndarray, n: int) -> int | None:
+    """The first discrete action outside 0..n-1, or None."""
+    out = np.flatnonzero((action < 0) | (action >= n))
+    return int(out[0]) if len(out) else None
+
+
 OUT_OF_RANGE = "actions are stored in [-1, 1], the agent's range: map the env's action bounds onto it"
 
 
@@ -128,15 +143,22 @@ def check_episode(ep: Episode, schema: Schema, where: str) -> Episode:
     if schema.obs_type == "rgb" and np.asarray(ep.obs).dtype != np.uint8:
         _fail(where, f"'obs' is {np.asarray(ep.obs).dtype}; pixel observations must be uint8")
     obs = np.asarray(ep.obs, dtype=schema.obs_dtype)
-    action, reward = np.asarray(ep.action, dtype=np.float32), np.asarray(ep.reward, dtype=np.float32)
+    action, reward = np.asarray(ep.action), np.asarray(ep.reward, dtype=np.float32)
+    if schema.discrete and action.size and not np.issubdtype(action.dtype, np.integer):
+        if not np.array_equal(action, np.round(action)):
+            _fail(where, f"'action' holds non-integer values; a discrete dataset stores action indices")
+    action = action.astype(schema.row_fields()["action"][1])
     L = len(reward)
     if reward.shape != (L,) or L < 1:
         _fail(where, f"'reward' has shape {reward.shape}; expected (L,) with L >= 1 transitions")
-    for name, a, shape in (("obs", obs, (L + 1, *schema.obs_shape)), ("action", action, (L, schema.action_dim))):
+    for name, a, shape in (("obs", obs, (L + 1, *schema.obs_shape)), ("action", action, (L, *schema.row_fields()["action"][0]))):
         if a.shape != shape:
             _fail(where, f"'{name}' has shape {a.shape}; expected {shape} for {L} transitions")
     if not (ep.terminated or ep.truncated):
         _fail(where, "neither 'terminated' nor 'truncated' is set: an episode ends one way or the other")
+    if schema.discrete and (step := _first_bad_index(action, schema.action_dim)) is not None:
+        _fail(where, f"'action' is {action[step]} at step {step}; the {schema.action_dim} discrete actions are "
+                     f"0..{schema.action_dim - 1}")
     if not 0 <= ep.task < len(schema.tasks):
         _fail(where, f"'task' is {ep.task}; the dataset has {len(schema.tasks)} task(s) {list(schema.tasks)}")
     for name, a in (("obs", obs), ("action", action), ("reward", reward)):
@@ -226,18 +248,25 @@ def read_file(f: h5py.File, path: Path) -> DatasetFile:
     fmt = _attr(f, "format", path)
     if fmt != FORMAT:
         _fail(path, f"'format' is {fmt!r}: not a {FORMAT} file")
-    if _int_attr(f, "version", path) != VERSION:
-        _fail(path, f"'version' is {_attr(f, 'version', path)}; this reader knows version {VERSION}")
+    if _int_attr(f, "version", path) not in READABLE_VERSIONS:
+        _fail(path, f"'version' is {_attr(f, 'version', path)}; this reader knows versions "
+                    f"{', '.join(map(str, READABLE_VERSIONS))}")
     for name in REQUIRED_ATTRS:
         _attr(f, name, path)
     for name in ROW_FIELDS + EPISODE_FIELDS:
         if not isinstance(f.get(name), h5py.Dataset):
             _fail(path, f"missing field '{name}'")
-    if f["obs"].ndim < 2 or f["action"].ndim != 2:
-        _fail(path, f"'obs' has shape {f['obs'].shape} and 'action' {f['action'].shape}: rows of obs and of actions")
+    action_type = _attr(f, "action_type", path) if "action_type" in f.attrs else "continuous"  # version 1
+    if action_type not in ("continuous", "discrete"):
+        _fail(path, f"'action_type' is {action_type!r}, not 'continuous' or 'discrete'")
+    discrete = action_type == "discrete"
+    if f["obs"].ndim < 2 or f["action"].ndim != (1 if discrete else 2):
+        _fail(path, f"'obs' has shape {f['obs'].shape} and 'action' {f['action'].shape}: rows of obs and of "
+                    f"{'action indices' if discrete else 'action vectors'}")
     dims = {n: _json_list(f, n, path) if n in f.attrs else None for n in ("task_obs_dims", "task_action_dims")}
-    schema = make_schema(path, f["obs"].shape[1:], f["action"].shape[1], _json_list(f, "tasks", path),
-                         _attr(f, "obs_type", path), _int_attr(f, "action_repeat", path), **dims)
+    schema = make_schema(path, f["obs"].shape[1:], _int_attr(f, "num_actions", path) if discrete else f["action"].shape[1],
+                         _json_list(f, "tasks", path), _attr(f, "obs_type", path), _int_attr(f, "action_repeat", path),
+                         **dims, discrete=discrete)
     rows = f["reward"].shape[0]
     for name, (shape, dtype) in schema.row_fields().items():
         ds = f[name]
@@ -280,7 +309,8 @@ def _episode_of(file: DatasetFile, row: int) -> str:
 
 def check_values(f: h5py.File, file: DatasetFile, unit_actions: bool = False) -> None:
     """Stream over the rows once: obs/action/reward finite, flags set exactly on the last row of each episode, and
-    with unit_actions every action in [-1, 1] (what training and `dataset info` ask)."""
+    with unit_actions every action in [-1, 1] (what training and `dataset info` ask); discrete actions are always
+    checked to be one of the file's actions."""
     ends = file.episode_start + file.episode_length
     flagged = 0
     for lo, hi in _row_blocks(file):
@@ -288,7 +318,11 @@ def check_values(f: h5py.File, file: DatasetFile, unit_actions: bool = False) ->
             values = _read(f, file, name, lo, hi)
             if (bad := _first_nonfinite(values)) is not None:
                 _fail(file.path, f"'{name}' is not finite at {_episode_of(file, lo + bad)}")
-            if unit_actions and name == "action" and (bad := _first_out_of_range(values)) is not None:
+            if name == "action" and file.schema.discrete:
+                if (bad := _first_bad_index(values, file.schema.action_dim)) is not None:
+                    _fail(file.path, f"'action' is {values[bad]} at {_episode_of(file, lo + bad)}; the "
+                                     f"{file.schema.action_dim} discrete actions are 0..{file.schema.action_dim - 1}")
+            elif unit_actions and name == "action" and (bad := _first_out_of_range(values)) is not None:
                 raise ActionRangeError(f"{file.path}: 'action' is outside [-1, 1] at {_episode_of(file, lo + bad)}; "
                                        f"{OUT_OF_RANGE}")
         rows = np.flatnonzero(_read(f, file, "terminated", lo, hi) | _read(f, file, "truncated", lo, hi)) + lo
@@ -313,9 +347,11 @@ def _merge(files: list[DatasetFile]) -> DatasetInfo:
     tasks: dict[str, tuple[int, int, Path]] = {}
     for file in files:
         s = file.schema
-        for name in ("obs_type", "action_repeat"):
+        for name in ("obs_type", "action_repeat", "discrete"):
             if (have := getattr(s, name)) != (want := getattr(first.schema, name)):
                 _fail(file.path, f"'{name}' is {have!r} but {want!r} in {first.path}")
+        if s.discrete and s.action_dim != first.schema.action_dim:
+            _fail(file.path, f"'num_actions' is {s.action_dim} but {first.schema.action_dim} in {first.path}")
         if s.obs_shape != first.schema.obs_shape and (s.obs_type == "rgb" or len(s.obs_shape) > 1):
             _fail(file.path, f"'obs' rows are {s.obs_shape} but {first.schema.obs_shape} in {first.path}; only "
                              "state vectors of different lengths can be read together (zero-padded)")

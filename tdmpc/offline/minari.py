@@ -57,7 +57,8 @@ def to_minari(dataset_path: str | Path, dataset_id: str, author: str | None = No
                 try:
                     dataset = minari.create_dataset_from_buffers(
                         dataset_id, buffers, observation_space=obs_space,
-                        action_space=spaces.Box(-1, 1, (s.action_dim,), np.float32), algorithm_name="tdmpc",
+                        action_space=spaces.Discrete(s.action_dim) if s.discrete else
+                        spaces.Box(-1, 1, (s.action_dim,), np.float32), algorithm_name="tdmpc",
                         author=author, author_email=author_email, code_permalink=code_permalink,
                         description=file.source, data_format="hdf5", jpeg_encoding=False)
                 except ValueError as e:  # a malformed or existing id
@@ -91,30 +92,46 @@ def from_minari(source: str | Path, out_path: str | Path, task: str | None = Non
     dataset = _load(source)
     meta = json.loads(dataset.storage.metadata.get(METADATA_KEY, "{}"))
     obs_space, act_space = dataset.observation_space, dataset.action_space
+    discrete = isinstance(act_space, spaces.Discrete)
     for name, space in (("observation", obs_space), ("action", act_space)):
-        if not isinstance(space, spaces.Box) or (name == "action" and len(space.shape) != 1):
-            raise DatasetError(f"{source}: its {name} space is {space}; only Box observations and 1-D Box actions "
-                               "can be imported")
+        if not (isinstance(space, spaces.Box) or (name == "action" and discrete)) or (
+                name == "action" and not discrete and len(space.shape) != 1):
+            raise DatasetError(f"{source}: its {name} space is {space}; only Box observations and 1-D Box or "
+                               "Discrete actions can be imported")
     obs_type = meta.get("obs_type", "rgb" if obs_space.dtype == np.uint8 and len(obs_space.shape) == 3 else "state")
     tasks = meta.get("tasks") or [task or (dataset.env_spec.id if dataset.env_spec else dataset.id)]
+    if discrete:
+        return _write(dataset, source, out_path, obs_space, int(act_space.n), tasks, obs_type, meta,
+                      lambda ep: np.asarray(ep.actions, np.int64) - int(act_space.start))
     low, high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         raise DatasetError(f"{source}: its action space {act_space} is unbounded; actions cannot be mapped to [-1, 1]")
     unit = bool((low == -1).all() and (high == 1).all())
 
+    span = np.where(high > low, high - low, 1.0)
+
+    def unit_actions(ep) -> np.ndarray:
+        """[low, high] onto [-1, 1]; a dimension with low == high (a constant) maps to 0, not to 0 / 0."""
+        return ep.actions if unit else np.where(high > low, (np.asarray(ep.actions, np.float64) - low) / span * 2 - 1, 0.0)
+
+    return _write(dataset, source, out_path, obs_space, act_space.shape[0], tasks, obs_type, meta, unit_actions)
+
+
+def _write(dataset, source: str | Path, out_path: str | Path, obs_space: spaces.Box, action_dim: int, tasks: list,
+           obs_type: str, meta: dict, actions) -> int:
+    """A Minari dataset's episodes into a dataset file, each episode's actions as `actions(episode)` makes them:
+    in [-1, 1], or discrete action indices from 0."""
     def episodes() -> Iterator[Episode]:
         indices = dataset.episode_indices
         for ep, info in zip(dataset.iterate_episodes(indices), dataset.storage.get_episode_metadata(indices)):
-            # [low, high] onto [-1, 1]; a dimension with low == high (a constant) maps to 0, not to 0 / 0
-            span = np.where(high > low, high - low, 1.0)
-            action = ep.actions if unit else np.where(high > low, (np.asarray(ep.actions, np.float64) - low) / span * 2 - 1, 0.0)
             terminated = bool(ep.terminations[-1])
-            yield Episode(ep.observations, action, ep.rewards, terminated, bool(ep.truncations[-1]) or not terminated,
-                          int(info.get("task", 0)))
+            yield Episode(ep.observations, actions(ep), ep.rewards, terminated,
+                          bool(ep.truncations[-1]) or not terminated, int(info.get("task", 0)))
 
-    with DatasetWriter(out_path, obs_space.shape, act_space.shape[0], tasks, obs_type,
+    with DatasetWriter(out_path, obs_space.shape, action_dim, tasks, obs_type,
                        meta.get("action_repeat", 1), meta.get("source", f"minari {source}"),
-                       meta.get("task_obs_dims"), meta.get("task_action_dims")) as writer:
+                       meta.get("task_obs_dims"), meta.get("task_action_dims"),
+                       discrete=isinstance(dataset.action_space, spaces.Discrete)) as writer:
         return writer.commit(episodes())
 
 

@@ -32,10 +32,11 @@ class DatasetWriter:
 
     def __init__(self, path: str | Path, obs_shape: Sequence[int], action_dim: int, tasks: Sequence[str],
                  obs_type: str, action_repeat: int, source: str, task_obs_dims: Sequence[int] | None = None,
-                 task_action_dims: Sequence[int] | None = None):
+                 task_action_dims: Sequence[int] | None = None, discrete: bool = False):
+        """discrete: actions are integers 0..action_dim-1 (action_dim: the number of actions)."""
         self.path = Path(path)
         self.schema = make_schema(self.path, obs_shape, action_dim, tasks, obs_type, action_repeat,
-                                  task_obs_dims, task_action_dims)
+                                  task_obs_dims, task_action_dims, discrete)
         self.source = source
         self._lock = _lock(self.path)
         self._pending: list[Episode] = []
@@ -55,7 +56,7 @@ class DatasetWriter:
             raise
 
     def _check_extends(self, old: DatasetFile) -> None:
-        for name in ("obs_shape", "action_dim", "obs_type", "action_repeat"):
+        for name in ("obs_shape", "action_dim", "discrete", "obs_type", "action_repeat"):
             have, want = getattr(old.schema, name), getattr(self.schema, name)
             if have != want:
                 raise DatasetError(f"{self.path}: '{name}' is {have!r} in the file, {want!r} for the episodes "
@@ -69,7 +70,8 @@ class DatasetWriter:
 
     def add_episode(self, obs: np.ndarray, action: np.ndarray, reward: np.ndarray, terminated: bool,
                     truncated: bool, task: int = 0) -> None:
-        """Check one episode (obs (L+1, ...), action (L, A), reward (L,)) and hold it until commit()."""
+        """Check one episode (obs (L+1, ...), action (L, A) or (L,) integers, reward (L,)) and hold it until
+        commit()."""
         where = f"{self.path} (episode {self.episodes + len(self._pending)}, being added)"
         copies = Episode(np.array(obs), np.array(action), np.array(reward), terminated, truncated, task)  # callers
         self._pending.append(check_episode(copies, self.schema, where))  # may reuse their arrays
@@ -130,7 +132,10 @@ class DatasetWriter:
     def _write_attrs(self, f: h5py.File) -> None:
         s = self.schema
         f.attrs.update(format=FORMAT, version=VERSION, tasks=json.dumps(list(s.tasks)), obs_type=s.obs_type,
-                       action_repeat=s.action_repeat, source=self.source)
+                       action_repeat=s.action_repeat, source=self.source,
+                       action_type="discrete" if s.discrete else "continuous")
+        if s.discrete:
+            f.attrs.update(num_actions=s.action_dim)
         if len(s.tasks) > 1:
             f.attrs.update(task_obs_dims=json.dumps(list(s.task_obs_dims)),
                            task_action_dims=json.dumps(list(s.task_action_dims)))

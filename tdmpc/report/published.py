@@ -35,6 +35,18 @@ class Published:
         return float(np.interp(step, self.steps, self.mean)), True
 
 
+def solved_threshold(task: str) -> float | None:
+    """A gymnasium task's `reward_threshold` (CartPole-v1 475, Acrobot-v1 -100, LunarLander-v3 200: the return at
+    which gymnasium calls it solved), the bar of a task without a published TD-MPC2 curve; None for others."""
+    import gymnasium as gym
+
+    try:
+        spec = gym.spec(task)
+    except gym.error.Error:  # not a registered gymnasium id (DMC names, user envs)
+        return None
+    return None if spec.reward_threshold is None else float(spec.reward_threshold)
+
+
 def load_published() -> dict[tuple[str, str], Published]:
     """(algorithm, task) -> Published, from the packaged copy of the paper's results."""
     text = (importlib.resources.files("tdmpc") / "data" / "dmc_published.csv").read_text()

@@ -48,11 +48,12 @@ def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str])
                  + ", ".join(f"{k} {v}" for k, v in shown.items()))
 
 
-def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...], action_dim: int, task: str) -> str:
+def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...], action_dim: int, discrete: bool,
+                 task: str) -> str:
     """Load a checkpoint's model weights (online and target heads) into `model`, whose architecture must
     be the checkpoint's; optimisers start fresh. Returns a line saying what was loaded."""
     ck = read_checkpoint(path)
-    check_dims_match(ck.dims, obs_shape, action_dim, task, str(path))
+    check_dims_match(ck.dims, obs_shape, action_dim, discrete, task, str(path))
     ours, theirs = _architecture(model.dims), _architecture(ck.dims)
     old = len(ck.dims.tasks)
     extends = ck.dims.multitask and model.dims.tasks[:old] == ck.dims.tasks

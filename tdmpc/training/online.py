@@ -51,7 +51,7 @@ class OnlineTrainer(Trainer):
         cfg, c = self.cfg, self.counters
         if c.env_step < cfg.seed_steps:  # type: ignore[operator]
             kill_point("seeding")
-            action = self.rng.uniform(-1, 1, (self.num_envs, self.spec.action_dim)).astype(np.float32)
+            action = self.spec.random_actions(self.rng, self.num_envs)
             if self.tasks is not None and self.env_tasks is not None:
                 action *= self.tasks.action_masks(self.env_tasks)
         else:

@@ -104,11 +104,12 @@ def prepare(req: RunRequest) -> RunSetup | None:
 
     filled = for_run(cfg)
     plan = memory.assess_run(filled, spec.obs_shape, spec.action_dim, spec.episodic, device, req.gpu_mem,
-                             req.fit_memory, resuming=req.resume is not None, tasks=tasks)
+                             req.fit_memory, resuming=req.resume is not None, tasks=tasks, discrete=spec.discrete)
     if plan.applied and plan.changes:  # task-derived fields (updates per round) follow the lowered settings
         filled = for_run(dataclasses.replace(cfg, **{k: new for ch in plan.changes for k, (_, new) in ch.values.items()}))
     if req.dry_run:
-        print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device))
+        print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
+                                    spec.discrete))
         if init_note:
             print(init_note, file=sys.stderr)
     if not plan.fits:
@@ -187,7 +188,8 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
         lengths = s.tasks.episode_lengths if s.tasks else s.spec.episode_length
         agent = Agent(cfg, model_dims(cfg, s.spec, s.tasks), lengths, s.device, s.shard)
         if s.init_from:
-            print(init_weights(agent.model, s.init_from, s.spec.obs_shape, s.spec.action_dim, s.spec.task),
+            print(init_weights(agent.model, s.init_from, s.spec.obs_shape, s.spec.action_dim, s.spec.discrete,
+                               s.spec.task),
                   file=sys.stderr)
         trainer: Trainer
         if data is not None:
@@ -197,11 +199,12 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
             env_tasks = None if s.tasks is None else s.tasks.env_tasks(cfg.num_envs)
             buffer = ReplayBuffer(cfg.buffer_size, envs.num_envs, s.spec.obs_shape, s.spec.action_dim, cfg.horizon,
                                   obs_dtype=torch.uint8 if cfg.obs == "rgb" else torch.float32, device=s.device,
-                                  storage=s.buffer_storage, env_tasks=env_tasks)
+                                  storage=s.buffer_storage, env_tasks=env_tasks, discrete=s.spec.discrete)
             recorder = None if not cfg.save_data or not s.shard.main else EpisodeRecorder(DatasetWriter(
                 cfg.save_data, s.spec.obs_shape, s.spec.action_dim, s.tasks.task_set if s.tasks else (cfg.task,),
                 cfg.obs, cfg.action_repeat or 1, f"tdmpc.train --save-data, run {s.run_dir}",
-                *((s.tasks.obs_dims, s.tasks.action_dims) if s.tasks else ())),
+                s.tasks.obs_dims if s.tasks else None, s.tasks.action_dims if s.tasks else None,
+                discrete=s.spec.discrete),
                 env_tasks if env_tasks is not None else np.zeros(envs.num_envs, dtype=np.int64))
             trainer = OnlineTrainer(s, agent, envs, buffer, recorder, lock, no_buffer, on_log, on_eval)
             if s.shard.main:
@@ -220,7 +223,7 @@ def model_dims(cfg: Config, spec: EnvSpec, tasks: TaskSetup | None) -> ModelDims
     """The model a run trains: for the task of `spec`, or a multi-task one over the task set."""
     assert cfg.episodic is not None
     if tasks is None:
-        return ModelDims.from_config(cfg, spec.obs_shape, spec.action_dim, cfg.episodic)
+        return ModelDims.from_config(cfg, spec.obs_shape, spec.action_dim, cfg.episodic, discrete=spec.discrete)
     return ModelDims.from_config(cfg, spec.obs_shape, spec.action_dim, cfg.episodic, tasks.task_set,
                                  tasks.action_dims)
 

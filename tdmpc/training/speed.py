@@ -29,7 +29,7 @@ def hours_left(agent: Agent, env_steps_left: int, env_tasks: np.ndarray | None =
     obs = np.zeros((num_envs, *dims.obs_shape), dtype=np.float32 if cfg.obs == "state" else np.uint8)
     H, B = cfg.horizon, cfg.batch_size
     task = None if env_tasks is None else torch.as_tensor(env_tasks).repeat(B // num_envs + 1)[:B]
-    batch = Batch(torch.zeros(H + 1, B, *dims.obs_shape), torch.zeros(H, B, dims.action_dim), torch.zeros(H, B),
+    batch = Batch(torch.zeros(H + 1, B, *dims.obs_shape), torch.zeros(H, B, *dims.action_shape), torch.zeros(H, B),
                   torch.zeros(H, B, dtype=torch.bool), task)
     saved, rng = copy.deepcopy(agent.state_dict()), torch.get_rng_state()
     timings = []

@@ -327,7 +327,7 @@ class Trainer:
         target = memory.detect_target(self.cfg, self.device)
         estimate, flags = memory.out_of_memory_report(
             self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
-            self.buffer_on_device(), self.device)
+            self.buffer_on_device(), self.device, self.spec.discrete)
         self.logger.message(f"error: out of device memory in {self.doing} at step {c.env_step:,} ({what}); {saved}.\n"
                             f"{estimate}\nadvice: resume with lower settings: python -m tdmpc.train --resume "
                             f"{self.run_dir} {flags} (--dry-run shows the breakdown)")
