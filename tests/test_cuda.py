@@ -113,6 +113,27 @@ def test_no_host_sync_in_graphed_act_and_update():
     assert counter.calls == []
 
 
+def test_a_discrete_agent_plans_and_updates_as_cuda_graphs_without_host_syncs():
+    from test_fast_paths import CountSyncs
+
+    cfg = Config(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3, batch_size=64,
+                 device="cuda", cuda_graphs=True)
+    torch.manual_seed(0)
+    agent = Agent(cfg, ModelDims.from_config(cfg, (4,), 3, True, discrete=True), 500, CUDA)
+    batch = Batch(torch.randn(4, 64, 4, device=CUDA), torch.randint(3, (3, 64), device=CUDA, dtype=torch.int32),
+                  torch.randn(3, 64, device=CUDA), torch.zeros(3, 64, dtype=torch.bool, device=CUDA))
+    obs, first = np.random.randn(2, 4).astype(np.float32), np.ones(2, dtype=bool)
+    for _ in range(5):
+        action = agent.act(obs, first)
+        agent.update(batch)
+    assert action.dtype == np.int64 and ((action >= 0) & (action < 3)).all()
+    assert agent._update_fn.graph is not None and all(fn.graph is not None for fn in agent._plan_fns.values())
+    with CountSyncs() as counter:
+        agent.act(obs, first)
+        agent.update(batch)
+    assert counter.calls == []
+
+
 def fresh_batch(g: torch.Generator) -> Batch:
     """A random batch of B = 64 sub-trajectories (H = 3) for make_agent's model, on the GPU."""
     return Batch(torch.randn(4, 64, 24, generator=g).cuda(), torch.rand(3, 64, 6, generator=g).cuda() * 2 - 1,
