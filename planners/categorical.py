@@ -21,7 +21,7 @@ from .base import LatentModel
 from .mppi import LatentMPPI
 from .settings import MPPIConfig
 
-__all__ = ["CategoricalMPPI", "WARM_START"]
+__all__ = ["CategoricalMPPI", "WARM_START", "one_hot_argmax", "sample_one_hot"]
 
 WARM_START = 0.5  # the last plan's share of a warm-started step's probabilities; the rest is uniform
 
@@ -61,9 +61,12 @@ class CategoricalMPPI(LatentMPPI):
     def _act(self, score: Tensor, elite_actions: Tensor, eval_mode: bool) -> Tensor:
         self.prev_probs.copy_(self.probs)
         first = self.probs[0]  # (N, A)
-        if eval_mode:
-            return torch.zeros_like(first).scatter_(-1, first.argmax(-1, keepdim=True), 1.0)
-        return sample_one_hot(first, self.act_draw).squeeze(-2)
+        return one_hot_argmax(first) if eval_mode else sample_one_hot(first, self.act_draw).squeeze(-2)
+
+
+def one_hot_argmax(x: Tensor) -> Tensor:
+    """One-hot rows of x's argmax (a scatter: no host sync, unlike F.one_hot's range check)."""
+    return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
 
 
 def sample_one_hot(probs: Tensor, u: Tensor) -> Tensor:

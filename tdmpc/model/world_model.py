@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from tdmpc.config import SIZE_FIELDS, Config
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.base import PolicyOutput as Policy
+from tdmpc.planners.categorical import one_hot_argmax
 from tdmpc.model.fused import ln_act
 from tdmpc.model.layers import (Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, StackedLayerNormAffine,
                                 init_weights, mlp)
@@ -365,11 +366,6 @@ class WorldModel(nn.Module):
     @property
     def num_learnable_params(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
-
-
-def one_hot_argmax(x: Tensor) -> Tensor:
-    """One-hot rows of x's argmax (a scatter: no host sync, unlike F.one_hot's range check)."""
-    return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
 
 
 def gumbel(eps: Tensor) -> Tensor:
