@@ -26,7 +26,7 @@ from tdmpc.planners.mppi import MPPIConfig
 from tdmpc.runtime.device import resolve_device
 from tdmpc.training.setup import trainer_for as Trainer
 
-from helpers import TINY, one_line_error, read_csv, run_module, run_train, tiny_json
+from helpers import TINY, read_csv, tiny_json
 
 # A CartPole model and plan small enough to learn in well under a minute on 2 cores (lr 1e-3: at the reference's
 # 3e-4 the same run needs several times the steps).
@@ -304,14 +304,15 @@ def test_the_api_acts_with_ints_and_checkpoints_round_trip(cartpole_run, tmp_pat
         assert torch.equal(p, q)
 
 
-def test_evaluate_and_a_video_of_a_discrete_checkpoint(cartpole_run, tmp_path):
+def test_evaluate_and_a_video_of_a_discrete_checkpoint(cartpole_run, tmp_path, capsys):
+    from tdmpc.evaluate import main
+
     run_dir, _ = cartpole_run
     video, report = tmp_path / "v.mp4", tmp_path / "r.json"
-    r = run_module("tdmpc.evaluate", "--checkpoint", run_dir / "checkpoints" / "latest.pt", "--episodes", "2",
-                   "--video", video, "--report", report, timeout=180)
-    assert r.returncode == 0, r.stderr
+    assert main([str(a) for a in ("--checkpoint", run_dir / "checkpoints" / "latest.pt", "--episodes", "2",
+                                  "--video", video, "--report", report)]) == 0
     assert video.stat().st_size > 1000 and json.loads(report.read_text())["episodes"] == 2
-    assert "termination head" in r.stdout  # CartPole terminates: the head is scored
+    assert "termination head" in capsys.readouterr().out  # CartPole terminates: the head is scored
 
 
 def test_a_continuous_checkpoint_on_a_discrete_task_and_the_reverse_are_refused(cartpole_run, tmp_path, capsys):
@@ -382,10 +383,13 @@ def test_discrete_datasets_round_trip_convert_and_train_offline(tmp_path, capsys
     with pytest.raises(DatasetError, match="'discrete' is True in the file"):
         DatasetWriter(path, (4,), 2, ["CartPole-v1"], "state", 1, "test")
     # offline training on it, and a continuous model's task refused
-    r = run_train("--cfg", tiny_json(tmp_path, **{**CARTPOLE, "steps": 50, "eval_freq": 50, "eval_episodes": 1}),
-                  "--dataset", path, "--run-dir", tmp_path / "off", timeout=200)
-    assert r.returncode == 0, r.stderr
     from tdmpc.train import main
+
+    assert main([str(a) for a in ("--cfg", tiny_json(tmp_path, **{**CARTPOLE, "steps": 50, "eval_freq": 50,
+                                                                   "eval_episodes": 1}),
+                                  "--dataset", path, "--run-dir", tmp_path / "off")]) == 0
+    assert (tmp_path / "off" / "checkpoints" / "latest.pt").is_file()
+    capsys.readouterr()
 
     line = cli_error(capsys, main, "--cfg", tiny_json(tmp_path, task="Pendulum-v1"), "--dataset", path, "--task",
                      "Pendulum-v1", "--run-dir", tmp_path / "off2")
