@@ -26,9 +26,11 @@ from tdmpc.runtime.kernels import TransferCounter, compiled_kernels, count_kerne
 OBS_DIM, ACTION_DIM, BATCH = 24, 6, 256  # walker-walk's dims, the reference batch
 
 
-def _agent(size: int, compile: bool) -> Agent:
+def counting_agent(size: int, compile: bool, discrete: bool = False) -> Agent:
+    """discrete: ACTION_DIM discrete actions (the categorical planner) instead of ACTION_DIM continuous dims."""
     cfg = validate(Config(model_size=size, device="cpu", precision="bf16", compile=compile))
-    return Agent(cfg, ModelDims.from_config(cfg, (OBS_DIM,), ACTION_DIM, False), 500, torch.device("cpu"))
+    return Agent(cfg, ModelDims.from_config(cfg, (OBS_DIM,), ACTION_DIM, False, discrete=discrete), 500,
+                 torch.device("cpu"))
 
 
 def _batch(agent: Agent) -> Batch:
@@ -56,12 +58,12 @@ def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str
     """Kernels of one update() at batch 256: (inside compiled graphs, run eagerly). Eager, all of them are the
     second; compiled, the first are read from inductor's code (both losses, forward and backward) and the second
     counted around them (the fused Adam steps and the target update; the clipping statistics are compiled)."""
-    agent = _agent(size, compile=False)
+    agent = counting_agent(size, compile=False)
     batch = _batch(agent)
     agent.update(batch)
     if not compiled:
         return Counter(), count_kernels(lambda: agent.update(batch)).counts
-    compiled_agent = _agent(size, compile=True)
+    compiled_agent = counting_agent(size, compile=True)
     from torch._inductor.utils import run_and_get_code
 
     _, sources = run_and_get_code(lambda: compiled_agent.update(_batch(compiled_agent)))
@@ -123,7 +125,7 @@ def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
     with cuda_code_path():
         for size in sizes:
             print(f"counting kernels at model size {size} (compiling takes minutes)...", file=sys.stderr)
-            agent = _agent(size, compile=False)
+            agent = counting_agent(size, compile=False)
             plan_eager, plan_32 = plan_kernels(agent, 1, False), plan_kernels(agent, 32, False)
             plan_compiled, plan_compiled_32 = plan_kernels(agent, 1, True), plan_kernels(agent, 32, True)
             update_eager = update_kernels(size, compiled=False)[1]
