@@ -27,6 +27,7 @@ from tdmpc.runtime.device import resolve_device
 from tdmpc.training.setup import trainer_for as Trainer
 
 from helpers import TINY, read_csv, tiny_json
+from test_planner import QuadraticModel
 
 # A CartPole model and plan small enough to learn in well under a minute on 2 cores (lr 1e-3: at the reference's
 # 3e-4 the same run needs several times the steps).
@@ -34,15 +35,15 @@ CARTPOLE = {**TINY, "task": "CartPole-v1", "enc_dim": 64, "mlp_dim": 64, "latent
             "num_elites": 8, "num_pi_trajs": 4, "iterations": 3, "batch_size": 64, "seed_steps": 500, "lr": 1e-3}
 
 
-class SequenceModel:
+class SequenceModel(QuadraticModel):
     """A toy whose best action sequence is known: each env has a target action for each of the H steps; a step's
     reward is 1 when its action is that step's target, else 0; Q is 0. The latent holds the targets (one-hot, H x n)
-    and the step (one-hot, H); the dynamics advance the step."""
+    and the step (one-hot, H); the dynamics advance the step. (The rest is the continuous planner test's toy.)"""
 
-    num_q, episodic, discrete, latent_dtype = 2, False, True, torch.float32
+    discrete = True
 
     def __init__(self, H: int, n: int):
-        self.H, self.n = H, n
+        self.H, self.n, self.masks = H, n, None
         self.latent_dim = H * n + H
 
     def latent(self, targets: torch.Tensor) -> torch.Tensor:
@@ -51,9 +52,6 @@ class SequenceModel:
         step = torch.zeros(N, self.H)
         step[:, 0] = 1
         return torch.cat([torch.nn.functional.one_hot(targets, self.n).float().flatten(1), step], 1)
-
-    def encode(self, obs, task=None):
-        return obs
 
     def next(self, z, a, task=None):
         k = self.H * self.n
@@ -64,34 +62,9 @@ class SequenceModel:
         match = (z[..., :k].unflatten(-1, (self.H, self.n)) * a.unsqueeze(-2)).sum(-1)  # (..., H)
         return (z[..., k:] * match).sum(-1, keepdim=True)
 
-    def latent_part(self, z, task=None):
-        return z
-
-    def step(self, z, a, task=None, z_part=None):
-        z = z_part if z_part is not None else z
-        return self.next(z, a), self.reward(z, a)
-
-    def reward_logits(self, features):
-        return features
-
-    def termination(self, z):
-        return torch.zeros(*z.shape[:-1], 1)
-
-    def Q(self, z, a, task=None, heads=None):
-        return torch.zeros(2, *z.shape[:-1], 1)
-
     def pi_action(self, z, task=None, eps=None):  # a uniformly random action: the prior knows nothing
         eps = torch.randn(*z.shape[:-1], self.n) if eps is None else eps
         return torch.zeros_like(eps).scatter_(-1, eps.argmax(-1, keepdim=True), 1.0)
-
-    def action_mask(self, task):
-        return None
-
-    def decode(self, logits):
-        return logits
-
-    def sample_heads(self, draws):
-        return torch.arange(2).expand(draws, 2)
 
 
 def _planner(N: int, H: int, n: int, **over) -> tuple[CategoricalMPPI, SequenceModel]:
