@@ -146,7 +146,7 @@ def check_episode(ep: Episode, schema: Schema, where: str) -> Episode:
     action, reward = np.asarray(ep.action), np.asarray(ep.reward, dtype=np.float32)
     if schema.discrete and action.size and not np.issubdtype(action.dtype, np.integer):
         if not np.array_equal(action, np.round(action)):
-            _fail(where, f"'action' holds non-integer values; a discrete dataset stores action indices")
+            _fail(where, "'action' holds non-integer values; a discrete dataset stores action indices")
     action = action.astype(schema.row_fields()["action"][1])
     L = len(reward)
     if reward.shape != (L,) or L < 1:
