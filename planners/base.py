@@ -47,10 +47,10 @@ class LatentModel(Protocol):
              z_part: Optional[Tensor] = None) -> tuple[Tensor, Tensor]: ...
     def reward_logits(self, features: Tensor) -> Tensor: ...  # step()'s reward features -> reward logits
     def termination(self, z: Tensor) -> Tensor: ...  # probability (single-task models)
-    def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Optional[Tensor] = None) -> Tensor: ...  # logits
     def pi(self, z: Tensor, task: Task = None) -> PolicyOutput: ...
     # pi().action; eps: N(0, 1) draws, (..., A), whatever the prior (a categorical one makes Gumbel noise of them)
     def pi_action(self, z: Tensor, task: Task = None, eps: Optional[Tensor] = None) -> Tensor: ...
+    def prior_q(self, z: Tensor, task: Task, reduce: str, heads: Optional[Tensor] = None) -> Tensor: ...  # (..., 1)
     def action_mask(self, task: Task) -> Optional[Tensor]: ...  # (..., A) ones on each task's action dims
     def decode(self, logits: Tensor) -> Tensor: ...  # logits -> (..., 1) scalars
     def sample_heads(self, draws: int) -> Tensor: ...  # (draws, 2): indices of 2 random Q heads per draw

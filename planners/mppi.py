@@ -135,10 +135,10 @@ class LatentMPPI:
         self.z_final[envs, col:col + n] = z
 
     def _value(self, envs: slice, rows: Tensor | None, heads: Tensor) -> Tensor:
-        """Return over the horizon plus the discounted Q-value (2 random heads, averaged): (envs, S)."""
+        """Return over the horizon plus the discounted value under the prior (2 random heads, averaged): (envs, S)."""
         m = self.model
         z = self.z_final[envs]
-        q = m.decode(m.Q(z, m.pi_action(z, rows), rows, heads=heads)).mean(0)
+        q = m.prior_q(z, rows, "avg", heads)
         bootstrap = self.discounts[-1, envs]
         alive = self.alive[envs] if m.episodic else 1.0
         return (self.G[envs] + bootstrap * alive * q).squeeze(-1)

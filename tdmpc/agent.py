@@ -301,7 +301,7 @@ class Agent:
             next_action = m.pi(next_z, task, eps=self._noise(next_z.shape[:-1])).action
             values, z_in = self._values(next_z)
             with values:
-                next_q = m.q_value(z_in, next_action, "min", task, target=True).squeeze(-1)
+                next_q = m.prior_q(z_in, task, "min", target=True, action=next_action).squeeze(-1)
             td_target = batch.reward + discount * (1 - batch.terminated.float()) * next_q
         # (H, B) 1 up to and including a terminal step, 0 after it: a start near the end of a terminated episode
         # reaches past it (ReplayBuffer); those steps are not the episode's and get no loss. All 1 without one.

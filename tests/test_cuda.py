@@ -42,8 +42,8 @@ class CudaQuadratic:
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)
 
-    def Q(self, z, a, task=None, heads=None):
-        return torch.zeros((2,) + z.shape[:-1] + (1,), device=z.device)
+    def prior_q(self, z, task, reduce, heads=None):
+        return torch.zeros(z.shape[:-1] + (1,), device=z.device)
 
     def pi(self, z, task=None):
         from tdmpc.planners.base import PolicyOutput

@@ -110,14 +110,14 @@ def test_a_training_step_copies_to_the_device_once_and_waits_once():
     assert c.h2d == {"Tensor.to": 1} and c.waits == {"cpu": 1}, (c.h2d, c.waits)
 
 
-def test_the_categorical_planner_launches_a_few_kernels_more_than_mppi():
+def test_the_categorical_planner_launches_about_as_many_kernels_as_mppi():
     """One eager plan() on CUDA's code path, model size 5, one env, 6 actions or 6 action dims: the inverse-CDF
-    draw costs a few kernels per iteration more than the Gaussian's (802 against 777 when this was written;
-    docs/discrete.md)."""
+    draw costs a few kernels per iteration more than the Gaussian's, the exact bootstrap over the n actions a few
+    less than a sampled prior action (742 against 777 when this was written; docs/discrete.md)."""
     from tdmpc.report.kernel_counts import counting_agent, plan_kernels
     from tdmpc.runtime.device import cuda_code_path
 
     with cuda_code_path():
         continuous = sum(plan_kernels(counting_agent(5, False), 1, False).values())
         discrete = sum(plan_kernels(counting_agent(5, False, discrete=True), 1, False).values())
-    assert continuous < discrete <= continuous + 40, (continuous, discrete)
+    assert abs(discrete - continuous) <= 40, (continuous, discrete)

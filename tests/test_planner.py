@@ -42,8 +42,8 @@ class QuadraticModel:
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,))
 
-    def Q(self, z, a, task=None, heads=None):
-        return torch.zeros((2,) + z.shape[:-1] + (1,))
+    def prior_q(self, z, task, reduce, heads=None):
+        return torch.zeros(z.shape[:-1] + (1,))
 
     def pi(self, z, task=None):
         a = torch.rand(z.shape[:-1] + (z.shape[-1],)) * 2 - 1

@@ -300,11 +300,33 @@ class WorldModel(nn.Module):
         if not self.dims.discrete:
             return self.q_value(z, policy.action, "avg", task, detach=True)
         assert policy.probs is not None
+        q = self.action_values(z, task, self.sample_heads(), detach=True).mean(0)  # (..., n)
+        return (policy.probs * q).sum(-1, keepdim=True)
+
+    def prior_q(self, z: Tensor, task: Task, reduce: Literal["min", "avg"], heads: Tensor | None = None,
+                target: bool = False, action: Tensor | None = None) -> Tensor:
+        """The value of z under the policy prior, (..., 1), over 2 heads (random unless given): what planning
+        adds after its horizon and TD targets bootstrap from. A Gaussian prior's is Q at one sample of it (`action`,
+        drawn when None), as the reference's; a categorical prior's is its exact expectation over the n actions
+        (SAC-Discrete's target), which spares the planner's scores and the targets a sample's noise for n Q
+        evaluations (docs/discrete.md: a sampled bootstrap let CartPole's planner drop a pole its prior held)."""
+        heads = self.sample_heads() if heads is None else heads
+        if not self.dims.discrete:
+            a = self.pi_action(z, task) if action is None else action
+            q = self.decode(self.Q(z, a, task, heads, target=target))
+            return q.min(0).values if reduce == "min" else q.mean(0)
+        q = self.action_values(z, task, heads, target=target)
+        q = q.min(0).values if reduce == "min" else q.mean(0)
+        probs = self._pi(self._with_task(z, task)).float().softmax(-1)
+        return (probs * q).sum(-1, keepdim=True)
+
+    def action_values(self, z: Tensor, task: Task, heads: Tensor, target: bool = False,
+                      detach: bool = False) -> Tensor:
+        """A discrete model's Q of each of its n actions at z (..., L), from the given heads: (heads, ..., n)."""
         n = self.dims.action_dim
         every = torch.eye(n, device=z.device, dtype=z.dtype).expand(*z.shape[:-1], n, n)
-        q = self.decode(self.Q(z.unsqueeze(-2).expand(*z.shape[:-1], n, z.shape[-1]), every, task,
-                               self.sample_heads(), detach=True)).mean(0).squeeze(-1)  # (..., n)
-        return (policy.probs * q).sum(-1, keepdim=True)
+        zs = z.unsqueeze(-2).expand(*z.shape[:-1], n, z.shape[-1])
+        return self.decode(self.Q(zs, every, task, heads, target=target, detach=detach)).squeeze(-1)
 
     def action_input(self, action: Tensor) -> Tensor:
         """Actions as the envs take them (and the replay buffer stores them) -> what the networks read: a discrete
