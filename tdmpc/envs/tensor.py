@@ -1,0 +1,213 @@
+"""Tensor-native vector envs: a GPU simulator's torch tensors as they come, one lockstep view for the trainer.
+
+GPU-parallel simulators (ManiSkill3, MuJoCo Playground, Isaac Lab, gymnasium's JAX ``phys2d`` envs through
+``JaxToTorch``) step all their envs at once and return tensors on their device. TensorVectorEnv takes such a
+gymnasium VectorEnv as it is and gives every step in one form, whatever the env's autoreset mode, with no numpy
+and no host sync on the way:
+
+- actions go in as the agent makes them, on its device: in [-1, 1] (mapped onto the env's Box, in torch) or
+  integers 0..n-1 (the Discrete space's start added);
+- observations, rewards and flags come out as float32 / bool tensors on the agent's device (moved once per
+  step when the env's is another), their shapes and dtypes checked on the host (metadata only: no sync);
+- autoreset, as the env declares it in ``metadata["autoreset_mode"]`` (next-step when absent, as gymnasium
+  assumes): with next-step, the step after an episode ends returns the reset observation and ignores its
+  action; that row is marked as no transition. With same-step, the final observation comes from the info
+  (gymnasium's ``final_obs`` or ManiSkill3's ``final_observation``, a tensor of all N envs).
+
+So each step of N envs writes exactly one row per env: a transition, or the first observation of an episode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from torch import Tensor
+
+from tdmpc.envs.make import EnvSpec
+from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, resolve_task
+from tdmpc.errors import TaskError
+
+__all__ = ["TensorStep", "TensorVectorEnv", "autoreset_mode", "has_vector_entry_point", "is_tensor_vector_env",
+           "make_tensor_vector_env"]
+
+
+@dataclass
+class TensorStep:
+    """One step of N tensor envs, all on the agent's device."""
+
+    obs: Tensor  # (N, ...) float32: what each env acts on next
+    next_obs: Tensor  # (N, ...) float32: what the action led to (the final observation where an episode ended)
+    reward: Tensor  # (N,) float32, 0 where no transition
+    terminated: Tensor  # (N,) bool, False where no transition
+    truncated: Tensor  # (N,) bool, False where no transition
+    transition: Tensor  # (N,) bool: the row is a transition (False: a next-step reset, its action ignored)
+    started: Tensor  # (N,) bool: obs is the first observation of an episode
+    finite: Tensor  # (N,) bool: next_obs and reward hold no NaN or inf
+
+
+def autoreset_mode(env: gym.vector.VectorEnv) -> str:
+    """'next_step', 'same_step' or 'disabled': what the env declares, next-step when it declares nothing."""
+    mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
+    names = {m: m.name.lower() for m in gym.vector.AutoresetMode}
+    return names.get(gym.vector.AutoresetMode(mode) if isinstance(mode, str) else mode, str(mode))
+
+
+def is_tensor_vector_env(env: Any) -> bool:
+    """A gymnasium VectorEnv that speaks torch (or JAX, converted by JaxToTorch): told by its reset()'s
+    observation, the one thing every such env has. Resets the env (training resets it anyway)."""
+    if not isinstance(env, gym.vector.VectorEnv):
+        return False
+    obs, _ = env.reset()
+    return isinstance(obs, torch.Tensor)
+
+
+class TensorVectorEnv:
+    """A tensor vector env seen in lockstep (module docstring). `device`: the agent's."""
+
+    def __init__(self, env: gym.vector.VectorEnv, task: str, device: torch.device | str):
+        self.env, self.task, self.device = env, task, torch.device(device)
+        self.num_envs = env.num_envs
+        self.mode = autoreset_mode(env)
+        if self.mode not in ("next_step", "same_step"):
+            raise TaskError(f"task {task!r}: a vector env with autoreset mode {self.mode!r} cannot be trained on; "
+                            f"use next-step or same-step autoreset")
+        obs_space, action_space = env.single_observation_space, env.single_action_space
+        if not isinstance(obs_space, spaces.Box):
+            raise TaskError(f"task {task!r}: a tensor env needs a Box observation space, got {obs_space}")
+        self.obs_shape = tuple(obs_space.shape)
+        self.discrete = isinstance(action_space, spaces.Discrete)
+        if isinstance(action_space, spaces.Discrete):
+            self.action_dim, self.start = int(action_space.n), int(action_space.start)
+        elif isinstance(action_space, spaces.Box) and len(action_space.shape) == 1 and np.isfinite(
+                action_space.low).all() and np.isfinite(action_space.high).all():
+            self.action_dim = int(action_space.shape[0])
+            self.low = torch.as_tensor(action_space.low, dtype=torch.float32)
+            self.high = torch.as_tensor(action_space.high, dtype=torch.float32)
+        else:
+            raise TaskError(f"task {task!r} has a {type(action_space).__name__} action space ({action_space}); "
+                            f"supported are a 1-D Box with finite bounds and Discrete(n)")
+        self.env_device: torch.device | None = None  # where the env's tensors live: seen at reset()
+        self._resetting = torch.zeros(self.num_envs, dtype=torch.bool, device=self.device)
+
+    def reset(self, seed: int | None = None) -> Tensor:
+        """Every env's first observation (N, ...) float32, on the agent's device."""
+        obs, _ = self.env.reset(seed=seed)
+        if not isinstance(obs, torch.Tensor):
+            raise TaskError(f"task {self.task!r}: reset() returned a {type(obs).__name__}, not a torch tensor")
+        self.env_device = obs.device
+        if not self.discrete:
+            self.low, self.high = self.low.to(obs.device), self.high.to(obs.device)
+        self._resetting.zero_()
+        return self._obs(obs, "reset()")
+
+    def step(self, action: Tensor) -> TensorStep:
+        """action (N, A) in [-1, 1] or (N,) integers, on any device -> the step, on the agent's device."""
+        obs, reward, terminated, truncated, info = self.env.step(self._env_action(action))
+        obs = self._obs(obs, "step()")
+        reward = self._flag(reward, "reward", float)
+        terminated, truncated = self._flag(terminated, "terminated", bool), self._flag(truncated, "truncated", bool)
+        if self.mode == "next_step":
+            transition = ~self._resetting
+            started = self._resetting.clone()
+            next_obs = obs
+            reward, terminated, truncated = reward * transition, terminated & transition, truncated & transition
+            self._resetting = (terminated | truncated) & transition
+        else:
+            transition = torch.ones_like(terminated)
+            started = terminated | truncated
+            final = self._final_obs(info)
+            next_obs = obs if final is None else torch.where(started.view(-1, *[1] * len(self.obs_shape)), final, obs)
+        finite = torch.isfinite(next_obs.reshape(self.num_envs, -1)).all(1) & torch.isfinite(reward)
+        return TensorStep(obs, next_obs, reward, terminated, truncated, transition, started, finite)
+
+    def close(self) -> None:
+        self.env.close()
+
+    # --- checks and conversions ----------------------------------------------------------
+    def _env_action(self, action: Tensor) -> Tensor:
+        action = action.to(self.env_device or action.device)
+        if self.discrete:
+            return action.long() + self.start if self.start else action.long()
+        return (self.low + (self.high - self.low) * (action.float() + 1) / 2).clamp(self.low, self.high)
+
+    def _obs(self, obs: Any, where: str) -> Tensor:
+        if not isinstance(obs, torch.Tensor):
+            raise TaskError(f"task {self.task!r}: {where} returned observations as a {type(obs).__name__}, not a "
+                            f"torch tensor")
+        if tuple(obs.shape) != (self.num_envs, *self.obs_shape):
+            raise TaskError(f"task {self.task!r}: {where} returned observations of shape {tuple(obs.shape)}, but "
+                            f"{self.num_envs} envs of observation_space {self.obs_shape} make "
+                            f"{(self.num_envs, *self.obs_shape)}")
+        if not obs.is_floating_point():
+            raise TaskError(f"task {self.task!r}: {where} returned {obs.dtype} observations; state observations "
+                            f"must be floating point")
+        return obs.to(self.device, torch.float32, non_blocking=True)
+
+    def _flag(self, x: Any, name: str, kind: type) -> Tensor:
+        """A reward (floating) or a flag (bool) of each env: (N,), on the agent's device."""
+        if not isinstance(x, torch.Tensor):
+            raise TaskError(f"task {self.task!r}: step() returned {name} as a {type(x).__name__}, not a torch tensor")
+        if tuple(x.shape) != (self.num_envs,):
+            raise TaskError(f"task {self.task!r}: step() returned {name} of shape {tuple(x.shape)}, not "
+                            f"({self.num_envs},)")
+        ok = x.is_floating_point() if kind is float else x.dtype == torch.bool
+        if not ok:
+            raise TaskError(f"task {self.task!r}: step() returned {name} as {x.dtype}, not "
+                            f"{'floating point' if kind is float else 'torch.bool'}")
+        return x.to(self.device, torch.float32 if kind is float else torch.bool, non_blocking=True)
+
+    def _final_obs(self, info: dict) -> Tensor | None:
+        """Same-step autoreset: the ended episodes' last observations, one (N, ...) tensor (gymnasium's
+        info['final_obs'] or ManiSkill3's 'final_observation'); None when the info has none (such envs add it only
+        in a step where an episode ended: checking that here would cost a host sync per step)."""
+        for key in ("final_obs", "final_observation"):
+            if key in info:
+                return self._obs(info[key], f"step()'s info[{key!r}]")
+        return None
+
+
+def has_vector_entry_point(name: str) -> bool:
+    """Whether the gymnasium id `name` registers a vector env of its own (a GPU or JAX simulator's)."""
+    spec = gym.registry.get(name.rpartition(":")[2])
+    return spec is not None and spec.vector_entry_point is not None
+
+
+def make_tensor_vector_env(env: str | gym.vector.VectorEnv, num_envs: int, *, seed: int | None,
+                           device: torch.device | str, action_repeat: int | None = None
+                           ) -> tuple[TensorVectorEnv, EnvSpec]:
+    """A tensor vector env and its spec: a gymnasium id with a vector_entry_point, made by
+    ``gymnasium.make_vec(id, num_envs, vectorization_mode="vector_entry_point")`` (a JAX env through
+    ``JaxToTorch``: DLPack, no copy on a GPU), or a vector env object as it is. Reset once, with `seed`."""
+    if isinstance(env, str):
+        task = resolve_task(env)
+        try:
+            vec = gym.make_vec(task.name, num_envs, vectorization_mode="vector_entry_point")
+        except (ImportError, gym.error.DependencyNotInstalled) as e:
+            raise TaskError(f"task {env!r} needs what its vector env imports ({str(e).splitlines()[0]}); for "
+                            f"gymnasium's JAX envs: pip install 'tdmpc[jax]'") from None
+        name, steps, episodic = task.name, task.env_steps, task.episodic
+    else:
+        vec, name = env, f"custom:{type(env.unwrapped).__name__}"
+        if vec.num_envs != num_envs:
+            raise TaskError(f"the vector env has {vec.num_envs} envs, not num_envs={num_envs}")
+        spec = vec.spec
+        steps = spec.max_episode_steps if spec is not None and spec.max_episode_steps else DEFAULT_EPISODE_STEPS
+        episodic = None
+    if action_repeat not in (None, 1):
+        raise TaskError(f"task {name!r}: action repeat {action_repeat} is not supported for tensor envs (their "
+                        f"envs step in lockstep); use 1")
+    if vec.metadata.get("jax", False):
+        from gymnasium.wrappers.vector import JaxToTorch
+
+        vec = JaxToTorch(vec, device=torch.device(device))
+    envs = TensorVectorEnv(vec, name, device)
+    envs.reset(seed=seed)
+    if episodic is None:
+        episodic = bool(vec.metadata.get("episodic", False))
+    return envs, EnvSpec(task=name, obs_shape=envs.obs_shape, action_dim=envs.action_dim, episode_length=steps,
+                         action_repeat=1, episodic=episodic, discrete=envs.discrete)
