@@ -179,15 +179,15 @@ class Agent:
         if not isinstance(obs, Tensor) or (obs_t.device.type == "cpu" and self.device.type != "cpu"):
             obs_t, first = to_device(self.device, obs_t, first)  # host observations and flags in one copy
         actions = self.act_on_device(obs_t, first.to(self.device, non_blocking=True), eval_mode, role,
-                                     self.task_ids(task, n))
+                                     self.task_ids(task, n)).cpu().numpy()
         if not single:
             return actions
         return actions[0].item() if actions.ndim == 1 else actions[0]  # one discrete action: a Python int
 
     def act_on_device(self, obs: Tensor, first: Tensor, eval_mode: bool = False, role: str | None = None,
-                      task: Tensor | None = None) -> np.ndarray:
+                      task: Tensor | None = None) -> Tensor:
         """act() for a batch already on the agent's device and checked: (N, *obs_shape) observations, (N,) bool
-        first-step flags and (N,) task ids (task_ids()) or None -> actions as numpy, as the envs take them: (N, A)
+        first-step flags and (N,) task ids (task_ids()) or None -> actions on the device, as the envs take them: (N, A)
         float32, or (N,) integers for a discrete model. Training acts on its replay buffer's newest rows through it,
         so an env step sends nothing to the device to act."""
         # Inference mode, or no_grad for compiled planning: inductor cannot compile on inference tensors.
@@ -202,7 +202,7 @@ class Agent:
             else:
                 policy = self.plan_model.pi(self.plan_model.encode(obs, task), task)
                 a = policy.mean if eval_mode else policy.action
-            return self.plan_model.env_action(a).cpu().numpy()
+            return self.plan_model.env_action(a)
 
     def _observations(self, obs: np.ndarray | Tensor) -> tuple[Tensor, bool]:
         """(N, *obs_shape) observations in the dtype the model takes, and whether one was given unbatched."""

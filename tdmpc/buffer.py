@@ -173,7 +173,7 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int) -> Batch:
         """B sub-trajectories of H+1 observations, uniform over valid starts, time-major."""
-        if not self._valid_host.any():
+        if not self._any_valid():
             raise RuntimeError(f"no complete sub-trajectory of horizon {self.H} in the buffer yet")
         F = self.filled
         flat = torch.multinomial(self.valid[:, :F].reshape(-1).float(), batch_size, replacement=True)
@@ -188,6 +188,9 @@ class ReplayBuffer:
         if self.storage != self.device:  # rows kept in host memory: the batch goes over in one copy
             parts = to_device(self.device, *(t.contiguous() for t in parts))
         return Batch(*(t.contiguous() for t in parts))
+
+    def _any_valid(self) -> bool:
+        return bool(self._valid_host.any())
 
     def end_episodes(self) -> None:
         """Drop in-flight episodes (at resume): the next row of every env must be a start()."""
@@ -251,6 +254,95 @@ class ReplayBuffer:
                 raise BufferFileError(f"{path}: non-finite values in '{name}' (env {env}, row {row})")
         self._valid_host[:] = False
         self._valid_host[:, :F] = self.valid[:, :F].cpu().numpy()
+
+
+class TensorReplayBuffer(ReplayBuffer):
+    """The replay buffer of tensor-native envs (tdmpc.envs.tensor): the same rows, validity and sampling, with the
+    bookkeeping (write pointers, episode steps) on the storage device, so that a step's rows go in with masks and
+    no host sync or copy. Every start() or add() claims one row of every env and writes the masked ones (the
+    others are written back as they were); `filled` counts those calls, a host-side upper bound on the rows any
+    env has written. The host mirror of `valid` is not kept: num_valid_starts reads the device."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self._ptr = torch.zeros(self.N, dtype=torch.long, device=self.storage)
+        self._ep_step = torch.full((self.N,), -1, dtype=torch.long, device=self.storage)
+        self._count = torch.zeros((), dtype=torch.long, device=self.storage)  # transitions stored
+
+    @property
+    def num_valid_starts(self) -> int:
+        return int(self.valid[:, :self.filled].sum())
+
+    def _any_valid(self) -> bool:
+        return True  # the trainer samples after seeding; an empty buffer fails in torch.multinomial instead
+
+    def _write(self, name: str, mask: Tensor, value: Tensor | float) -> None:
+        """Field `name` at each env's current row, where mask (N,) is True."""
+        field = getattr(self, name)
+        old = field[self._envs, self._ptr]
+        m = mask.view(-1, *[1] * (old.dim() - 1))
+        field[self._envs, self._ptr] = torch.where(m, torch.as_tensor(value, dtype=field.dtype, device=self.storage)
+                                                   if not isinstance(value, Tensor) else value.to(field.dtype), old)
+
+    def _mark(self, rows: Tensor, mask: Tensor, value: bool) -> None:
+        self.valid[self._envs, rows] = torch.where(mask, value, self.valid[self._envs, rows])
+
+    def _advance(self, mask: Tensor) -> None:
+        self._newest = torch.where(mask, self._ptr, self._newest)
+        self._ptr = torch.where(mask, (self._ptr + 1) % self.C, self._ptr)
+        self.filled = min(self.C, self.filled + 1)
+
+    def start(self, obs: Tensor, envs: Tensor | np.ndarray | None = None) -> None:
+        """Begin an episode in the envs where the mask `envs` (N,) is True (all when None)."""
+        mask = torch.ones(self.N, dtype=torch.bool, device=self.storage) if envs is None else \
+            torch.as_tensor(envs, device=self.storage)
+        obs = obs.to(self.storage)
+        self._write("obs", mask, obs)
+        for name, zero in (("action", 0), ("reward", 0.0), ("terminated", False)):
+            self._write(name, mask, zero)
+        self._write("first", mask, True)
+        self._mark(self._ptr, mask, False)
+        self._ep_step = torch.where(mask, 0, self._ep_step)
+        self._advance(mask)
+
+    def add(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
+            keep: Tensor | np.ndarray | None = None) -> None:
+        """One step's transitions of the envs where `keep` (N,) is True and an episode is in progress (an env
+        whose episode was ended by end_episodes() or stop() stores nothing until its next start())."""
+        keep_t = torch.ones(self.N, dtype=torch.bool, device=self.storage) if keep is None else \
+            torch.as_tensor(keep, device=self.storage)
+        mask = keep_t & (self._ep_step >= 0)
+        term = terminated.to(self.storage) & mask
+        for name, value in (("obs", obs), ("action", action), ("reward", reward), ("terminated", term)):
+            self._write(name, mask, value.to(self.storage))
+        self._write("first", mask, False)
+        rows = self._ptr
+        self._mark(rows, mask, False)
+        self._ep_step = self._ep_step + mask.long()
+        self._mark((rows - self.H) % self.C, mask & (self._ep_step >= self.H), True)
+        for k in range(1, self.H):
+            self._mark((rows - k) % self.C, term & (self._ep_step >= k), True)
+        self._count += mask.sum()
+        self._advance(mask)
+
+    def stop(self, envs: Tensor) -> None:
+        """End the episodes in flight in the envs where the mask is True: nothing more of them is stored."""
+        self._ep_step = torch.where(envs.to(self.storage), -1, self._ep_step)
+
+    def end_episodes(self) -> None:
+        self._ep_step.fill_(-1)
+
+    def save(self, path: Path) -> None:
+        self.ptr[:], self.ep_step[:] = self._ptr.cpu().numpy(), self._ep_step.cpu().numpy()
+        self.transitions = int(self._count)
+        super().save(path)
+
+    def load(self, path: Path) -> None:
+        super().load(path)
+        self._ptr.copy_(torch.from_numpy(self.ptr))
+        self._ep_step.copy_(torch.from_numpy(self.ep_step))
+        self._newest = (self._ptr - 1) % self.C
+        self._count.fill_(self.transitions)
 
 
 def _host(x: Tensor | np.ndarray, dtype: torch.dtype) -> np.ndarray:

@@ -6,15 +6,18 @@ recorded to a video. Training evaluates with this, and so does python -m tdmpc.e
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, cast
 
 import gymnasium as gym
 import numpy as np
+import torch
 
 from tdmpc.agent import Agent
 from tdmpc.envs import EnvSource, make_envs
+from tdmpc.envs.tensor import TensorVectorEnv
 from tdmpc.errors import BadInput, NonFiniteData
 from tdmpc.memory.peak import EVAL_PARALLEL
 
@@ -161,3 +164,40 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
         raise BadInput("videos need imageio: pip install 'tdmpc[video]'") from None
     path.parent.mkdir(parents=True, exist_ok=True)
     imageio.mimsave(path, frames, fps=fps, macro_block_size=1)  # type: ignore[arg-type]
+
+
+def run_tensor_episodes(agent: Agent, envs: TensorVectorEnv, episodes: int, seed: int | None,
+                        stop: Callable[[], bool] | None = None) -> EvalResult | None:
+    """run_episodes for tensor-native envs (tdmpc.envs.tensor): each of `envs`' N envs plays its first episode
+    from a reset, rounds of N until `episodes` have ended; returns and lengths are summed on the device and read
+    once a round has ended (asked every CHECK_EVERY steps). A non-finite observation or reward is a NonFiniteData."""
+    result = EvalResult([], [], [])
+    N = envs.num_envs
+    while len(result.returns) < episodes:
+        obs = envs.reset(seed=None if seed is None else seed + len(result.returns))
+        first = torch.ones(N, dtype=torch.bool, device=obs.device)
+        live = torch.ones_like(first)
+        ret, length = torch.zeros(N, device=obs.device), torch.zeros(N, dtype=torch.long, device=obs.device)
+        finite = torch.ones_like(first)
+        for t in itertools.count(1):
+            if stop is not None and stop():
+                return None
+            step = envs.step(agent.act_on_device(obs, first, eval_mode=True, role=f"eval{N}"))
+            counted = live & step.transition
+            ret += step.reward * counted
+            length += counted.long()
+            finite &= step.finite | ~counted
+            live &= ~((step.terminated | step.truncated) & counted)
+            obs, first = step.obs, step.started
+            if t % CHECK_EVERY == 0 and not bool(live.any()):
+                break
+        if not bool(finite.all()):
+            raise NonFiniteData(f"env {int((~finite).nonzero()[0])} ({envs.task}) returned a non-finite observation "
+                                f"or reward in evaluation")
+        take = min(N, episodes - len(result.returns))
+        result.returns += ret[:take].tolist()
+        result.lengths += length[:take].tolist()
+    return result
+
+
+CHECK_EVERY = 50  # tensor evaluation steps between reads of whether every episode has ended

@@ -8,8 +8,14 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from helpers import import_or_skip
-from tdmpc.envs.tensor import TensorVectorEnv, autoreset_mode, is_tensor_vector_env, make_tensor_vector_env
+import dataclasses
+from pathlib import Path
+
+from helpers import TINY, import_or_skip, one_line_error, read_csv, run_train, tiny_json
+from tdmpc.config import Config, validate
+from tdmpc.training.run_dir import saved_config
+from tdmpc.training.setup import RunRequest, open_run
+from tdmpc.envs.tensor import TensorVectorEnv, autoreset_mode, is_tensor_task, make_tensor_vector_env
 from tdmpc.errors import TaskError
 
 
@@ -25,7 +31,7 @@ class TorchPointEnv(gym.vector.VectorEnv):
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         mode = gym.vector.AutoresetMode.SAME_STEP if same_step else gym.vector.AutoresetMode.NEXT_STEP
-        self.metadata = {"autoreset_mode": mode}
+        self.metadata = {"autoreset_mode": mode, "episodic": True}
         self.t = torch.zeros(num_envs)
         self.pos = torch.zeros(num_envs)
         self.ended = torch.zeros(num_envs, dtype=torch.bool)
@@ -74,7 +80,7 @@ def steps(envs: TensorVectorEnv, n: int, action: torch.Tensor) -> list:
 
 def test_next_step_autoreset_marks_the_reset_step_as_no_transition():
     env = TorchPointEnv(length=3)
-    assert autoreset_mode(env) == "next_step" and is_tensor_vector_env(env)
+    assert autoreset_mode(env) == "next_step" and is_tensor_task(env)
     envs = TensorVectorEnv(env, "points", "cpu")
     out = steps(envs, 5, torch.ones(4, 1))  # +1 in [-1, 1] is +2 on the env's Box(-2, 2)
     assert torch.equal(env.actions[0], torch.full((4, 1), 2.0))
@@ -96,6 +102,13 @@ def test_same_step_autoreset_takes_the_final_observation_from_the_info():
     assert out[1].started.all() and not out[0].started.any()
     assert torch.equal(out[1].next_obs, torch.tensor([[-4.0, 2.0]] * 4))  # what the action led to
     assert torch.equal(out[1].obs, torch.zeros(4, 2))  # what the envs act on next: the new episode's first
+
+
+def test_final_observations_from_an_env_declaring_next_step_autoreset_are_an_error():
+    env = TorchPointEnv(length=1, same_step=True)
+    env.metadata = {}  # ManiSkill3's vector env resets in the same step without saying so
+    with pytest.raises(TaskError, match="declares next-step autoreset"):
+        steps(TensorVectorEnv(env, "points", "cpu"), 1, torch.zeros(4, 1))
 
 
 def test_discrete_actions_reach_the_env_as_integers_from_its_start():
@@ -158,7 +171,8 @@ def test_envs_without_autoreset_or_with_other_spaces_are_refused():
     env.single_action_space = spaces.MultiDiscrete([2, 2])
     with pytest.raises(TaskError, match="MultiDiscrete action space"):
         TensorVectorEnv(env, "points", "cpu")
-    assert not is_tensor_vector_env(gym.make_vec("CartPole-v1", 2, vectorization_mode="sync"))
+    # gymnasium's numpy vector envs (CartPole-v1 registers one) and tasks without one take the numpy path
+    assert not is_tensor_task("CartPole-v1") and not is_tensor_task("Pendulum-v1") and not is_tensor_task("walker-walk")
 
 
 def test_a_vector_env_object_and_its_spec():
@@ -173,8 +187,90 @@ def test_a_vector_env_object_and_its_spec():
 def test_gymnasium_jax_pendulum_by_id_gives_torch_tensors():
     """phys2d/Pendulum-v0 registers a JAX vector env (vector_entry_point): made with make_vec, through JaxToTorch."""
     import_or_skip("jax", "pip install -e '.[jax]'")
+    assert is_tensor_task("phys2d/Pendulum-v0")
     envs, spec = make_tensor_vector_env("phys2d/Pendulum-v0", 8, seed=0, device="cpu")
     assert spec.obs_shape == (3,) and spec.action_dim == 1 and spec.episode_length == 200 and not spec.episodic
     out = [envs.step(torch.zeros(8, 1)) for _ in range(201)]
     assert out[199].truncated.all() and not out[200].transition.any() and out[200].started.all()
     assert all(isinstance(s.reward, torch.Tensor) and s.reward.dtype == torch.float32 for s in out)
+
+
+def tensor_trainer(run: Path, env, resume: bool = False, **over):
+    """The trainer the pipeline builds for a tensor env object (as tdmpc.fit(env=...) does)."""
+    cfg = validate(Config(**{**TINY, "num_envs": env.num_envs, **over, "run_dir": str(run)}))
+    return open_run(RunRequest(saved_config(run) if resume else cfg, resume=run if resume else None,
+                               base=saved_config(run) if resume else None, env=env))
+
+
+def test_a_tensor_env_trains_resumes_exactly_and_evaluates(tmp_path):
+    """Stopped at step 300 (a checkpoint), resumed: the buffer and weights are the checkpoint's, and the run ends
+    at 600 having learnt (the return is the sum of the actions: random play gets about 0, the best 2 x 25)."""
+    run = tmp_path / "run"
+    first = tensor_trainer(run, TorchPointEnv(num_envs=4, length=25))
+    original = first.step
+
+    def step():
+        original()
+        if first.counters.env_step >= 300:
+            first.stop_reason = "signal SIGTERM"
+
+    first.step = step
+    assert first.run() == 3
+    second = tensor_trainer(run, TorchPointEnv(num_envs=4, length=25), resume=True)
+    P = int(first.buffer._ptr.min())  # rows before each env's next one: the resume starts new episodes there
+    assert P > 50 and torch.equal(first.buffer._ptr + 1, second.buffer._ptr)
+    for name in ("obs", "action", "reward", "terminated", "valid", "first"):
+        assert torch.equal(getattr(first.buffer, name)[:, :P], getattr(second.buffer, name)[:, :P]), name
+    for p1, p2 in zip(first.agent.model.parameters(), second.agent.model.parameters()):
+        assert torch.equal(p1, p2)
+    assert second.counters.updates == first.counters.updates
+    assert second.run() == 0 and second.counters.env_step == 600
+    evals = read_csv(run / "eval.csv")
+    assert [int(r["env_step"]) for r in evals] == [0, 400, 600] and all(r["episode_length"] == "25" for r in evals)
+    assert abs(float(evals[0]["episode_return"])) < 10 and float(evals[-1]["episode_return"]) > 15, evals
+    assert any(r["episode_return"] for r in read_csv(run / "train.csv"))
+
+
+def test_a_training_step_on_tensor_envs_touches_no_numpy(tmp_path, monkeypatch):
+    """Seeding steps, the pretraining burst and acting steps with every numpy conversion made to fail."""
+    trainer = tensor_trainer(tmp_path / "run", TorchPointEnv(num_envs=4, length=25), seed_steps=40, batch_size=8)
+
+    def refused(*args, **kw):
+        raise AssertionError("numpy on the tensor path")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", refused)
+    monkeypatch.setattr(torch, "from_numpy", refused)
+    monkeypatch.setattr(torch.Tensor, "tolist", refused)
+    monkeypatch.setattr(torch.Tensor, "item", refused)
+    for _ in range(20):
+        trainer.step()
+    monkeypatch.undo()
+    assert trainer.counters.env_step == 80 and trainer.counters.updates > 10
+    assert trainer.buffer.num_valid_starts > 0
+    trainer.close()
+
+
+def test_non_finite_data_from_a_tensor_env_stops_the_run_with_one_line(tmp_path, capsys):
+    trainer = tensor_trainer(tmp_path / "run", Broken("nan", num_envs=4), log_every=20, eval_episodes=0)
+    assert trainer.run() == 1
+    err = capsys.readouterr().err
+    assert "error: env 2 (custom:Broken) returned a non-finite observation or reward at env step 0" in err
+    assert "--nonfinite-data drop" in err
+    assert (tmp_path / "run" / "checkpoints" / "latest.pt").is_file()
+
+
+def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
+    import_or_skip("jax", "pip install -e '.[jax]'")
+    r = run_train("--cfg", str(tiny_json(tmp_path, task="phys2d/Pendulum-v0", num_envs=8, steps=400, seed_steps=200,
+                                         eval_freq=400, eval_episodes=2, save_every=400,
+                                         run_dir=str(tmp_path / "run"))))
+    assert r.returncode == 0, r.stderr[-2000:]
+    evals = read_csv(tmp_path / "run" / "eval.csv")
+    assert [int(e["env_step"]) for e in evals] == [0, 400] and all(e["episode_length"] == "200" for e in evals)
+    assert (tmp_path / "run" / "checkpoints" / "latest.pt").is_file()
+
+
+def test_what_tensor_envs_do_not_do_is_refused_in_one_line(tmp_path):
+    import_or_skip("jax", "pip install -e '.[jax]'")
+    r = run_train("--cfg", str(tiny_json(tmp_path, task="phys2d/Pendulum-v0", num_envs=8)), "--save-video")
+    assert "--save-video is not supported with tensor-native envs" in one_line_error(r)

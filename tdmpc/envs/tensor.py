@@ -19,6 +19,7 @@ So each step of N envs writes exactly one row per env: a transition, or the firs
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,8 +33,7 @@ from tdmpc.envs.make import EnvSpec
 from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, resolve_task
 from tdmpc.errors import TaskError
 
-__all__ = ["TensorStep", "TensorVectorEnv", "autoreset_mode", "has_vector_entry_point", "is_tensor_vector_env",
-           "make_tensor_vector_env"]
+__all__ = ["TensorStep", "TensorVectorEnv", "autoreset_mode", "is_tensor_task", "make_tensor_vector_env"]
 
 
 @dataclass
@@ -55,15 +55,6 @@ def autoreset_mode(env: gym.vector.VectorEnv) -> str:
     mode = env.metadata.get("autoreset_mode", gym.vector.AutoresetMode.NEXT_STEP)
     names = {m: m.name.lower() for m in gym.vector.AutoresetMode}
     return names.get(gym.vector.AutoresetMode(mode) if isinstance(mode, str) else mode, str(mode))
-
-
-def is_tensor_vector_env(env: Any) -> bool:
-    """A gymnasium VectorEnv that speaks torch (or JAX, converted by JaxToTorch): told by its reset()'s
-    observation, the one thing every such env has. Resets the env (training resets it anyway)."""
-    if not isinstance(env, gym.vector.VectorEnv):
-        return False
-    obs, _ = env.reset()
-    return isinstance(obs, torch.Tensor)
 
 
 class TensorVectorEnv:
@@ -112,6 +103,10 @@ class TensorVectorEnv:
         reward = self._flag(reward, "reward", float)
         terminated, truncated = self._flag(terminated, "terminated", bool), self._flag(truncated, "truncated", bool)
         if self.mode == "next_step":
+            if "final_obs" in info or "final_observation" in info:
+                raise TaskError(f"task {self.task!r}: step() put final observations in its info, as same-step "
+                                f"autoreset envs do, but the env declares next-step autoreset (or none); set "
+                                f"env.metadata['autoreset_mode'] = gymnasium.vector.AutoresetMode.SAME_STEP")
             transition = ~self._resetting
             started = self._resetting.clone()
             next_obs = obs
@@ -171,10 +166,34 @@ class TensorVectorEnv:
         return None
 
 
-def has_vector_entry_point(name: str) -> bool:
-    """Whether the gymnasium id `name` registers a vector env of its own (a GPU or JAX simulator's)."""
-    spec = gym.registry.get(name.rpartition(":")[2])
-    return spec is not None and spec.vector_entry_point is not None
+def is_tensor_task(env: Any) -> bool:
+    """Whether `env` trains on the tensor path: a vector env object, or a gymnasium id whose registered vector env
+    (vector_entry_point) is a JAX one or returns torch tensors. (gymnasium's own numpy vector envs, CartPole-v1's
+    say, are not: such ids take the numpy path, one env per copy.) An id whose vector env cannot be imported is
+    taken as one, so that building it says what to install."""
+    if isinstance(env, gym.vector.VectorEnv):
+        return True
+    if not isinstance(env, str) or ":" in env and not _importable(env.rpartition(":")[0]):
+        return False
+    spec = gym.registry.get(env.rpartition(":")[2])
+    if spec is None or spec.vector_entry_point is None:
+        return False
+    try:
+        vec = gym.make_vec(env, 1, vectorization_mode="vector_entry_point")
+    except (ImportError, gym.error.DependencyNotInstalled):
+        return True
+    try:
+        return bool(vec.metadata.get("jax", False)) or isinstance(vec.reset(seed=0)[0], torch.Tensor)
+    finally:
+        vec.close()
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def make_tensor_vector_env(env: str | gym.vector.VectorEnv, num_envs: int, *, seed: int | None,

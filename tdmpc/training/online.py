@@ -26,7 +26,67 @@ from tdmpc.training.run_dir import RunDirLock, set_aside_damaged
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
-class OnlineTrainer(Trainer):
+class ReplayTrainer(Trainer):
+    """What online training shares, whatever the envs speak: the replay buffer, the update schedule, the
+    pretraining burst. OnlineTrainer steps numpy envs; TensorOnlineTrainer (tdmpc.training.tensor_online)
+    tensor-native ones."""
+
+    buffer: ReplayBuffer
+    env_tasks: np.ndarray | None
+    warned_termination: bool
+
+    def _updates_due(self) -> None:
+        """After a vector step: a burst of pretraining updates on the seed data once seeding ends, then
+        updates_per_round every update_every vector steps."""
+        cfg, c = self.cfg, self.counters
+        if c.env_step < cfg.seed_steps or c.env_step < c.refill_until:  # type: ignore[operator]
+            return
+        if c.pretrain_updates_left < 0:  # seeding just ended: pretrain on the seed data
+            c.pretrain_updates_left = c.vector_steps // cfg.update_every * cfg.updates_per_round  # type: ignore[operator]
+            self.logger.message(f"seeding done at step {c.env_step:,}: {c.pretrain_updates_left:,} pretraining updates")
+        if c.pretrain_updates_left > 0:
+            self._pretrain()
+        elif c.vector_steps % cfg.update_every == 0:
+            for _ in range(cfg.updates_per_round):  # type: ignore[arg-type]
+                self.update()
+
+    def _pretrain(self) -> None:
+        """The updates on the seed data, with a progress bar of their own (no env steps pass meanwhile)."""
+        c = self.counters
+        total = c.pretrain_updates_left + c.updates
+        while c.pretrain_updates_left > 0 and self.stop_reason is None:
+            self.update()
+            c.pretrain_updates_left -= 1
+            if c.pretrain_updates_left % 50 == 0:
+                self.logger.pretraining(c.updates, total, c.env_step)
+        self.logger.pretraining(c.updates, total, c.env_step, done=c.pretrain_updates_left == 0)
+
+    def sample(self) -> Batch:
+        return self.buffer.sample(self.cfg.batch_size)
+
+    def _note_terminations(self, terminated: np.ndarray) -> None:
+        """A terminating env with episodic False: planning ignores terminations; say so once."""
+        if terminated.any() and not self.cfg.episodic and not self.warned_termination:
+            self.warned_termination = True
+            self.logger.message(f"note: {self.cfg.task} ended an episode in a terminal state, but episodic is off, "
+                                f"so the world model learns no termination head (values still stop there). If the "
+                                f"task can terminate, train with --episodic")
+
+    def warn_if_disk_short(self) -> None:
+        """A checkpoint and a full buffer, twice (old and new coexist while a write is made atomic)."""
+        params = sum(p.numel() * p.element_size() for p in self.agent.model.parameters())
+        needed = 2 * (4 * params + (self.buffer.nbytes if self.cfg.save_buffer else 0))
+        free = free_bytes(self.checkpoint_path.parent)
+        if free < needed:
+            self.logger.message(f"warning: {fmt_bytes(free, decimal=True)} are free on {self.run_dir}, and checkpoints with the "
+                                f"full replay buffer need about {fmt_bytes(needed, decimal=True)}; free some space or pass "
+                                f"--no-save-buffer")
+
+    def buffer_on_device(self) -> bool:
+        return self.buffer.storage.type == "cuda"
+
+
+class OnlineTrainer(ReplayTrainer):
     def __init__(self, setup: RunSetup, agent: Agent, envs: VectorEnvs, buffer: ReplayBuffer,
                  recorder: EpisodeRecorder | None, lock: RunDirLock, no_buffer: bool = False,
                  on_log: Callback | None = None, on_eval: Callback | None = None):
@@ -56,7 +116,7 @@ class OnlineTrainer(Trainer):
                 action *= self.tasks.action_masks(self.env_tasks)
         else:
             self.doing = "act"
-            action = self.agent.act_on_device(*self.buffer.newest(), task=self.env_task_ids)
+            action = self.agent.act_on_device(*self.buffer.newest(), task=self.env_task_ids).cpu().numpy()
         obs, reward, terminated, truncated, info = self.envs.step(action)
         done = terminated | truncated
         stored = obs
@@ -86,31 +146,7 @@ class OnlineTrainer(Trainer):
             c.episodes += len(ended)
         c.vector_steps += 1
         c.env_step += self.num_envs * cfg.action_repeat  # type: ignore[operator]
-
-        if c.env_step < cfg.seed_steps or c.env_step < c.refill_until:  # type: ignore[operator]
-            return
-        if c.pretrain_updates_left < 0:  # seeding just ended: pretrain on the seed data
-            c.pretrain_updates_left = c.vector_steps // cfg.update_every * cfg.updates_per_round  # type: ignore[operator]
-            self.logger.message(f"seeding done at step {c.env_step:,}: {c.pretrain_updates_left:,} pretraining updates")
-        if c.pretrain_updates_left > 0:
-            self._pretrain()
-        elif c.vector_steps % cfg.update_every == 0:
-            for _ in range(cfg.updates_per_round):  # type: ignore[arg-type]
-                self.update()
-
-    def _pretrain(self) -> None:
-        """The updates on the seed data, with a progress bar of their own (no env steps pass meanwhile)."""
-        c = self.counters
-        total = c.pretrain_updates_left + c.updates
-        while c.pretrain_updates_left > 0 and self.stop_reason is None:
-            self.update()
-            c.pretrain_updates_left -= 1
-            if c.pretrain_updates_left % 50 == 0:
-                self.logger.pretraining(c.updates, total, c.env_step)
-        self.logger.pretraining(c.updates, total, c.env_step, done=c.pretrain_updates_left == 0)
-
-    def sample(self) -> Batch:
-        return self.buffer.sample(self.cfg.batch_size)
+        self._updates_due()
 
     def _start_episodes(self, envs: np.ndarray, first: np.ndarray) -> None:
         """Episodes begin in `envs` with these first observations (checked as step() checks what it stores, an env
@@ -147,14 +183,6 @@ class OnlineTrainer(Trainer):
                 row[f"episode_return_{t}"] = float(np.mean(own)) if own else float("nan")
         return row
 
-    def _note_terminations(self, terminated: np.ndarray) -> None:
-        """A terminating env with episodic False: planning ignores terminations; say so once."""
-        if terminated.any() and not self.cfg.episodic and not self.warned_termination:
-            self.warned_termination = True
-            self.logger.message(f"note: {self.cfg.task} ended an episode in a terminal state, but episodic is off, "
-                                f"so the world model learns no termination head (values still stop there). If the "
-                                f"task can terminate, train with --episodic")
-
     def _nonfinite(self, bad: np.ndarray, stored: np.ndarray, reward: np.ndarray, obs: np.ndarray,
                    terminated: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """NaN or inf from an env: named at its source ('error'), or the transition dropped and the env's
@@ -176,19 +204,6 @@ class OnlineTrainer(Trainer):
         if not self.warned_nonfinite:
             self.warned_nonfinite = True
             self.logger.message(f"note: {where}; {done} (--nonfinite-data drop)")
-
-    def warn_if_disk_short(self) -> None:
-        """A checkpoint and a full buffer, twice (old and new coexist while a write is made atomic)."""
-        params = sum(p.numel() * p.element_size() for p in self.agent.model.parameters())
-        needed = 2 * (4 * params + (self.buffer.nbytes if self.cfg.save_buffer else 0))
-        free = free_bytes(self.checkpoint_path.parent)
-        if free < needed:
-            self.logger.message(f"warning: {fmt_bytes(free, decimal=True)} are free on {self.run_dir}, and checkpoints with the "
-                                f"full replay buffer need about {fmt_bytes(needed, decimal=True)}; free some space or pass "
-                                f"--no-save-buffer")
-
-    def buffer_on_device(self) -> bool:
-        return self.buffer.storage.type == "cuda"
 
     # --- checkpoints ----------------------------------------------------------------
     def save_data(self, ckpt_dir: Path) -> dict[str, Any]:

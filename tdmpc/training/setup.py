@@ -28,9 +28,10 @@ import torch
 
 from tdmpc import memory
 from tdmpc.agent import Agent
-from tdmpc.buffer import ReplayBuffer
+from tdmpc.buffer import ReplayBuffer, TensorReplayBuffer
 from tdmpc.config import SIZE_FIELDS, Config, changed_fields, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
+from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vector_env
 from tdmpc.errors import BadInput, ConfigError, DeviceError
 from tdmpc.model.checkpoint import load_file
 from tdmpc.offline.data import offline_spec, open_offline
@@ -43,7 +44,8 @@ from tdmpc.tasks.multitask import TaskSetup, task_setup
 from tdmpc.training import speed
 from tdmpc.training.init_from import architecture_from_checkpoint, init_weights
 from tdmpc.training.offline import OfflineTrainer
-from tdmpc.training.online import OnlineTrainer
+from tdmpc.training.online import OnlineTrainer, ReplayTrainer
+from tdmpc.training.tensor_online import TensorOnlineTrainer
 from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
                                     resume_checkpoint, saved_config, set_aside_unfinished)
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
@@ -94,7 +96,10 @@ def prepare(req: RunRequest) -> RunSetup | None:
             raise
         device = None  # a dry run still estimates (for --gpu-mem, or to say there is no GPU)
     source: EnvSource = cfg.task if req.env is None else req.env
-    spec, tasks = env_spec(source, cfg)
+    tensor = not cfg.dataset and is_tensor_task(source)
+    if tensor:
+        _check_tensor_run(cfg)
+    spec, tasks = tensor_spec(source, cfg) if tensor else env_spec(source, cfg)
     run_dir = req.resume or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.for_task(spec)))
     if req.resume is None:
         check_fresh(run_dir)  # early, before the memory plan; build() checks again under the lock
@@ -121,7 +126,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
-                    init_from, source, eval_source, notes)
+                    init_from, source, source if tensor else eval_source, notes, tensor)
 
 
 # What a resumed run cannot change: the replay buffer's layout and the networks' shapes, which its files hold.
@@ -168,6 +173,26 @@ def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
     return spec, None
 
 
+def _check_tensor_run(cfg: Config) -> None:
+    """What tensor-native envs do not do (yet), refused in one line before anything is built."""
+    refused = {"save_data": cfg.save_data, "save_video": cfg.save_video, "obs": cfg.obs != "state",
+               "vectorization": cfg.vectorization != "sync", "task_set": bool(cfg.task_set)}
+    for name, on in refused.items():
+        if on:
+            raise BadInput(f"--{name.replace('_', '-')} is not supported with tensor-native envs ({cfg.task}); "
+                           f"see docs/gpu-simulators.md")
+
+
+def tensor_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, None]:
+    """A tensor-native task's spec, read off its vector env (an id's is built and closed; a user's object is
+    left open, to be trained on)."""
+    envs, spec = make_tensor_vector_env(env, cfg.num_envs, seed=cfg.seed, device="cpu",  # type: ignore[arg-type]
+                                        action_repeat=cfg.action_repeat)
+    if isinstance(env, str):
+        envs.close()
+    return spec, None
+
+
 def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
           on_eval: Callback | None = None) -> Trainer:
     """The parts of the run, handed to its loop. A fresh run directory whose setup fails is removed: a bad
@@ -183,7 +208,8 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
     data, envs = None, None
     try:
         data = open_offline(cfg, s.device, cfg.seed, (s.shard.rank, s.shard.world)).sampler if cfg.dataset else None
-        envs = None if cfg.dataset else _vector_envs(s)
+        envs = None if cfg.dataset else _vector_envs(s) if not s.tensor_envs else \
+            make_tensor_vector_env(s.env, cfg.num_envs, seed=cfg.seed, device=s.device)[0]  # type: ignore[arg-type]
         torch.manual_seed(cfg.seed)
         lengths = s.tasks.episode_lengths if s.tasks else s.spec.episode_length
         agent = Agent(cfg, model_dims(cfg, s.spec, s.tasks), lengths, s.device, s.shard)
@@ -194,6 +220,10 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
         trainer: Trainer
         if data is not None:
             trainer = OfflineTrainer(s, agent, data, lock, on_log, on_eval)
+        elif isinstance(envs, TensorVectorEnv):
+            tensor_buffer = TensorReplayBuffer(cfg.buffer_size, envs.num_envs, s.spec.obs_shape, s.spec.action_dim,
+                                        cfg.horizon, device=s.device, storage=s.device, discrete=s.spec.discrete)
+            trainer = TensorOnlineTrainer(s, agent, envs, tensor_buffer, lock, no_buffer, on_log, on_eval)
         else:
             assert envs is not None
             env_tasks = None if s.tasks is None else s.tasks.env_tasks(cfg.num_envs)
@@ -255,7 +285,7 @@ def open_run(req: RunRequest) -> Trainer | None:
     if setup.shard.main:
         for line in setup.notes:
             print(line, file=sys.stderr)
-    if setup.device.type == "cpu" and isinstance(trainer, OnlineTrainer):
+    if setup.device.type == "cpu" and isinstance(trainer, ReplayTrainer):
         speed.warn_if_slow(trainer)
     return trainer
 

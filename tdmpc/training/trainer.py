@@ -24,7 +24,7 @@ from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, save_json
 from tdmpc.envs import EnvSource, EnvSpec
-from tdmpc.episodes import run_episodes
+from tdmpc.episodes import EvalResult, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFiniteData, RunDirError
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime.distributed import Shard
@@ -58,6 +58,7 @@ class RunSetup:
     env: EnvSource
     eval_env: EnvSource
     notes: list[str] = field(default_factory=list)
+    tensor_envs: bool = False  # the envs speak torch tensors (tdmpc.envs.tensor): TensorOnlineTrainer steps them
 
     @property
     def resume(self) -> bool:
@@ -242,9 +243,7 @@ class Trainer:
         for task in self.tasks.tasks if self.tasks else (self.eval_env,):
             name = f"_{task}" if self.tasks else ""
             video = self.run_dir / "videos" / f"step_{c.env_step:09d}{name}.mp4" if cfg.save_video else None
-            res = run_episodes(self.agent, task, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1), obs=cfg.obs,
-                               action_repeat=cfg.action_repeat, video=video, stop=self._eval_interrupted,
-                               drop_nonfinite=cfg.nonfinite_data == "drop")
+            res = self.play_episodes(task, video)
             if res is None:
                 return False
             rows.append(({"task": task} if self.tasks else {}) | res.summary())
@@ -260,6 +259,13 @@ class Trainer:
         self._callback(self.on_eval, rows[-1], "on_eval")
         self.shard.barrier()
         return True
+
+    def play_episodes(self, task: EnvSource, video: Path | None) -> EvalResult | None:
+        """One evaluation's episodes of `task` (None: a stop signal arrived meanwhile)."""
+        cfg = self.cfg
+        return run_episodes(self.agent, task, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1), obs=cfg.obs,
+                            action_repeat=cfg.action_repeat, video=video, stop=self._eval_interrupted,
+                            drop_nonfinite=cfg.nonfinite_data == "drop")
 
     def _eval_interrupted(self) -> bool:
         """Asked at every evaluation step: has a stop signal arrived?"""
