@@ -161,9 +161,11 @@ class Agent:
 
     def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None = None,
             eval_mode: bool = False, role: str | None = None,
-            task: int | str | Sequence | np.ndarray | Tensor | None = None) -> np.ndarray | int:
-        """Actions for one observation or a batch of N, as numpy: in [-1, 1], (A,) or (N, A), for a continuous
-        model; a discrete model's are integers, an int or (N,).
+            task: int | str | Sequence | np.ndarray | Tensor | None = None) -> np.ndarray | int | Tensor:
+        """Actions for one observation or a batch of N: in [-1, 1], (A,) or (N, A), for a continuous model; a
+        discrete model's are integers, an int or (N,). Numpy (or lists) in, numpy out; a torch tensor in, a tensor
+        out, on the agent's device and without a copy to the host (a GPU simulator's observations), one discrete
+        action as a 0-d tensor.
 
         first_step marks envs whose episode just began (True for all at the first call of an
         episode): their plan starts afresh instead of from the last plan's mean. Default: none.
@@ -178,8 +180,11 @@ class Agent:
         first = self._first_steps(first_step, n)
         if not isinstance(obs, Tensor) or (obs_t.device.type == "cpu" and self.device.type != "cpu"):
             obs_t, first = to_device(self.device, obs_t, first)  # host observations and flags in one copy
-        actions = self.act_on_device(obs_t, first.to(self.device, non_blocking=True), eval_mode, role,
-                                     self.task_ids(task, n)).cpu().numpy()
+        planned = self.act_on_device(obs_t, first.to(self.device, non_blocking=True), eval_mode, role,
+                                     self.task_ids(task, n))
+        if isinstance(obs, Tensor):
+            return planned.clone() if not single else planned[0].clone()  # not the planner's reused buffer
+        actions = planned.cpu().numpy()
         if not single:
             return actions
         return actions[0].item() if actions.ndim == 1 else actions[0]  # one discrete action: a Python int

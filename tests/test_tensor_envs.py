@@ -250,6 +250,17 @@ def test_a_training_step_on_tensor_envs_touches_no_numpy(tmp_path, monkeypatch):
     trainer.close()
 
 
+def test_act_takes_and_returns_tensors_on_the_agents_device(tmp_path):
+    trainer = tensor_trainer(tmp_path / "run", TorchPointEnv(num_envs=4, length=25))
+    agent = trainer.agent
+    batch = agent.act(torch.zeros(3, 2), eval_mode=True)
+    one = agent.act(torch.zeros(2), eval_mode=True)
+    assert isinstance(batch, torch.Tensor) and batch.shape == (3, 1) and batch.device == agent.device
+    assert isinstance(one, torch.Tensor) and one.shape == (1,)
+    assert isinstance(agent.act(np.zeros(2, np.float32), eval_mode=True), np.ndarray)  # numpy in, numpy out
+    trainer.close()
+
+
 def test_non_finite_data_from_a_tensor_env_stops_the_run_with_one_line(tmp_path, capsys):
     trainer = tensor_trainer(tmp_path / "run", Broken("nan", num_envs=4), log_every=20, eval_episodes=0)
     assert trainer.run() == 1
