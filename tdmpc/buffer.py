@@ -281,8 +281,7 @@ class TensorReplayBuffer(ReplayBuffer):
         field = getattr(self, name)
         old = field[self._envs, self._ptr]
         m = mask.view(-1, *[1] * (old.dim() - 1))
-        field[self._envs, self._ptr] = torch.where(m, torch.as_tensor(value, dtype=field.dtype, device=self.storage)
-                                                   if not isinstance(value, Tensor) else value.to(field.dtype), old)
+        field[self._envs, self._ptr] = torch.where(m, value.to(field.dtype) if isinstance(value, Tensor) else value, old)
 
     def _mark(self, rows: Tensor, mask: Tensor, value: bool) -> None:
         self.valid[self._envs, rows] = torch.where(mask, value, self.valid[self._envs, rows])

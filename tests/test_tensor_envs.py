@@ -250,6 +250,25 @@ def test_a_training_step_on_tensor_envs_touches_no_numpy(tmp_path, monkeypatch):
     trainer.close()
 
 
+def test_a_training_step_on_tensor_envs_copies_nothing_and_never_waits(tmp_path):
+    """One step that acts with the planner, stores its rows and updates, on CUDA's code path: no host-to-device
+    copy and no host wait (the numpy path has one wait, the action coming back)."""
+    from tdmpc.runtime.device import cuda_code_path
+    from tdmpc.runtime.kernels import TransferCounter
+
+    with cuda_code_path():
+        trainer = tensor_trainer(tmp_path / "run", TorchPointEnv(num_envs=4, length=25), seed_steps=40, batch_size=8,
+                                 update_every=1, updates_per_round=1)
+        while trainer.counters.env_step < 80:
+            trainer.step()
+        updates = trainer.counters.updates
+        with TransferCounter() as c:
+            trainer.step()
+    assert trainer.counters.updates == updates + 1
+    assert c.h2d_copies == 0 and c.blocking_waits == 0, (c.h2d, c.waits)
+    trainer.close()
+
+
 def test_act_takes_and_returns_tensors_on_the_agents_device(tmp_path):
     trainer = tensor_trainer(tmp_path / "run", TorchPointEnv(num_envs=4, length=25))
     agent = trainer.agent

@@ -222,7 +222,8 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
             trainer = OfflineTrainer(s, agent, data, lock, on_log, on_eval)
         elif isinstance(envs, TensorVectorEnv):
             tensor_buffer = TensorReplayBuffer(cfg.buffer_size, envs.num_envs, s.spec.obs_shape, s.spec.action_dim,
-                                        cfg.horizon, device=s.device, storage=s.device, discrete=s.spec.discrete)
+                                        cfg.horizon, device=s.device, storage=s.buffer_storage,
+                                        discrete=s.spec.discrete)
             trainer = TensorOnlineTrainer(s, agent, envs, tensor_buffer, lock, no_buffer, on_log, on_eval)
         else:
             assert envs is not None

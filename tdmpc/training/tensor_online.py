@@ -36,7 +36,7 @@ class TensorOnlineTrainer(ReplayTrainer):
         self.envs, self.buffer = envs, buffer
         self.num_envs = envs.num_envs
         self.env_tasks = None
-        dev = buffer.storage
+        dev = setup.device  # where the envs' steps arrive (TensorVectorEnv moves them there)
         self.ep_return = torch.zeros(self.num_envs, device=dev)
         self.ep_length = torch.zeros(self.num_envs, dtype=torch.long, device=dev)
         # Ended episodes since the last log row: count, summed returns and lengths.
@@ -70,7 +70,7 @@ class TensorOnlineTrainer(ReplayTrainer):
 
     def _random_actions(self) -> torch.Tensor:
         """Uniform random actions on the device, from torch's RNG (which checkpoints save)."""
-        n, a, dev = self.num_envs, self.spec.action_dim, self.buffer.storage
+        n, a, dev = self.num_envs, self.spec.action_dim, self.device
         if self.spec.discrete:
             return torch.randint(0, a, (n,), device=dev)
         return torch.rand(n, a, device=dev) * 2 - 1
