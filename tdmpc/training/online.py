@@ -85,6 +85,35 @@ class ReplayTrainer(Trainer):
     def buffer_on_device(self) -> bool:
         return self.buffer.storage.type == "cuda"
 
+    def _save_buffer(self, ckpt_dir: Path) -> str | None:
+        """The replay buffer under a new file name (None with --no-save-buffer)."""
+        if not self.cfg.save_buffer:
+            return None
+        buffer_file = f"buffer_{self.counters.env_step:010d}.h5"
+        ensure_space(ckpt_dir / buffer_file, self.buffer.saved_bytes, "the replay buffer")
+        self.buffer.save(ckpt_dir / buffer_file)
+        return buffer_file
+
+    def _restore_buffer(self, buffer_file: str | None, no_buffer: bool) -> None:
+        """A checkpoint's replay buffer (a damaged file set aside, with how to resume without it), or without one
+        acting without updates until the buffer holds seed_steps again. The episodes in flight at the stop are
+        discarded (docs/resuming.md)."""
+        if buffer_file and not no_buffer:
+            path = self.checkpoint_path.parent / buffer_file
+            try:
+                self.buffer.load(path)
+            except BufferFileError as e:
+                kept = set_aside_damaged(path)
+                raise BufferFileError(f"{e}{f'; kept as {kept.name}' if kept else ''}. Resume without it: --resume "
+                                      f"{self.run_dir} --no-buffer (weights, optimisers and counters are restored, "
+                                      f"the buffer refills by acting)") from None
+        elif self.counters.env_step >= (self.cfg.seed_steps or 0):  # no buffer to resume with: refill it first
+            self.counters.refill_until = self.counters.env_step + (self.cfg.seed_steps or 0)
+            why = "--no-buffer" if buffer_file else "the checkpoint holds no replay buffer (--no-save-buffer)"
+            print(f"resume: {why}: acting without updates until step {self.counters.refill_until:,} to refill the "
+                  f"replay buffer", file=sys.stderr)
+        self.buffer.end_episodes()
+
 
 class OnlineTrainer(ReplayTrainer):
     def __init__(self, setup: RunSetup, agent: Agent, envs: VectorEnvs, buffer: ReplayBuffer,
@@ -208,11 +237,7 @@ class OnlineTrainer(ReplayTrainer):
     # --- checkpoints ----------------------------------------------------------------
     def save_data(self, ckpt_dir: Path) -> dict[str, Any]:
         """The replay buffer under a new file name, the recorded episodes, the envs' RNG states."""
-        buffer_file = None
-        if self.cfg.save_buffer:
-            buffer_file = f"buffer_{self.counters.env_step:010d}.h5"
-            ensure_space(ckpt_dir / buffer_file, self.buffer.saved_bytes, "the replay buffer")
-            self.buffer.save(ckpt_dir / buffer_file)
+        buffer_file = self._save_buffer(ckpt_dir)
         if self.recorder is not None:  # the finished episodes, before the checkpoint that counts them
             self.recorder.writer.commit()
         return {"rng": {"envs": env_rng_state(self.envs)}, "buffer_file": buffer_file,
@@ -222,22 +247,7 @@ class OnlineTrainer(ReplayTrainer):
         set_env_rng_state(self.envs, obj["rng"]["envs"])
         if self.recorder is not None and obj.get("data_episodes") is not None:
             self.recorder.writer.truncate(obj["data_episodes"])  # appended after this checkpoint: played again
-        buffer_file = obj.get("buffer_file")
-        if buffer_file and not no_buffer:
-            path = self.checkpoint_path.parent / buffer_file
-            try:
-                self.buffer.load(path)
-            except BufferFileError as e:
-                kept = set_aside_damaged(path)
-                raise BufferFileError(f"{e}{f'; kept as {kept.name}' if kept else ''}. Resume without it: --resume "
-                                      f"{self.run_dir} --no-buffer (weights, optimisers and counters are restored, "
-                                      f"the buffer refills by acting)") from None
-        elif self.counters.env_step >= (self.cfg.seed_steps or 0):  # no buffer to resume with: refill it first
-            self.counters.refill_until = self.counters.env_step + (self.cfg.seed_steps or 0)
-            why = "--no-buffer" if buffer_file else "the checkpoint holds no replay buffer (--no-save-buffer)"
-            print(f"resume: {why}: acting without updates until step {self.counters.refill_until:,} to refill the "
-                  f"replay buffer", file=sys.stderr)
-        self.buffer.end_episodes()  # the episode in flight at the stop is discarded, see README
+        self._restore_buffer(obj.get("buffer_file"), no_buffer)
 
     def close_data(self) -> None:
         self.envs.close()

@@ -137,19 +137,10 @@ class TensorOnlineTrainer(ReplayTrainer):
     def save_data(self, ckpt_dir: Path) -> dict[str, Any]:
         """The replay buffer; tensor envs have no RNG state to save (a resume resets them)."""
         self._check_finite()
-        buffer_file = None
-        if self.cfg.save_buffer:
-            buffer_file = f"buffer_{self.counters.env_step:010d}.h5"
-            self.buffer.save(ckpt_dir / buffer_file)
-        return {"buffer_file": buffer_file, "data_episodes": None}
+        return {"buffer_file": self._save_buffer(ckpt_dir), "data_episodes": None}
 
     def restore_data(self, obj: dict, no_buffer: bool) -> None:
-        buffer_file = obj.get("buffer_file")
-        if buffer_file and not no_buffer:
-            self.buffer.load(self.checkpoint_path.parent / buffer_file)
-        elif self.counters.env_step >= (self.cfg.seed_steps or 0):
-            self.counters.refill_until = self.counters.env_step + (self.cfg.seed_steps or 0)
-        self.buffer.end_episodes()
+        self._restore_buffer(obj.get("buffer_file"), no_buffer)
 
     def close_data(self) -> None:
         self.envs.close()
