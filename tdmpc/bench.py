@@ -76,6 +76,13 @@ class BenchArgs:
     most of it compiling). Writes --kernels-out."""
     kernels_out: Path = Path("results/kernels.json")
     """Where --kernels writes its counts (JSON)."""
+    tensor_envs: bool = False
+    """Instead of the rest: env steps/s through the training loop of a tensor-native env (gymnasium's JAX
+    phys2d/Pendulum-v0, needs tdmpc[jax]) against the same task on the numpy path (Pendulum-v1), while seeding
+    (envs and buffer alone) and while acting (one plan() for all envs per step, no updates), and the host copies
+    and waits of an acting step on CUDA's code path. Writes --tensor-envs-out."""
+    tensor_envs_out: Path = Path("results/tensor-envs.json")
+    """Where --tensor-envs writes its measurements (JSON)."""
 
 
 def sync(device: torch.device) -> None:
@@ -288,6 +295,52 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
             "rss_samples_mb": samples[:: max(1, len(samples) // 20)]}
 
 
+def bench_tensor_envs(device: torch.device, counts: tuple[int, ...], steps: int, threads: int) -> dict:
+    """Env steps/s of the training loop on the tensor path and the numpy path (module BenchArgs.tensor_envs)."""
+    from tdmpc.runtime.device import cuda_code_path
+    from tdmpc.runtime.kernels import TransferCounter
+    from tdmpc.training.setup import trainer_for
+
+    rows = []
+    for n in counts:
+        for path, task in (("tensor", "phys2d/Pendulum-v0"), ("numpy", "Pendulum-v1")):
+            seed_steps = steps * n
+            cfg = validate(Config(task=task, device=str(device), num_envs=n, seed_steps=seed_steps,
+                                  steps=10**9, update_every=10**9, eval_freq=10**9, eval_episodes=0, save_every=10**9,
+                                  log_every=10**9, progress=False, tensorboard=False, threads=threads,
+                                  buffer_size=4 * seed_steps, model_size=1, num_samples=128, num_elites=16,
+                                  num_pi_trajs=8, iterations=3, horizon=3))
+            row: dict[str, Any] = {"path": path, "task": task, "num_envs": n}
+            for phase in ("seeding", "acting"):
+                with tempfile.TemporaryDirectory() as tmp:
+                    trainer = trainer_for(cfg, Path(tmp) / "run", device)
+                    c = trainer.counters
+                    if phase == "acting":
+                        c.env_step = seed_steps  # act from the start: untrained weights plan as fast
+                    trainer.step()  # warm-up (first plan, buffer pages)
+                    sync(device)
+                    t0, s0 = time.perf_counter(), c.env_step
+                    for _ in range(steps):
+                        trainer.step()
+                    sync(device)
+                    row[f"{phase}_env_steps_per_s"] = (c.env_step - s0) / (time.perf_counter() - t0)
+                    trainer.close()
+            with tempfile.TemporaryDirectory() as tmp, cuda_code_path():
+                trainer = trainer_for(cfg, Path(tmp) / "run", device)
+                trainer.counters.env_step = seed_steps
+                trainer.step()
+                with TransferCounter() as counter:
+                    trainer.step()
+                row["h2d_copies_per_vector_step"] = counter.h2d_copies
+                row["host_waits_per_vector_step"] = counter.blocking_waits
+                trainer.close()
+            rows.append(row)
+            print(f"  {path:6s} {n:4d} envs: seeding {row['seeding_env_steps_per_s']:9.0f} env steps/s, acting "
+                  f"{row['acting_env_steps_per_s']:7.0f}, h2d copies {row['h2d_copies_per_vector_step']}, waits "
+                  f"{row['host_waits_per_vector_step']} per vector step", file=sys.stderr)
+    return {"machine": machine_info(device), "steps_timed": steps, "rows": rows}
+
+
 def machine_info(device: torch.device) -> dict:
     flags = set()
     model = platform.processor()
@@ -374,6 +427,11 @@ def main(argv: list[str] | None = None) -> int:
     set_threads(args.threads)
     if args.kernels:
         return count_kernels(args.kernels_out)
+    if args.tensor_envs:
+        out = bench_tensor_envs(device, (64, 256), 10 if args.quick else 40, torch.get_num_threads())
+        args.tensor_envs_out.write_text(json_text(out))
+        print(f"wrote {args.tensor_envs_out}")
+        return 0
     reps = 5 if args.quick else 20
     fused.extension_available()
     peaks = {"fp32": matmul_peak(device, torch.float32, reps), "bf16": matmul_peak(device, torch.bfloat16, reps)}
