@@ -11,12 +11,12 @@ from gymnasium import spaces
 import dataclasses
 from pathlib import Path
 
-from helpers import TINY, import_or_skip, one_line_error, read_csv, run_train, tiny_json
+from helpers import TINY, import_or_skip, read_csv, run_train, tiny_json
 from tdmpc.config import Config, validate
 from tdmpc.training.run_dir import saved_config
 from tdmpc.training.setup import RunRequest, open_run
 from tdmpc.envs.tensor import TensorVectorEnv, autoreset_mode, is_tensor_task, make_tensor_vector_env
-from tdmpc.errors import TaskError
+from tdmpc.errors import BadInput, TaskError
 
 
 class TorchPointEnv(gym.vector.VectorEnv):
@@ -300,7 +300,10 @@ def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
     assert (tmp_path / "run" / "checkpoints" / "latest.pt").is_file()
 
 
-def test_what_tensor_envs_do_not_do_is_refused_in_one_line(tmp_path):
-    import_or_skip("jax", "pip install -e '.[jax]'")
-    r = run_train("--cfg", str(tiny_json(tmp_path, task="phys2d/Pendulum-v0", num_envs=8)), "--save-video")
-    assert "--save-video is not supported with tensor-native envs" in one_line_error(r)
+@pytest.mark.parametrize("over,flag", [({"save_video": True}, "--save-video"), ({"save_data": "d.h5"}, "--save-data"),
+                                       ({"vectorization": "async"}, "--vectorization")])
+def test_what_tensor_envs_do_not_do_is_refused_in_one_line(tmp_path, over, flag):
+    with pytest.raises(BadInput) as e:
+        tensor_trainer(tmp_path / "run", TorchPointEnv(), **over)
+    assert f"{flag} is not supported with tensor-native envs" in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
