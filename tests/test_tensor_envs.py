@@ -8,10 +8,10 @@ import pytest
 import torch
 from gymnasium import spaces
 
-import dataclasses
+import json
 from pathlib import Path
 
-from helpers import TINY, import_or_skip, read_csv, run_train, tiny_json
+from helpers import TINY, import_or_skip, read_csv, run_module, run_train, tiny_json
 from tdmpc.config import Config, validate
 from tdmpc.training.run_dir import saved_config
 from tdmpc.training.setup import RunRequest, open_run
@@ -297,7 +297,12 @@ def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     evals = read_csv(tmp_path / "run" / "eval.csv")
     assert [int(e["env_step"]) for e in evals] == [0, 400] and all(e["episode_length"] == "200" for e in evals)
-    assert (tmp_path / "run" / "checkpoints" / "latest.pt").is_file()
+    # python -m tdmpc.evaluate plays the checkpoint on the tensor env, its 3 episodes at once
+    r = run_module("tdmpc.evaluate", "--checkpoint", tmp_path / "run" / "checkpoints" / "latest.pt", "--episodes", 3,
+                   "--report", tmp_path / "eval.json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    report = json.loads((tmp_path / "eval.json").read_text())
+    assert report["episodes"] == 3 and report["lengths"] == [200, 200, 200] and report["task"] == "phys2d/Pendulum-v0"
 
 
 @pytest.mark.parametrize("over,flag", [({"save_video": True}, "--save-video"), ({"save_data": "d.h5"}, "--save-data"),
