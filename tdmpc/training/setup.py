@@ -313,7 +313,8 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     """Train an agent and return (run_dir, agent).
 
     env: a task name ('walker-walk', 'Pendulum-v1'), a gymnasium env, or a zero-argument function making
-    one (default: cfg.task). An env object is used as it is for the first environment; more environments
+    one (default: cfg.task); or a gymnasium vector env speaking torch tensors (a GPU simulator's, trained as
+    it is: docs/gpu-simulators.md). An env object is used as it is for the first environment; more environments
     (num_envs > 1) and evaluation use deep copies of it. Every Config field is a keyword (steps=20_000,
     model_size=1, ...), applied over `cfg` (default: Config()). resume=True continues the run in run_dir.
     on_log / on_eval get each train.csv / eval.csv row as a dict; returning False stops the run (a
