@@ -304,7 +304,7 @@ def bench_tensor_envs(device: torch.device, counts: tuple[int, ...], steps: int,
     rows = []
     for n in counts:
         for path, task in (("tensor", "phys2d/Pendulum-v0"), ("numpy", "Pendulum-v1")):
-            seed_steps = steps * n
+            seed_steps = (steps + 2) * n  # the warm-up and timed seeding steps all draw random actions
             cfg = validate(Config(task=task, device=str(device), num_envs=n, seed_steps=seed_steps,
                                   steps=10**9, update_every=10**9, eval_freq=10**9, eval_episodes=0, save_every=10**9,
                                   log_every=10**9, progress=False, tensorboard=False, threads=threads,
