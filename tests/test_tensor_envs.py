@@ -292,7 +292,7 @@ def test_non_finite_data_from_a_tensor_env_stops_the_run_with_one_line(tmp_path,
 def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
     import_or_skip("jax", "pip install -e '.[jax]'")
     r = run_train("--cfg", str(tiny_json(tmp_path, task="phys2d/Pendulum-v0", num_envs=8, steps=400, seed_steps=200,
-                                         eval_freq=400, eval_episodes=2, save_every=400,
+                                         updates_per_round=2, eval_freq=400, eval_episodes=2, save_every=400,
                                          run_dir=str(tmp_path / "run"))))
     assert r.returncode == 0, r.stderr[-2000:]
     evals = read_csv(tmp_path / "run" / "eval.csv")

@@ -9,4 +9,4 @@ src = src.replace(old, "ok.append(1 - m.termination(z).float())")
 ns = {}
 exec(src, mppi.__dict__, ns)
 mppi.LatentMPPI._rollout = ns["_rollout"]
-exec(open("results/discrete/episode_ends.py").read())
+exec(open("results/discrete/sampled-bootstrap/episode_ends.py").read())
