@@ -289,6 +289,15 @@ def test_non_finite_data_from_a_tensor_env_stops_the_run_with_one_line(tmp_path,
     assert (tmp_path / "run" / "checkpoints" / "latest.pt").is_file()
 
 
+def test_with_drop_a_non_finite_env_stores_nothing_more_and_the_returns_stay_finite(tmp_path, capsys):
+    trainer = tensor_trainer(tmp_path / "run", Broken("nan", num_envs=4), log_every=20, eval_episodes=0,
+                             nonfinite_data="drop", steps=60)
+    assert trainer.run() == 0
+    assert "note: env 2 (custom:Broken) returned a non-finite observation or reward" in capsys.readouterr().err
+    assert torch.isfinite(trainer.buffer.reward).all() and torch.isfinite(trainer.ep_return).all()
+    assert not trainer.buffer.valid[2].any() and trainer.buffer.valid[0].any()
+
+
 def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
     import_or_skip("jax", "pip install -e '.[jax]'")
     r = run_train("--cfg", str(tiny_json(tmp_path, task="phys2d/Pendulum-v0", num_envs=8, steps=400, seed_steps=200,

@@ -85,7 +85,7 @@ class TensorOnlineTrainer(ReplayTrainer):
         self.buffer.add(s.next_obs, action, s.reward, s.terminated, s.transition & s.finite)
         self.buffer.start(s.obs, s.started)
         counted = s.transition & s.finite
-        self.ep_return += s.reward * counted
+        self.ep_return += torch.where(counted, s.reward, 0.0)  # not reward * counted: NaN * 0 is NaN
         self.ep_length += counted.long()
         ended = (s.terminated | s.truncated) & counted
         self.ended += torch.stack([ended.sum(), (self.ep_return * ended).sum(), (self.ep_length * ended).sum()]).double()
