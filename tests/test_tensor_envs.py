@@ -73,6 +73,15 @@ class TorchPointEnv(gym.vector.VectorEnv):
         return obs, reward, terminated, truncated, info
 
 
+def make_points(num_envs: int = 1, **kw) -> TorchPointEnv:
+    return TorchPointEnv(num_envs=num_envs, length=10)
+
+
+# A user's simulator registered with a vector_entry_point, trained as --task test_tensor_envs:TorchPoint-v0
+gym.register("TorchPoint-v0", entry_point="test_tensor_envs:make_points", vector_entry_point="test_tensor_envs:make_points",
+             max_episode_steps=10)
+
+
 def steps(envs: TensorVectorEnv, n: int, action: torch.Tensor) -> list:
     envs.reset(seed=0)
     return [envs.step(action) for _ in range(n)]
@@ -296,6 +305,15 @@ def test_with_drop_a_non_finite_env_stores_nothing_more_and_the_returns_stay_fin
     assert "note: env 2 (custom:Broken) returned a non-finite observation or reward" in capsys.readouterr().err
     assert torch.isfinite(trainer.buffer.reward).all() and torch.isfinite(trainer.ep_return).all()
     assert not trainer.buffer.valid[2].any() and trainer.buffer.valid[0].any()
+
+
+def test_a_users_registered_vector_env_trains_by_its_id(tmp_path):
+    cfg = validate(Config(**{**TINY, "task": "test_tensor_envs:TorchPoint-v0", "num_envs": 4, "steps": 240,
+                             "eval_freq": 240, "run_dir": str(tmp_path / "run")}))
+    trainer = open_run(RunRequest(cfg))
+    assert trainer.spec.episode_length == 10 and trainer.spec.episodic  # its spec's limit, its metadata
+    assert trainer.run() == 0
+    assert [int(r["env_step"]) for r in read_csv(tmp_path / "run" / "eval.csv")] == [0, 240]
 
 
 def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
