@@ -81,10 +81,10 @@ class TensorOnlineTrainer(ReplayTrainer):
         fresh_bad = bad.any() & (self.bad_env < 0)
         self.bad_env = torch.where(fresh_bad, bad.long().argmax(), self.bad_env)
         self.bad_step = torch.where(fresh_bad, self.counters.env_step, self.bad_step)
-        self.buffer.stop(bad)  # that env's episode stores nothing more
-        self.buffer.add(s.next_obs, action, s.reward, s.terminated, s.transition & s.finite)
-        self.buffer.start(s.obs, s.started)
         counted = s.transition & s.finite
+        self.buffer.stop(bad)  # that env's episode stores nothing more
+        self.buffer.add(s.next_obs, action, s.reward, s.terminated, counted)
+        self.buffer.start(s.obs, s.started)
         self.ep_return += torch.where(counted, s.reward, 0.0)  # not reward * counted: NaN * 0 is NaN
         self.ep_length += counted.long()
         ended = (s.terminated | s.truncated) & counted
