@@ -83,6 +83,22 @@ class BenchArgs:
     and waits of an acting step on CUDA's code path. Writes --tensor-envs-out."""
     tensor_envs_out: Path = Path("results/tensor-envs.json")
     """Where --tensor-envs writes its measurements (JSON)."""
+    compile: bool = False
+    """Time every agent with Config.compile (plan() and update() through torch.compile)."""
+    matmul_precision: Optional[Literal["highest", "high"]] = None
+    """fp32 matmuls ('high': TF32 on GPUs that have it). None: Config's default ('high' on CUDA)."""
+    horizon: Optional[int] = None
+    """Planning and update horizon for every agent (None: Config's, 3)."""
+    num_samples: Optional[int] = None
+    """Planning samples for every agent (None: Config's, 512)."""
+    e2e_envs: tuple[int, ...] = (1,)
+    """Env counts of the end-to-end measurement (one update per env step)."""
+    gpu_mem: Optional[str] = None
+    """On CUDA: cap the allocator at this size (16GiB: the A4000's card), as tdmpc.train --gpu-mem does; the
+    end-to-end rows report their peak memory beside the memory estimate."""
+    profile: bool = False
+    """On CUDA: count the kernels of one plan() and one update() with torch.profiler (graphs off, and as run),
+    and the GPU's busy fraction over end-to-end steps."""
 
 
 def sync(device: torch.device) -> None:
@@ -159,8 +175,11 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int) -> dict:
     return out
 
 
+OVERRIDES: dict[str, Any] = {}  # Config fields every agent of this run takes (--compile, --horizon, ...)
+
+
 def make_agent(size: int, device: torch.device, precision: Literal["auto", "fp32", "bf16"], **over) -> Agent:
-    cfg = validate(Config(model_size=size, device=str(device), precision=precision, **over))
+    cfg = validate(Config(model_size=size, device=str(device), precision=precision, **{**OVERRIDES, **over}))
     return Agent(cfg, ModelDims.from_config(cfg, (OBS_DIM,), ACTION_DIM, False), 500, device)
 
 
@@ -193,6 +212,56 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
                                           {k: v / 1e9 for k, v in flops.items()},
                                           "fraction_of_peak": fraction_of_peak(flops, t, peaks)}
     return res
+
+
+def _cuda_kernels(prof: Any) -> list:
+    """The kernel launches a torch.profiler run recorded on the GPU (copies and memsets left out)."""
+    from torch.autograd import DeviceType
+    return [e for e in prof.events() if e.device_type == DeviceType.CUDA
+            and not e.name.startswith(("Memcpy", "Memset", "[memory]"))]
+
+
+def profile_kernels(size: int, device: torch.device) -> dict:
+    """Kernels of one plan() (1 env) and one update() (batch 256) as the GPU ran them (torch.profiler, CUPTI),
+    with CUDA graphs off and on, to set beside tdmpc.bench --kernels (counted on the CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out: dict = {}
+    for graphs in (False, True):
+        agent = make_agent(size, device, "auto", cuda_graphs=graphs)
+        obs, first = np.random.randn(1, OBS_DIM).astype(np.float32), np.zeros(1, dtype=bool)
+        batch = random_batch(agent)
+        for name, fn in (("plan", lambda: agent.act(obs, first)), ("update", lambda: agent.update(batch))):
+            for _ in range(cuda_graphs.WARMUP + 2):
+                fn()
+            sync(device)
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                sync(device)
+            kernels = _cuda_kernels(prof)
+            out[f"{name}_graphs_{'on' if graphs else 'off'}"] = {
+                "kernels": len(kernels), "kernel_us": sum(e.device_time for e in kernels)}
+    return out
+
+
+def gpu_busy(run: Callable[[], object], device: torch.device) -> dict:
+    """The fraction of wall-clock time the GPU ran a kernel while `run` ran (the union of kernel intervals)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(device)
+    t0 = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        sync(device)
+    wall = time.perf_counter() - t0
+    spans = sorted((e.time_range.start, e.time_range.end) for e in _cuda_kernels(prof))
+    busy, end = 0.0, float("-inf")
+    for a, b in spans:
+        if b > end:
+            busy += b - max(a, end)
+            end = b
+    return {"wall_ms": wall * 1e3, "kernel_ms": busy / 1e3, "busy_fraction": busy / 1e6 / wall,
+            "kernels": len(spans)}
 
 
 def bench_plain(size: int, device: torch.device, reps: int) -> dict:
@@ -258,8 +327,9 @@ def rss_mb() -> float:
 
 
 def bench_training(task: str, device: torch.device, agent_steps: int, warmup_steps: int, small: bool,
-                   threads: int) -> dict:
-    """Agent steps/s of the real training loop (1 env, 1 update per step) and RSS over the run."""
+                   threads: int, num_envs: int = 1, gpu_mem: str | None = None, profile: bool = False) -> dict:
+    """Agent steps/s of the real training loop (num_envs envs, 1 update per env step) and RSS over the run; on
+    CUDA the peak memory beside the estimate, and with `profile` the GPU's busy fraction over 20 more steps."""
     from tdmpc.envs import make_env
     from tdmpc.training.setup import trainer_for
 
@@ -272,9 +342,13 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
     cfg = validate(Config(task=task, device=str(device), seed_steps=warmup_steps * R,
                           steps=(warmup_steps + settle + agent_steps) * R, eval_freq=10**9, eval_episodes=0,
                           save_every=10**9, log_every=10**9, progress=False, tensorboard=False, threads=threads,
-                          buffer_size=max(10_000, (warmup_steps + settle + agent_steps) * 2), **over))
+                          buffer_size=max(10_000, (warmup_steps + settle + agent_steps) * 2), num_envs=num_envs,
+                          **{**OVERRIDES, **over}))
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = trainer_for(cfg, Path(tmp) / "run", device)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        trainer = trainer_for(cfg, Path(tmp) / "run", device, gpu_mem=gpu_mem)
         c = trainer.counters
         assert cfg.seed_steps is not None
         while c.env_step < cfg.seed_steps + settle * R:  # seeding, pretraining updates, settling
@@ -289,10 +363,22 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
         sync(device)
         dt = time.perf_counter() - t0
         steps = (c.env_step - s0) // R
+        out = {"task": task, "small_model": small, "num_envs": num_envs, "agent_steps": steps,
+               "agent_steps_per_s": steps / dt, "rss_start_mb": rss0, "rss_end_mb": rss_mb(),
+               "rss_growth_mb": rss_mb() - rss0, "rss_samples_mb": samples[:: max(1, len(samples) // 20)],
+               "config": {k: getattr(trainer.cfg, k) for k in ("model_size", "horizon", "num_samples", "iterations",
+                                                               "batch_size", "compile", "cuda_graphs")}}
+        if device.type == "cuda":
+            from tdmpc.memory import assess_run
+            est = assess_run(trainer.cfg, trainer.spec.obs_shape, trainer.spec.action_dim, trainer.spec.episodic,
+                             device, gpu_mem).estimate
+            out.update(peak_allocated_gib=torch.cuda.max_memory_allocated(device) / 2**30,
+                       peak_reserved_gib=torch.cuda.max_memory_reserved(device) / 2**30,
+                       estimate_gib=est.total / 2**30, estimate_peak_allocated_gib=est.peak_allocated / 2**30)
+            if profile:
+                out["gpu_busy"] = gpu_busy(lambda: [trainer.step() for _ in range(max(1, 20 // num_envs))], device)
         trainer.close()
-    return {"task": task, "small_model": small, "agent_steps": steps, "agent_steps_per_s": steps / dt,
-            "rss_start_mb": rss0, "rss_end_mb": rss_mb(), "rss_growth_mb": rss_mb() - rss0,
-            "rss_samples_mb": samples[:: max(1, len(samples) // 20)]}
+    return out
 
 
 def bench_tensor_envs(device: torch.device, counts: tuple[int, ...], steps: int, threads: int) -> dict:
@@ -387,10 +473,15 @@ def print_table(r: dict) -> None:
             ratios = ", ".join(f"size {m['model_size']}: {m['plan'][n]['actions_per_s'] / m['plan'][1]['actions_per_s']:.2f}x"
                                for m in r["models"])
             print(f"batched planning N={n} vs N=1 (actions/s): {ratios}")
-    e = r.get("end_to_end")
-    if e:
-        print(f"end to end ({e['task']}, 1 env, 1 update/step, reference settings): {e['agent_steps_per_s']:.1f} "
-              f"agent steps/s over {e['agent_steps']} steps")
+    for m in r["models"]:
+        for name, k in m.get("gpu_kernels", {}).items():
+            print(f"size {m['model_size']} {name}: {k['kernels']} kernels on the GPU, {k['kernel_us'] / 1e3:.2f} ms of kernels")
+    for n, e in r.get("end_to_end_by_envs", {}).items():
+        mem = (f"; peak {e['peak_allocated_gib']:.2f} GiB allocated, {e['peak_reserved_gib']:.2f} reserved, estimate "
+               f"{e['estimate_gib']:.2f}" if "peak_allocated_gib" in e else "")
+        busy = f"; GPU busy {e['gpu_busy']['busy_fraction']:.0%}" if "gpu_busy" in e else ""
+        print(f"end to end ({e['task']}, {n} env(s), 1 update per env step): {e['agent_steps_per_s']:.1f} "
+              f"agent steps/s over {e['agent_steps']} steps{mem}{busy}")
     o = r.get("offline")
     if o:
         print(f"offline, size {o['model_size']}, {o['rows']:,} rows ({o['file_mb']:.0f} MB on disk): update B=256 "
@@ -433,13 +524,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.tensor_envs_out}")
         return 0
     reps = 5 if args.quick else 20
+    OVERRIDES.update({k: v for k, v in (("compile", args.compile), ("matmul_precision", args.matmul_precision),
+                                        ("horizon", args.horizon), ("num_samples", args.num_samples)) if v})
+    if args.gpu_mem and device.type == "cuda":
+        from tdmpc.memory import parse_size
+        from tdmpc.runtime.device import cap_cuda_memory
+        print(cap_cuda_memory(device, parse_size(args.gpu_mem)), file=sys.stderr)
     fused.extension_available()
     peaks = {"fp32": matmul_peak(device, torch.float32, reps), "bf16": matmul_peak(device, torch.bfloat16, reps)}
-    result: dict = {"machine": machine_info(device), "quick": args.quick, "peak": peaks,
+    result: dict = {"machine": machine_info(device), "quick": args.quick, "peak": peaks, "overrides": OVERRIDES,
                     "planning_dtype": str(resolve_dtype("auto", device)).replace("torch.", ""), "models": []}
     for size in args.sizes:
         print(f"benchmarking model size {size}...", file=sys.stderr)
         result["models"].append(bench_model(size, device, args.envs, reps, peaks))
+        if args.profile and device.type == "cuda":
+            result["models"][-1]["gpu_kernels"] = profile_kernels(size, device)
     if args.compare_plain:
         result["plain_fp32"] = {str(s): bench_plain(s, device, max(3, reps // 4)) for s in args.sizes}
     task = args.task
@@ -449,12 +548,18 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         task = "Pendulum-v1"
     print("benchmarking the training loop...", file=sys.stderr)
-    e2e = args.e2e_steps or (60 if args.quick else 300)
+    e2e = args.e2e_steps if args.e2e_steps is not None else (60 if args.quick else 300)
     warmup = args.warmup_steps or (200 if args.quick else 1000)
     threads = torch.get_num_threads()  # the training loop's too (its own default would re-read the load)
-    result["end_to_end"] = bench_training(task, device, e2e, warmup_steps=warmup, small=False, threads=threads)
-    rss = args.rss_steps or (2000 if args.quick else 20_000)
-    result["rss"] = bench_training(task, device, rss, warmup_steps=warmup, small=True, threads=threads)
+    if e2e:
+        result["end_to_end_by_envs"] = {
+            n: bench_training(task, device, max(e2e, 20 * n), warmup_steps=max(warmup, 2 * n), small=False,
+                              threads=threads, num_envs=n, gpu_mem=args.gpu_mem, profile=args.profile)
+            for n in args.e2e_envs}
+        result["end_to_end"] = next(iter(result["end_to_end_by_envs"].values()))
+    rss = args.rss_steps if args.rss_steps is not None else (2000 if args.quick else 20_000)
+    if rss:
+        result["rss"] = bench_training(task, device, rss, warmup_steps=warmup, small=True, threads=threads)
     offline = args.offline_updates if args.offline_updates is not None else (40 if args.quick else 200)
     if offline:
         print("benchmarking offline sampling...", file=sys.stderr)

@@ -47,7 +47,8 @@ class TrainArgs:
     without training."""
     gpu_mem: Optional[str] = None
     """Plan memory for a card of this size instead of the detected one: 16GB, 16000MB, 8GiB (GB = 10^9
-    bytes, GiB = 2^30). Budget = that less a 10% safety margin."""
+    bytes, GiB = 2^30). Budget = that less a 10% safety margin. On a larger GPU the run's allocator is also
+    capped at this size, so a config that would not fit the smaller card runs out of memory here too."""
     fit_memory: bool = False
     """When the estimate exceeds the budget, lower settings until it fits, logging each change, in this
     order: 1. buffer_device device -> host; 2. CUDA graphs off; 3. halve num_envs (not on resume);

@@ -37,7 +37,7 @@ from tdmpc.model.checkpoint import load_file
 from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder
 from tdmpc.runtime import distributed
-from tdmpc.runtime.device import resolve_device, set_threads
+from tdmpc.runtime.device import cap_cuda_memory, resolve_device, set_threads
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.model.world_model import ModelDims
 from tdmpc.tasks.multitask import TaskSetup, task_setup
@@ -62,7 +62,7 @@ class RunRequest:
     given: frozenset[str] = frozenset()  # Config fields set explicitly: --init-from takes the others from the checkpoint
     base: Config | None = None  # with resume: the run's saved config (what changes is said)
     env: EnvSource | None = None  # a user's env object or factory (None: cfg.task); evaluated on copies of it
-    gpu_mem: str | None = None  # plan memory for a card of this size
+    gpu_mem: str | None = None  # plan memory for a card of this size (and, on CUDA, cap the allocator at it)
     fit_memory: bool = False  # lower settings until the estimate fits
     dry_run: bool = False  # print the memory estimate and stop
     notes: tuple[str | None, ...] = ()  # lines to print once the input is known good
@@ -122,7 +122,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     if req.dry_run:
         return None
     assert device is not None
-    notes = [n for n in (*req.notes, memory.summary_line(plan), init_note) if n]
+    cap = cap_cuda_memory(device, memory.parse_size(req.gpu_mem)) if req.gpu_mem and device.type == "cuda" else None
+    notes = [n for n in (*req.notes, memory.summary_line(plan), cap, init_note) if n]
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
@@ -297,12 +298,13 @@ def run(trainer: Trainer) -> int:
     return trainer.run()
 
 
-def trainer_for(cfg: Config, run_dir: Path, device: torch.device, resume: bool = False) -> Trainer:
+def trainer_for(cfg: Config, run_dir: Path, device: torch.device, resume: bool = False,
+                gpu_mem: str | None = None) -> Trainer:
     """The trainer the pipeline builds for `cfg` in `run_dir` on `device`, to drive its loop by hand (tests,
-    notebooks, benchmarks)."""
+    notebooks, benchmarks); `gpu_mem` as tdmpc.train's --gpu-mem."""
     cfg = dataclasses.replace(cfg, run_dir=str(run_dir), device=str(device))
     trainer = open_run(RunRequest(cfg, resume=Path(run_dir) if resume else None,
-                                  base=saved_config(Path(run_dir)) if resume else None))
+                                  base=saved_config(Path(run_dir)) if resume else None, gpu_mem=gpu_mem))
     assert trainer is not None
     return trainer
 
