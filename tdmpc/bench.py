@@ -193,20 +193,25 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
                 precision: Literal["auto", "fp32", "bf16"] = "auto") -> dict:
     """plan() in the planning dtype; update() in both training precisions (fp32 is the default)."""
     agent = make_agent(size, device, precision)
+    # FLOPs are counted on an eager twin: a graph replay dispatches no ops, and a compiled function first called
+    # under the counting mode would not compile (dynamo leaves frames under a dispatch mode to eager).
+    eager = make_agent(size, device, precision, compile=False, cuda_graphs=False)
     res: dict = {"model_size": size, "dtype": str(agent.plan_dtype).replace("torch.", ""), "plan": {}, "update": {}}
     for n in envs:
         obs = np.random.randn(n, OBS_DIM).astype(np.float32)
         first = np.zeros(n, dtype=bool)
         fn = lambda: agent.act(obs, first)  # noqa: E731
-        flops = count_flops(fn)  # first: a new planner's first call runs eagerly, where a graph replay shows no ops
+        flops = count_flops(lambda: eager.act(obs, first))
         t = timeit(fn, device, max(2, reps // max(1, n // 8)))
         res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": sum(flops.values()) / 1e9,
                           "fraction_of_peak": fraction_of_peak(flops, t, peaks)}
     for train_precision in ("fp32", "mixed", "bf16"):
         if train_precision != agent.cfg.train_precision:
             agent = make_agent(size, device, precision, train_precision=train_precision)
+            eager = make_agent(size, device, precision, train_precision=train_precision, compile=False,
+                               cuda_graphs=False)
         batch = random_batch(agent)
-        flops = count_flops(lambda: agent.update(batch))  # first, eagerly (see the plans above)
+        flops = count_flops(lambda: eager.update(batch))
         t = timeit(lambda: agent.update(batch), device, reps)
         res["update"][train_precision] = {"ms": t * 1e3, "gflop": sum(flops.values()) / 1e9, "gflop_by_dtype":
                                           {k: v / 1e9 for k, v in flops.items()},
@@ -240,7 +245,8 @@ def profile_kernels(size: int, device: torch.device) -> dict:
                 sync(device)
             kernels = _cuda_kernels(prof)
             out[f"{name}_graphs_{'on' if graphs else 'off'}"] = {
-                "kernels": len(kernels), "kernel_us": sum(e.device_time for e in kernels)}
+                "kernels": len(kernels), "kernel_us": sum(e.device_time for e in kernels),
+                "by_name": dict(Counter(e.name[:120] for e in kernels).most_common())}  # beside the CPU count
     return out
 
 
@@ -376,7 +382,10 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
                        peak_reserved_gib=torch.cuda.max_memory_reserved(device) / 2**30,
                        estimate_gib=est.total / 2**30, estimate_peak_allocated_gib=est.peak_allocated / 2**30)
             if profile:
-                out["gpu_busy"] = gpu_busy(lambda: [trainer.step() for _ in range(max(1, 20 // num_envs))], device)
+                def more_steps() -> None:
+                    for _ in range(max(1, 20 // num_envs)):
+                        trainer.step()
+                out["gpu_busy"] = gpu_busy(more_steps, device)
         trainer.close()
     return out
 

@@ -6,6 +6,8 @@ import functools
 import importlib.util
 import io
 import os
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -17,7 +19,7 @@ from gymnasium.utils.passive_env_checker import env_render_passive_checker
 
 from tdmpc.envs import TaskError, UnknownTaskError, env_rng_state, make_env, make_vector_env, set_env_rng_state
 
-from helpers import import_or_skip, skip_unless_ci
+from helpers import import_or_skip, one_line_error, run_train, skip_unless_ci
 
 HAS_DMC = importlib.util.find_spec("dm_control") is not None
 NEEDS_DMC = pytest.mark.skipif(not HAS_DMC, reason="dm_control is not installed (pip install -e '.[dmc]')")
@@ -348,3 +350,30 @@ def test_rgb_observations_and_render():
     assert frame.shape == (64, 64, 3) and frame.dtype == np.uint8
     np.testing.assert_array_equal(frame.transpose(2, 0, 1), obs[6:])  # the newest frame of the stack
     env.close()
+
+
+def _without_libegl(tmp_path, **env) -> dict:
+    """The environment of a subprocess whose PyOpenGL fails as it does on a machine without libEGL (the lent
+    H200's image): importing OpenGL raises what PyOpenGL's EGL platform raised there."""
+    fake = tmp_path / "fakegl" / "OpenGL"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise AttributeError(\"'NoneType' object has no attribute 'eglQueryString'\")")
+    base = {k: v for k, v in os.environ.items() if k != "MUJOCO_GL"}
+    return {**base, "PYTHONPATH": os.pathsep.join([str(fake.parent), base.get("PYTHONPATH", "")]), **env}
+
+
+@NEEDS_DMC
+def test_state_tasks_run_without_egl_when_egl_was_our_default(tmp_path):
+    r = subprocess.run([sys.executable, "-c", "from tdmpc.envs import make_env; e, s = make_env('walker-walk', seed=0); "
+                        "print(e.reset(seed=0)[0].shape, e.step(e.action_space.sample())[1])"],
+                       capture_output=True, text=True, timeout=120, env=_without_libegl(tmp_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("(24,)")
+    assert r.stderr.count("EGL rendering is not available here") == 1 and "Traceback" not in r.stderr
+
+
+@NEEDS_DMC
+def test_a_renderer_the_user_chose_that_cannot_load_is_a_one_line_error(tmp_path):
+    r = run_train("--task", "walker-walk", "--steps", "1000", "--dry-run", timeout=120,
+                  env=_without_libegl(tmp_path, MUJOCO_GL="egl"), cwd=tmp_path)
+    assert "MUJOCO_GL=egl" in one_line_error(r) and "MUJOCO_GL=disable" in one_line_error(r)

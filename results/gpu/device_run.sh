@@ -8,6 +8,7 @@ DEADLINE=${DEADLINE:-555}; T0=$SECONDS; O=/tmp/o; mkdir -p $O
 left() { echo $(( DEADLINE - (SECONDS - T0) )); }
 stage() {  # stage NAME CAP CMD...: run CMD with min(CAP, time left) seconds, log to $O/NAME.log
   local name=$1 cap=$2; shift 2; local t=$(left); (( t > cap )) && t=$cap
+  if [ -n "${STAGES:-}" ] && [[ " $STAGES " != *" ${name%-td012} "* ]]; then return; fi  # STAGES="a b": only these
   if (( t < 15 )); then echo "== $name: skipped, $(left) s left" | tee -a $O/stages.txt; return; fi
   local s=$SECONDS; timeout -k 5 $t "$@" > $O/$name.log 2>&1; local rc=$?
   echo "== $name: rc $rc in $(( SECONDS - s )) s (cap $t s)" | tee -a $O/stages.txt; tail -n 4 $O/$name.log
@@ -16,7 +17,8 @@ pack() { cp $O/stages.txt $OUT/ 2>/dev/null; tar -czf $OUT/gpu.tar.gz -C $O . ; 
 trap pack EXIT
 mkdir -p /tmp/site && tar -xzf .devsite/site.tar.gz -C /tmp/site &&
 python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site . > $O/install.log 2>&1
-export PYTHONPATH=/tmp/site MUJOCO_GL=egl PYTHONUNBUFFERED=1
+# MUJOCO_GL=glfw: state tasks render nothing, and the image has no libEGL (PyOpenGL's EGL import fails)
+export PYTHONPATH=/tmp/site MUJOCO_GL=glfw PYTHONUNBUFFERED=1
 R=$PWD; mkdir -p /tmp/w; cd /tmp/w  # the installed package (planners/ maps into it), not the checkout's tdmpc/
 { nvidia-smi; python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"; nproc; } > $O/machine.txt 2>&1
 cat $O/machine.txt | head -20

@@ -13,10 +13,12 @@ command line). What differs from `python train.py key=value ...`, and why:
   is the difference between the last rows, after pretraining.
 - It runs with gymnasium 0.29.1 first on its path (its wrappers predate gymnasium 1.x), as its docker image has.
 - The peak (torch.cuda.max_memory_allocated/reserved) is read after the run, or an out-of-memory error recorded;
+  a SIGTERM (a time limit) stops the run and still writes what was measured;
   `mem_gib=G` caps the allocator at G GiB first (torch.cuda.set_per_process_memory_fraction).
 """
 import json
 import os
+import signal
 import sys
 import time
 
@@ -94,6 +96,17 @@ def log(d, category='train'):
 
 logger.log = log
 trainer = OnlineTrainer(cfg=cfg, env=env, agent=agent, buffer=Buffer(cfg), logger=logger)
+
+
+class Stopped(Exception):
+    """SIGTERM (a time limit): what was measured so far is still written."""
+
+
+def stop(signum, frame):
+    raise Stopped()
+
+
+signal.signal(signal.SIGTERM, stop)
 t0 = time.perf_counter()
 try:
     trainer.train()
@@ -101,6 +114,9 @@ try:
 except torch.OutOfMemoryError as e:
     result["finished"] = False
     result["out_of_memory"] = str(e).splitlines()[0][:300]
+except Stopped:
+    result["finished"] = False
+    result["stopped"] = "SIGTERM"
 torch.cuda.synchronize()
 result["wall_s"] = time.perf_counter() - t0
 upd = [s.elapsed_time(e) for s, e in upd_events]

@@ -4,13 +4,9 @@
     envs, spec = make_vector_env("HalfCheetah-v5", 8, seed=1)  # any gymnasium id
 """
 
-import os
-import sys
+from tdmpc.envs import gl
 
-# MuJoCo picks its OpenGL backend at import time. EGL renders headless (clusters, CI);
-# an explicit MUJOCO_GL (osmesa, glfw) still wins.
-if sys.platform == "linux":
-    os.environ.setdefault("MUJOCO_GL", "egl")
+gl.set_default()  # before anything imports dm_control, which reads MUJOCO_GL once
 
 from tdmpc.envs.make import (EnvSource, EnvSpec, VectorEnvs, check_observations, env_rng_state, make_env,  # noqa: E402
                              make_envs, make_task_envs, make_vector_env, set_env_rng_state)

@@ -11,11 +11,15 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from dm_control import suite
-from dm_control.rl import control
 from gymnasium import spaces
 
-from tdmpc.envs import dmc_custom
+from tdmpc.envs.gl import import_suite
+
+suite = import_suite()  # first: dm_control's renderer is chosen by its first import
+
+from dm_control.rl import control  # noqa: E402
+
+from tdmpc.envs import dmc_custom  # noqa: E402
 
 
 

@@ -102,8 +102,9 @@ def cap_cuda_memory(device: torch.device, capacity: int) -> str:
     """Cap this process's CUDA caching allocator at `capacity` bytes (torch.cuda.set_per_process_memory_fraction),
     so that a config which would not fit a smaller card runs out of memory here as it would there. The CUDA
     context (a few hundred MiB) is outside the allocator's count. Returns the line saying what was set."""
-    total = torch.cuda.get_device_properties(device).total_memory
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    total = torch.cuda.get_device_properties(index).total_memory
     fraction = min(1.0, capacity / total)
-    torch.cuda.set_per_process_memory_fraction(fraction, device)
+    torch.cuda.set_per_process_memory_fraction(fraction, index)
     return (f"memory: allocator capped at {capacity / 2**30:.1f} GiB of this card's {total / 2**30:.1f} GiB "
             f"(fraction {fraction:.3f}, --gpu-mem)")

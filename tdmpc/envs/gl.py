@@ -1,0 +1,44 @@
+"""MuJoCo's OpenGL backend: dm_control picks it when it is first imported, from MUJOCO_GL.
+
+EGL renders headless (clusters, CI), so it is the default on Linux; an explicit MUJOCO_GL (osmesa, glfw) wins.
+A machine without libEGL (the lent H200's image, 2026-11-26) fails dm_control's import inside PyOpenGL; state
+tasks need no renderer, so with the default they run without one, said once, and only pixels and videos fail.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+from tdmpc.errors import TaskError
+
+_DEFAULTED = False  # whether MUJOCO_GL=egl is ours (set_default) rather than the user's
+
+
+def set_default() -> None:
+    global _DEFAULTED
+    if sys.platform == "linux" and "MUJOCO_GL" not in os.environ:
+        os.environ["MUJOCO_GL"], _DEFAULTED = "egl", True
+
+
+def import_suite() -> ModuleType:
+    """dm_control.suite, falling back to no renderer when our default EGL cannot load; a backend the user chose
+    that cannot load is a one-line error."""
+    try:
+        from dm_control import suite
+        return suite
+    except (ImportError, AttributeError, OSError) as e:
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
+        chosen = os.environ.get("MUJOCO_GL")
+        if not (_DEFAULTED and chosen == "egl"):
+            raise TaskError(f"dm_control could not load its MUJOCO_GL={chosen} renderer ({why}); install it (EGL: "
+                            f"libegl1), choose another (MUJOCO_GL=osmesa), or MUJOCO_GL=disable for state tasks, "
+                            f"which need no renderer") from None
+    for name in [m for m in sys.modules if m.split(".")[0] in ("dm_control", "OpenGL")]:
+        del sys.modules[name]  # the half-imported renderer, so that the import runs again from the start
+    os.environ["MUJOCO_GL"] = "disable"
+    print(f"MuJoCo: EGL rendering is not available here ({why}); state tasks run without a renderer, and pixel "
+          f"observations and videos need libEGL (libegl1) or MUJOCO_GL=osmesa", file=sys.stderr)
+    from dm_control import suite
+    return suite
