@@ -35,7 +35,7 @@ from tdmpc.runtime.files import json_text
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, validate
-from tdmpc.runtime.device import resolve_device, resolve_dtype, set_threads
+from tdmpc.runtime.device import resolve_device, resolve_dtype, set_matmul_precision, set_threads
 from tdmpc.model.world_model import ModelDims
 
 OBS_DIM, ACTION_DIM = 24, 6  # walker-walk, the anchors' dims
@@ -460,7 +460,8 @@ def machine_info(device: torch.device) -> dict:
 def print_table(r: dict) -> None:
     print(f"\n{r['machine']['cpu']} ({r['machine']['cores']} cores) | {r['machine'].get('gpu', 'no GPU')} | "
           f"torch {r['machine']['torch']} | device {r['machine']['device']}")
-    print(f"matmul peak: fp32 {r['peak']['fp32']['peak']:.0f} GFLOP/s, bf16 {r['peak']['bf16']['peak']:.0f} GFLOP/s")
+    print(f"matmul peak: fp32 ({r.get('fp32_matmul_precision', 'highest')}) {r['peak']['fp32']['peak']:.0f} GFLOP/s, "
+          f"bf16 {r['peak']['bf16']['peak']:.0f} GFLOP/s")
     print(f"{'call':<38}{'ms':>10}{'actions/s':>12}{'GFLOP':>9}{'% peak':>9}")
     for m in r["models"]:
         tag = f"size {m['model_size']} ({m['dtype']})"
@@ -540,8 +541,11 @@ def main(argv: list[str] | None = None) -> int:
         from tdmpc.runtime.device import cap_cuda_memory
         print(cap_cuda_memory(device, parse_size(args.gpu_mem)), file=sys.stderr)
     fused.extension_available()
+    # The fp32 peak in the matmul precision the agents will set (TF32 on CUDA by default), not torch's default.
+    fp32_matmuls = set_matmul_precision(args.matmul_precision, device)
     peaks = {"fp32": matmul_peak(device, torch.float32, reps), "bf16": matmul_peak(device, torch.bfloat16, reps)}
     result: dict = {"machine": machine_info(device), "quick": args.quick, "peak": peaks, "overrides": OVERRIDES,
+                    "fp32_matmul_precision": fp32_matmuls,
                     "planning_dtype": str(resolve_dtype("auto", device)).replace("torch.", ""), "models": []}
     for size in args.sizes:
         print(f"benchmarking model size {size}...", file=sys.stderr)

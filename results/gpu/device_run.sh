@@ -16,7 +16,7 @@ stage() {  # stage NAME CAP CMD...: run CMD with min(CAP, time left) seconds, lo
 pack() { cp $O/stages.txt $OUT/ 2>/dev/null; tar -czf $OUT/gpu.tar.gz -C $O . ; }
 trap pack EXIT
 mkdir -p /tmp/site && tar -xzf .devsite/site.tar.gz -C /tmp/site &&
-python3 -m pip install -q --no-deps --no-build-isolation --target /tmp/site . > $O/install.log 2>&1
+python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . > $O/install.log 2>&1  # --upgrade: a warm machine keeps the last call's copy
 # MUJOCO_GL=glfw: state tasks render nothing, and the image has no libEGL (PyOpenGL's EGL import fails)
 export PYTHONPATH=/tmp/site MUJOCO_GL=glfw PYTHONUNBUFFERED=1
 R=$PWD; mkdir -p /tmp/w; cd /tmp/w  # the installed package (planners/ maps into it), not the checkout's tdmpc/
