@@ -321,3 +321,21 @@ def test_the_speed_probe_leaves_the_agent_as_it_was():
         assert all(torch.equal(v, after["optim"]["state"][i][k]) for k, v in state.items()), i
     assert all(p.grad is None for p in agent.model.parameters())
     assert torch.equal(agent.planner(cfg.num_envs).mean, mean) and torch.equal(torch.get_rng_state(), rng)
+
+
+def test_gpu_mem_caps_the_allocator_at_the_named_size(monkeypatch):
+    """--gpu-mem 16GiB on an 80 GiB card sets the allocator's fraction to 0.2, on the run's device (index 0 when
+    the device names none); a size above the card's is capped at the whole card."""
+    from types import SimpleNamespace
+
+    from tdmpc.memory import parse_size
+    from tdmpc.runtime.device import cap_cuda_memory
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=80 * 2**30))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda f, i: calls.append((f, i)))
+    line = cap_cuda_memory(torch.device("cuda"), parse_size("16GiB"))
+    cap_cuda_memory(torch.device("cuda:1"), parse_size("100GiB"))
+    assert calls == [(0.2, 0), (1.0, 1)]
+    assert "16.0 GiB" in line and "80.0 GiB" in line

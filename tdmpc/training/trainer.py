@@ -281,6 +281,9 @@ class Trainer:
             "env_step": c.env_step, "episodes": c.episodes, "updates": c.updates, "elapsed": round(c.elapsed, 1),
             "env_steps_per_s": (c.env_step - s0) / max(now - t0, 1e-9),
             "updates_per_s": (c.updates - u0) / max(now - t0, 1e-9), **self.episode_stats()}
+        if self.device.type == "cuda":  # the run's peak so far, to set beside its --dry-run estimate
+            row["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+            row["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
         if self.metric_sum is not None:
             values = torch.stack(list(self.metric_sum.values())).cpu().tolist()
             row.update({k: v / self.metric_count for k, v in zip(self.metric_sum, values)})
