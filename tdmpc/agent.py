@@ -109,7 +109,8 @@ class Agent:
         """One planner per (N, role), so evaluation never disturbs the training warm start."""
         key = (num_envs, role)
         if key not in self._planners:
-            chunk_rows = CPU_PLAN_CHUNK_ROWS if cpu_fast_paths(self.device) else None
+            chunk_rows = (self.cfg.plan_chunk_envs * self.cfg.num_samples if self.cfg.plan_chunk_envs else
+                          CPU_PLAN_CHUNK_ROWS if cpu_fast_paths(self.device) else None)
             self._planners[key] = make_planner(self.plan_model, self.planner_cfg, num_envs, self.dims.action_dim,
                                        self.discount, self.device, chunk_rows)
         return self._planners[key]

@@ -220,6 +220,10 @@ class _Hardware:
     mixed runs the Q heads, TD targets and value decoding in fp32 and the rest in bf16."""
     cuda_graphs: bool = True
     """Capture plan() and update() as CUDA graphs on CUDA (eager everywhere else)."""
+    plan_chunk_envs: Optional[int] = None
+    """Envs whose candidates one model call rolls out in plan(): fewer hold less memory and plan the same. None:
+    all at once on a GPU, unless the memory estimate needs chunks for the run to fit (then the most that fit,
+    said before the run starts); cache-sized chunks on a CPU."""
     compile: bool = False
     """Run plan() and update() through torch.compile (inductor): far fewer, fused kernels (BENCHMARKS.md). The
     first call of each compiles (minutes on a small CPU; inductor's cache shortens the next start). Off until a
@@ -296,6 +300,8 @@ def validate(cfg: Config) -> Config:
     for name in ("updates_per_round", "num_pi_trajs", "eval_episodes"):
         if (getattr(cfg, name) or 0) < 0:
             raise bad(name, "must be >= 0")
+    if cfg.plan_chunk_envs is not None and cfg.plan_chunk_envs < 1:
+        raise bad("plan_chunk_envs", "must be >= 1 (or unset: chosen from the memory estimate)")
     for name in ("lr", "grad_clip_norm", "temperature", "min_std", "max_std", "discount_denom"):
         if not getattr(cfg, name) > 0:
             raise bad(name, "must be > 0")

@@ -158,6 +158,34 @@ def test_auto_moves_the_buffer_to_host_first():
     assert not forced.fits and "--buffer-device host" in forced.advice()  # a user's setting is not overridden
 
 
+def test_thousands_of_envs_plan_in_chunks_the_estimate_chooses():
+    """4,096 envs at the reference settings: all at once the planner's temporaries alone exceed a 16 GB card; an
+    unset plan_chunk_envs becomes the most envs per model call that fit (said in the report), a given one is
+    kept, and a run that fits all at once is not chunked."""
+    cfg = validate(Config(task="walker-walk", num_envs=4096, buffer_size=1_000_000))
+    target = memory.cuda_target(cfg, memory.parse_size("16GB"), "16 GB")
+    p = memory.assess(cfg, (24,), 6, False, target)
+    assert p.fits and not p.changes and p.chunked_from is not None and p.chunked_from > target.capacity
+    chunk = p.cfg.plan_chunk_envs
+    assert chunk is not None and 1 <= chunk < 4096
+    twice = memory.assess(dataclasses.replace(cfg, plan_chunk_envs=2 * chunk), (24,), 6, False, target)
+    assert not twice.fits  # the most that fit: twice as many per call would not
+    assert f"rolls out {chunk} envs" in p.report("") and "the plans are the same" in p.chunk_line()
+    given = memory.assess(dataclasses.replace(cfg, plan_chunk_envs=4096), (24,), 6, False, target)
+    assert given.cfg.plan_chunk_envs == 4096 and given.chunked_from is None and not given.fits
+    small = memory.assess(validate(Config(task="walker-walk", num_envs=8)), (24,), 6, False, target)
+    assert small.cfg.plan_chunk_envs is None and small.chunk_line() == ""
+
+
+def test_the_agent_plans_in_the_chunks_the_config_names():
+    from tdmpc.agent import Agent
+    from tdmpc.model.world_model import ModelDims
+
+    cfg = validate(Config(model_size=1, num_samples=64, num_elites=8, num_pi_trajs=4, plan_chunk_envs=3, device="cpu"))
+    agent = Agent(cfg, ModelDims.from_config(cfg, (5,), 2, False), 100, torch.device("cpu"))
+    assert agent.planner(8).chunk_envs == 3 and len(agent.planner(8)._chunks()) == 3
+
+
 def run_train(*args, timeout=240):
     return subprocess.run([sys.executable, "-m", "tdmpc.train", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout)

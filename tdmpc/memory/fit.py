@@ -115,6 +115,7 @@ class MemoryPlan:
     changes: list[Change]
     applied: bool
     reachable: bool  # the ladder (or nothing) reaches a fit
+    chunked_from: int | None = None  # plan_chunk_envs unset and chosen: the estimate with all envs at once
 
     @property
     def fits(self) -> bool:
@@ -155,8 +156,18 @@ class MemoryPlan:
         return (f"estimated peak memory {fmt_bytes(self.estimate.total)} exceeds the budget {fmt_bytes(t.budget)} of "
                 f"{t.label}{host}; {self.advice()}")
 
+    def chunk_line(self) -> str:
+        """What choosing plan_chunk_envs did ('' when it was given or not needed)."""
+        if self.chunked_from is None:
+            return ""
+        return (f"plan_chunk_envs auto: plan() rolls out {self.cfg.plan_chunk_envs} envs' candidates per model call "
+                f"(estimate {fmt_bytes(self.chunked_from)} with all at once -> {fmt_bytes(self.estimate.total)}); "
+                f"the plans are the same")
+
     def report(self, heading: str) -> str:
         lines = [heading, self.estimate.table(), self.verdict()]
+        if self.chunk_line():
+            lines.append(self.chunk_line())
         if self.auto_host:
             lines.append(f"buffer_device auto: the replay buffer ({fmt_bytes(self.estimate.host_buffer)}) goes to "
                          f"pinned host memory, as the whole estimate would not fit with it on the device")
@@ -168,8 +179,9 @@ class MemoryPlan:
 def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
            fit: bool = False, resuming: bool = False, log: Callable[[str], None] | None = None,
            tasks: TaskSetup | None = None, discrete: bool = False) -> MemoryPlan:
-    """Estimate `cfg` on `target`. buffer_device 'auto' moves the replay buffer to host memory
-    when the whole does not fit; beyond that, walk LADDER until it fits, applying each step
+    """Estimate `cfg` on `target`. An unset plan_chunk_envs becomes the most envs per planning model call that
+    fit, when all at once would not (the plans are the same); buffer_device 'auto' moves the replay buffer to
+    host memory when the whole does not fit; beyond that, walk LADDER until it fits, applying each step
     (fit=True, each one logged) or only listing them as advice. A user's settings change only
     with fit=True."""
     budget = target.budget
@@ -179,6 +191,12 @@ def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: b
 
     on_device = cfg.buffer_device != "host" or not target.cuda  # without CUDA all of it is host memory
     given = est(cfg, on_device)
+    chunked_from = None  # the estimate planning all envs at once, when chunks were chosen instead
+    if target.cuda and budget is not None and given.total > budget and cfg.plan_chunk_envs is None and cfg.mpc:
+        unchunked = given.total
+        cfg, given = _chunk_planning(cfg, given, lambda c: est(c, on_device), budget,
+                                     cfg.num_envs * (len(tasks.tasks) if tasks else 1))
+        chunked_from = unchunked if cfg.plan_chunk_envs is not None else None
     auto_host = (target.cuda and budget is not None and given.total > budget and cfg.buffer_device == "auto")
     if auto_host:
         on_device = False
@@ -199,9 +217,25 @@ def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: b
     if fit and auto_host and changes and budget is not None and (back := est(current, True)).total <= budget:
         e, on_device, auto_host = back, True, False  # lowered settings made room for the buffer again
     if fit:
-        return MemoryPlan(current, target, e, on_device, auto_host, changes, True, reachable)
+        return MemoryPlan(current, target, e, on_device, auto_host, changes, True, reachable, chunked_from)
     return MemoryPlan(cfg, target, given, (cfg.buffer_device != "host" or not target.cuda) and not auto_host, auto_host,
-                changes, False, reachable)
+                changes, False, reachable, chunked_from)
+
+
+def _chunk_planning(cfg: Config, given: MemoryEstimate, est: Callable[[Config], MemoryEstimate], budget: int,
+                    num_envs: int) -> tuple[Config, MemoryEstimate]:
+    """Halve the envs per planning model call until the run fits; if none fits, the smallest estimate chunking
+    reaches (other settings must then give way). cfg unchanged when chunking does not lower the estimate."""
+    best, chunk = (cfg, given), num_envs
+    while chunk > 1:
+        chunk = (chunk + 1) // 2
+        trial = dataclasses.replace(cfg, plan_chunk_envs=chunk)
+        e = est(trial)
+        if e.total < best[1].total:
+            best = (trial, e)
+        if e.total <= budget:
+            break
+    return best
 
 
 # --- a run's plan, decided once before it starts -------------------------------------------

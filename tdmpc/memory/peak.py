@@ -315,10 +315,11 @@ def plan_activation_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtyp
     N, S, P, H = num_envs, cfg.num_samples, cfg.num_pi_trajs, cfg.horizon
     L, A, M, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_bins
     dp = _size(plan_dtype)
-    Rp, Rs = N * (S - P), N * S
+    chunk = min(N, cfg.plan_chunk_envs or N)  # rollouts and values run a chunk of envs at a time
+    Rp, Rs = chunk * (S - P), chunk * S
     rollout = Rp * ((L + A) * dp + 3 * 2 * M * dp + 2 * L * dp + nb * (dp + 2 * 4))
     value = Rs * (L * dp + 3 * M * dp + 2 * A * 4 * 3) + 2 * Rs * ((L + A) * dp + 3 * M * dp + nb * (dp + 2 * 4))
-    sampling = 2 * H * Rp * A * 4
+    sampling = 2 * H * N * (S - P) * A * 4  # every env's noise is drawn at once
     obs = N * math.prod(dims.obs_shape) * 4 * (3 if dims.pixels else 1)
     return max(rollout, value) + sampling + obs
 

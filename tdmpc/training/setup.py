@@ -112,6 +112,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
                              req.fit_memory, resuming=req.resume is not None, tasks=tasks, discrete=spec.discrete)
     if plan.applied and plan.changes:  # task-derived fields (updates per round) follow the lowered settings
         filled = for_run(dataclasses.replace(cfg, **{k: new for ch in plan.changes for k, (_, new) in ch.values.items()}))
+    if plan.chunked_from is not None:
+        filled = dataclasses.replace(filled, plan_chunk_envs=plan.cfg.plan_chunk_envs)
     if req.dry_run:
         print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
                                     spec.discrete))
@@ -123,7 +125,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
         return None
     assert device is not None
     cap = cap_cuda_memory(device, memory.parse_size(req.gpu_mem)) if req.gpu_mem and device.type == "cuda" else None
-    notes = [n for n in (*req.notes, memory.summary_line(plan), cap, init_note) if n]
+    notes = [n for n in (*req.notes, memory.summary_line(plan), plan.chunk_line(), cap, init_note) if n]
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
