@@ -187,9 +187,10 @@ def _check_tensor_run(cfg: Config) -> None:
 
 
 def tensor_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, None]:
-    """A tensor-native task's spec, read off its vector env (an id's is built and closed; a user's object is
-    left open, to be trained on)."""
-    envs, spec = make_tensor_vector_env(env, cfg.num_envs, seed=cfg.seed, device="cpu",  # type: ignore[arg-type]
+    """A tensor-native task's spec, read off its vector env (an id's is built with one env and closed: a GPU
+    simulator's thousands are built once, by build(); a user's object is left open, to be trained on)."""
+    n = 1 if isinstance(env, str) else cfg.num_envs
+    envs, spec = make_tensor_vector_env(env, n, seed=cfg.seed, device="cpu",  # type: ignore[arg-type]
                                         action_repeat=cfg.action_repeat)
     if isinstance(env, str):
         envs.close()
