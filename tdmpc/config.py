@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 CPU_CONFIG = "cpu.json"  # what a machine without a GPU starts from when no --cfg is given
 CONFIG_DIR = shipped_dir("configs")  # the repository's configs/, packaged with the code
+MAX_DEFAULT_UPDATES = 64  # updates per round per task when updates_per_round is unset (its docstring says why)
 
 # model_size (millions of parameters) -> the sizes it stands for. The keys are the size fields of Config.
 MODEL_SIZES: dict[int, dict[str, int]] = {
@@ -75,8 +76,9 @@ class _Training:
     update_every: int = 1
     """Agent steps (per env) between update rounds; 1 reproduces the reference."""
     updates_per_round: Optional[int] = None
-    """Gradient steps per round. None: one per env stepped (num_envs, of each task), so that with update_every 1
-    every env step gets one update, the reference's ratio, however many envs and tasks."""
+    """Gradient steps per round. None: one per env stepped, up to MAX_DEFAULT_UPDATES (64) per task: with
+    update_every 1 and up to 64 envs every env step gets one update, the reference's ratio; beyond, 64 a round
+    (at 256 envs 64 learned as 256 did per env step, 2.6x faster; RESULTS.md, "Updates for many envs")."""
     batch_size: int = 256
     """Sub-trajectories per gradient step."""
     buffer_size: int = 1_000_000
@@ -267,7 +269,8 @@ class Config(_Hardware, _Output, _TaskSet, NetworkSettings, _Sizes, MPPIConfig, 
         records what the run really used. tasks: how many a multi-task run trains on."""
         seed_steps = self.seed_steps if self.seed_steps is not None else \
             max(1000, 5 * spec.episode_length) * spec.action_repeat * tasks
-        updates = self.updates_per_round if self.updates_per_round is not None else self.num_envs * tasks
+        updates = self.updates_per_round if self.updates_per_round is not None else \
+            min(self.num_envs, MAX_DEFAULT_UPDATES) * tasks
         return dataclasses.replace(self, task=spec.task, action_repeat=spec.action_repeat, seed_steps=seed_steps,
                                    updates_per_round=updates,
                                    episodic=spec.episodic if self.episodic is None else self.episodic)

@@ -93,13 +93,15 @@ def test_the_fields_given_on_the_command_line_are_known_even_when_equal_to_the_b
     assert found == given
 
 
-@pytest.mark.parametrize("num_envs, tasks", [(1, 1), (4, 1), (2, 3)])
-def test_defaults_give_every_task_its_seed_episodes_and_every_env_step_one_update(num_envs, tasks):
+@pytest.mark.parametrize("num_envs, tasks, updates", [(1, 1, 1), (4, 1, 4), (2, 3, 6), (64, 1, 64), (1024, 1, 64),
+                                                      (256, 2, 128)])
+def test_defaults_give_every_task_its_seed_episodes_and_every_env_step_one_update(num_envs, tasks, updates):
+    """One update per env step up to 64 envs (the reference's ratio), 64 a round per task beyond."""
     from tdmpc.envs import EnvSpec
 
     spec = EnvSpec(task="t", obs_shape=(5,), action_dim=1, episode_length=500, action_repeat=2, episodic=False)
     cfg = Config(num_envs=num_envs).for_task(spec, tasks)
-    assert cfg.seed_steps == 5 * 500 * 2 * tasks and cfg.updates_per_round == num_envs * tasks
+    assert cfg.seed_steps == 5 * 500 * 2 * tasks and cfg.updates_per_round == updates
     given = Config(num_envs=num_envs, seed_steps=100, updates_per_round=1).for_task(spec, tasks)
     assert (given.seed_steps, given.updates_per_round) == (100, 1)
 
