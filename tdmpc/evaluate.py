@@ -122,7 +122,8 @@ def evaluate(args: EvalArgs) -> int:
         t = res.termination
         print(f"termination head: {summary['termination_accuracy']:.4f} of {t.sum():,} transitions right; "
               f"{t[1, 1]} of {t[1].sum()} terminal steps predicted, {t[0, 1]} false alarms")
-    report = args.report or args.checkpoint.with_name(f"eval_{cfg.task}_seed{args.seed}.json")
+    task_name = cfg.task.replace("/", "_").replace(":", "_")  # a namespaced id (phys2d/Pendulum-v0) is one name
+    report = args.report or args.checkpoint.with_name(f"eval_{task_name}_seed{args.seed}.json")
     try:
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(json_text(summary))

@@ -324,11 +324,12 @@ def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     evals = read_csv(tmp_path / "run" / "eval.csv")
     assert [int(e["env_step"]) for e in evals] == [0, 400] and all(e["episode_length"] == "200" for e in evals)
-    # python -m tdmpc.evaluate plays the checkpoint on the tensor env, its 3 episodes at once
+    # python -m tdmpc.evaluate plays the checkpoint on the tensor env, its 3 episodes at once; the report's default
+    # name keeps the id's namespace slash out of the path
     r = run_module("tdmpc.evaluate", "--checkpoint", tmp_path / "run" / "checkpoints" / "latest.pt", "--episodes", 3,
-                   "--report", tmp_path / "eval.json")
+                   "--seed", 0)
     assert r.returncode == 0, r.stderr[-2000:]
-    report = json.loads((tmp_path / "eval.json").read_text())
+    report = json.loads((tmp_path / "run" / "checkpoints" / "eval_phys2d_Pendulum-v0_seed0.json").read_text())
     assert report["episodes"] == 3 and report["lengths"] == [200, 200, 200] and report["task"] == "phys2d/Pendulum-v0"
 
 
