@@ -96,6 +96,9 @@ class BenchArgs:
     gpu_mem: Optional[str] = None
     """On CUDA: cap the allocator at this size (16GiB: the A4000's card), as tdmpc.train --gpu-mem does; the
     end-to-end rows report their peak memory beside the memory estimate."""
+    overlap_updates: Optional[bool] = None
+    """End to end: run each step's updates while the envs step (None: Config's default, on with CUDA); compare
+    --no-overlap-updates for what it gains."""
     profile: bool = False
     """On CUDA: count the kernels of one plan() and one update() with torch.profiler (graphs off, and as run),
     and the GPU's busy fraction over end-to-end steps."""
@@ -373,7 +376,8 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
                "agent_steps_per_s": steps / dt, "rss_start_mb": rss0, "rss_end_mb": rss_mb(),
                "rss_growth_mb": rss_mb() - rss0, "rss_samples_mb": samples[:: max(1, len(samples) // 20)],
                "config": {k: getattr(trainer.cfg, k) for k in ("model_size", "horizon", "num_samples", "iterations",
-                                                               "batch_size", "compile", "cuda_graphs")}}
+                                                               "batch_size", "compile", "cuda_graphs",
+                                                               "overlap_updates")}}
         if device.type == "cuda":
             from tdmpc.memory import assess_run
             est = assess_run(trainer.cfg, trainer.spec.obs_shape, trainer.spec.action_dim, trainer.spec.episodic,
@@ -490,7 +494,8 @@ def print_table(r: dict) -> None:
         mem = (f"; peak {e['peak_allocated_gib']:.2f} GiB allocated, {e['peak_reserved_gib']:.2f} reserved, estimate "
                f"{e['estimate_gib']:.2f}" if "peak_allocated_gib" in e else "")
         busy = f"; GPU busy {e['gpu_busy']['busy_fraction']:.0%}" if "gpu_busy" in e else ""
-        print(f"end to end ({e['task']}, {n} env(s), 1 update per env step): {e['agent_steps_per_s']:.1f} "
+        overlap = ", updates beside the env step" if e.get("config", {}).get("overlap_updates") else ""
+        print(f"end to end ({e['task']}, {n} env(s), 1 update per env step{overlap}): {e['agent_steps_per_s']:.1f} "
               f"agent steps/s over {e['agent_steps']} steps{mem}{busy}")
     o = r.get("offline")
     if o:
@@ -536,6 +541,8 @@ def main(argv: list[str] | None = None) -> int:
     reps = 5 if args.quick else 20
     OVERRIDES.update({k: v for k, v in (("compile", args.compile), ("matmul_precision", args.matmul_precision),
                                         ("horizon", args.horizon), ("num_samples", args.num_samples)) if v})
+    if args.overlap_updates is not None:
+        OVERRIDES["overlap_updates"] = args.overlap_updates
     if args.gpu_mem and device.type == "cuda":
         from tdmpc.memory import parse_size
         from tdmpc.runtime.device import cap_cuda_memory

@@ -79,6 +79,10 @@ class _Training:
     """Gradient steps per round. None: one per env stepped, up to MAX_DEFAULT_UPDATES (64) per task: with
     update_every 1 and up to 64 envs every env step gets one update, the reference's ratio; beyond, 64 a round
     (at 256 envs 64 learned as 256 did per env step, 2.6x faster; RESULTS.md, "Updates for many envs")."""
+    overlap_updates: Optional[bool] = None
+    """Run the updates due after a step once the next step's actions are chosen, so a GPU does them while the host
+    steps the envs (the reference waits for them before planning: each action sees one round of updates more).
+    None: on with a CUDA device and host envs, where it hides the env step; off elsewhere (nothing to overlap)."""
     batch_size: int = 256
     """Sub-trajectories per gradient step."""
     buffer_size: int = 1_000_000

@@ -102,7 +102,8 @@ def test_to_device_sends_every_field_in_one_copy():
 
 def test_a_training_step_copies_to_the_device_once_and_waits_once():
     """One step of the real loop that acts, stores and updates: the buffer's rows, indices and validity in one
-    copy; the agent acts on the buffer's newest rows, already there; the only wait is the action coming back."""
+    copy; the agent acts on the buffer's newest rows, already there; the only wait is the action coming back,
+    before the updates are queued (overlap_updates, CUDA's default), so nothing holds the host while they run."""
     from tdmpc.report.kernel_counts import step_transfers
 
     with cuda_code_path():

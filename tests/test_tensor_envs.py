@@ -334,7 +334,8 @@ def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
 
 
 @pytest.mark.parametrize("over,flag", [({"save_video": True}, "--save-video"), ({"save_data": "d.h5"}, "--save-data"),
-                                       ({"vectorization": "async"}, "--vectorization")])
+                                       ({"vectorization": "async"}, "--vectorization"),
+                                       ({"overlap_updates": True}, "--overlap-updates")])
 def test_what_tensor_envs_do_not_do_is_refused_in_one_line(tmp_path, over, flag):
     with pytest.raises(BadInput) as e:
         tensor_trainer(tmp_path / "run", TorchPointEnv(), **over)

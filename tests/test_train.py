@@ -264,3 +264,54 @@ def test_explicit_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, capsys)
     assert device.resolve_dtype("auto", cpu) is torch.float32
     assert capsys.readouterr().err.count("bf16 runs emulated") == 1
     device._warn_emulated_bf16.cache_clear()
+
+
+def _trace(trainer, events: list[str]) -> None:
+    """Record the order of acting, updates and env steps."""
+    agent, envs = trainer.agent, trainer.envs
+    for obj, name, tag in ((agent, "act_on_device", "act"), (agent, "update", "update"), (envs, "step", "step")):
+        original = getattr(obj, name)
+        setattr(obj, name, lambda *a, _f=original, _t=tag, **k: (events.append(_t), _f(*a, **k))[1])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_overlap_updates_run_after_the_next_action_and_a_resume_keeps_them(tmp_path, overlap):
+    """With overlap_updates a step's round of updates waits for the next step's action and runs before its env
+    step (on a GPU: while the host steps the envs); evaluations and the end see every update due, and the
+    round queued at a stop runs first after the resume."""
+    cfg = validate(Config(**{**TINY, "steps": 600, "eval_freq": 500, "eval_episodes": 1, "save_every": 10_000,
+                             "overlap_updates": overlap}))
+    first = Trainer(cfg, tmp_path / "run", resolve_device("cpu"))
+    events: list[str] = []
+    _trace(first, events)
+    _stop_after(first, 450)
+    assert first.run() == 3
+    c = first.counters
+    steady = events[-3 * 5:]  # five steps after the pretraining burst, one update each (one env)
+    assert steady == (["act", "update", "step"] if overlap else ["act", "step", "update"]) * 5
+    assert c.updates_queued == (1 if overlap else 0)
+    assert c.updates == 200 + (250 - c.updates_queued)  # the burst, then one per step
+    run = tmp_path / "run"
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["overlap_updates"] is overlap
+    second = Trainer(validate(Config(**saved)), run, resolve_device("cpu"), resume=True)
+    assert second.counters.updates_queued == c.updates_queued
+    events.clear()
+    _trace(second, events)
+    second.run()
+    assert events[:3] == (["act", "update", "step"] if overlap else ["act", "step", "update"])
+    assert second.counters.updates == 200 + 400 and second.counters.updates_queued == 0  # none lost at the end
+
+
+def test_overlap_updates_default_on_for_cuda_with_host_envs_only(tmp_path):
+    """None resolves to where it gains (a CUDA device, host envs, online), and config.json records it."""
+    from tdmpc.training.setup import overlap_default
+
+    t = Trainer(validate(Config(**{**TINY, "steps": 10})), tmp_path / "run", resolve_device("cpu"))
+    assert t.cfg.overlap_updates is False
+    t.close()
+    cfg = Config(**TINY)
+    cuda = torch.device("cuda")
+    assert overlap_default(cuda, False, cfg)
+    assert not overlap_default(cuda, True, cfg) and not overlap_default(torch.device("cpu"), False, cfg)
+    assert not overlap_default(cuda, False, Config(**{**TINY, "dataset": ("d.h5",)}))

@@ -104,7 +104,8 @@ def step_transfers(size: int) -> TransferCounter:
     cfg = validate(Config(task="Pendulum-v1", model_size=size, device="cpu", precision="bf16", seed_steps=20,
                           steps=10**6, eval_freq=10**9, eval_episodes=0, save_every=10**9, log_every=10**9,
                           progress=False, tensorboard=False, threads=torch.get_num_threads(), batch_size=BATCH,
-                          num_samples=64, num_elites=8, num_pi_trajs=4, iterations=1, update_every=1))
+                          num_samples=64, num_elites=8, num_pi_trajs=4, iterations=1, update_every=1,
+                          overlap_updates=True))  # CUDA's default: the updates run between the action and the env step
     with tempfile.TemporaryDirectory() as tmp:
         trainer = trainer_for(cfg, Path(tmp) / "run", torch.device("cpu"))
         assert cfg.seed_steps is not None

@@ -3,7 +3,8 @@
 One step reads top to bottom: act on each env's newest row of the replay buffer, already on the device (random
 actions while seeding), step the envs, check the data, store the transitions, book the episodes that ended,
 then the updates due: a burst of pretraining updates on the seed data once seeding ends, then
-updates_per_round every update_every steps.
+updates_per_round every update_every steps. With overlap_updates (CUDA's default) a round waits for the next
+step's actions, so the GPU runs it while the host steps the envs.
 """
 
 from __future__ import annotations
@@ -47,8 +48,21 @@ class ReplayTrainer(Trainer):
         if c.pretrain_updates_left > 0:
             self._pretrain()
         elif c.vector_steps % cfg.update_every == 0:
-            for _ in range(cfg.updates_per_round):  # type: ignore[arg-type]
-                self.update()
+            c.updates_queued = cfg.updates_per_round  # type: ignore[assignment]
+            if not cfg.overlap_updates:
+                self.run_queued_updates()
+
+    def run_queued_updates(self) -> None:
+        """The round of updates due after the last step. With overlap_updates, step() calls this once the next
+        actions are chosen: the GPU runs the updates while the host steps the envs."""
+        c = self.counters
+        while c.updates_queued > 0:
+            self.update()
+            c.updates_queued -= 1
+
+    def evaluate(self) -> bool:
+        self.run_queued_updates()  # the agent evaluated (and saved after) has every update due, overlap or not
+        return super().evaluate()
 
     def _pretrain(self) -> None:
         """The updates on the seed data, with a progress bar of their own (no env steps pass meanwhile)."""
@@ -146,6 +160,7 @@ class OnlineTrainer(ReplayTrainer):
         else:
             self.doing = "act"
             action = self.agent.act_on_device(*self.buffer.newest(), task=self.env_task_ids).cpu().numpy()
+        self.run_queued_updates()  # with overlap_updates: queued on the GPU, run while the envs step
         obs, reward, terminated, truncated, info = self.envs.step(action)
         done = terminated | truncated
         stored = obs

@@ -105,7 +105,9 @@ def prepare(req: RunRequest) -> RunSetup | None:
         check_fresh(run_dir)  # early, before the memory plan; build() checks again under the lock
 
     def for_run(c: Config) -> Config:
-        return validate(dataclasses.replace(c.for_task(spec, len(tasks.tasks) if tasks else 1), run_dir=str(run_dir)))
+        overlap = c.overlap_updates if c.overlap_updates is not None else overlap_default(device, tensor, c)
+        return validate(dataclasses.replace(c.for_task(spec, len(tasks.tasks) if tasks else 1), run_dir=str(run_dir),
+                                            overlap_updates=overlap))
 
     filled = for_run(cfg)
     plan = memory.assess_run(filled, spec.obs_shape, spec.action_dim, spec.episodic, device, req.gpu_mem,
@@ -130,6 +132,11 @@ def prepare(req: RunRequest) -> RunSetup | None:
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
                     init_from, source, source if tensor else eval_source, notes, tensor)
+
+
+def overlap_default(device: torch.device | None, tensor_envs: bool, cfg: Config) -> bool:
+    """overlap_updates when unset: where a GPU's updates can run beside the host's env step."""
+    return device is not None and device.type == "cuda" and not tensor_envs and not cfg.dataset
 
 
 # What a resumed run cannot change: the replay buffer's layout and the networks' shapes, which its files hold.
@@ -179,7 +186,8 @@ def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
 def _check_tensor_run(cfg: Config) -> None:
     """What tensor-native envs do not do (yet), refused in one line before anything is built."""
     refused = {"save_data": cfg.save_data, "save_video": cfg.save_video, "obs": cfg.obs != "state",
-               "vectorization": cfg.vectorization != "sync", "task_set": bool(cfg.task_set)}
+               "vectorization": cfg.vectorization != "sync", "task_set": bool(cfg.task_set),
+               "overlap_updates": bool(cfg.overlap_updates)}  # their step is device work: nothing to overlap
     for name, on in refused.items():
         if on:
             raise BadInput(f"--{name.replace('_', '-')} is not supported with tensor-native envs ({cfg.task}); "

@@ -75,6 +75,7 @@ class Counters:
     updates: int = 0
     pretrain_updates_left: int = -1  # updates on the seed data still to do; -1 until seeding ends
     refill_until: int = 0  # a run resumed without its replay buffer acts, without updates, up to this step
+    updates_queued: int = 0  # with overlap_updates: the updates due after the last step, run after the next action
     next_eval: int = 0
     next_log: int = 0
     next_save: int = 0
