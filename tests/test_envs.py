@@ -377,3 +377,15 @@ def test_a_renderer_the_user_chose_that_cannot_load_is_a_one_line_error(tmp_path
     r = run_train("--task", "walker-walk", "--steps", "1000", "--dry-run", timeout=120,
                   env=_without_libegl(tmp_path, MUJOCO_GL="egl"), cwd=tmp_path)
     assert "MUJOCO_GL=egl" in one_line_error(r) and "MUJOCO_GL=disable" in one_line_error(r)
+
+
+def test_a_simulator_that_is_not_installed_is_one_line_naming_the_extra(tmp_path):
+    """LunarLander-v3 without Box2D (an import that fails, as on a machine without the extra): gymnasium's
+    DependencyNotInstalled, whose advice builds box2d-py with swig, becomes one line naming tdmpc's extra."""
+    (tmp_path / "Box2D.py").write_text("raise ImportError('No module named Box2D')\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    r = subprocess.run([sys.executable, "-m", "tdmpc.train", "--task", "LunarLander-v3", "--steps", "10",
+                        "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=120)
+    line = one_line_error(r)
+    assert "LunarLander-v3 needs a package that is not installed" in line and 'pip install "tdmpc[box2d]"' in line
+    assert not (tmp_path / "run").exists()

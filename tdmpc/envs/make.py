@@ -331,14 +331,24 @@ def _dmc_env(task: Task, render_size: tuple[int, int]) -> gym.Env:
 
 
 def _gym_env(env_id: str, render: bool, render_size: tuple[int, int]) -> gym.Env:
-    """gymnasium.make; with render, rgb_array rendering at render_size as far as the env's constructor allows."""
-    if not render:
-        return gym.make(env_id)
-    height, width = render_size
+    """gymnasium.make; with render, rgb_array rendering at render_size as far as the env's constructor allows. A
+    simulator that is not installed (Box2D, MuJoCo, pygame) is a one-line TaskError saying what to install."""
     try:
-        return gym.make(env_id, render_mode="rgb_array", width=width, height=height)
-    except TypeError:  # no render size (e.g. classic control)
-        return gym.make(env_id, render_mode="rgb_array")
+        if not render:
+            return gym.make(env_id)
+        height, width = render_size
+        try:
+            return gym.make(env_id, render_mode="rgb_array", width=width, height=height)
+        except TypeError:  # no render size (e.g. classic control)
+            return gym.make(env_id, render_mode="rgb_array")
+    except gym.error.DependencyNotInstalled as e:
+        extra = next((x for key, x in MISSING_EXTRAS.items() if key in str(e)), None)
+        how = f'pip install "tdmpc[{extra}]"' if extra else str(e).strip().splitlines()[0]
+        raise TaskError(f"{env_id} needs a package that is not installed ({type(e).__name__}): {how}") from None
+
+
+# What gymnasium's DependencyNotInstalled message names -> the extra of this package that installs it.
+MISSING_EXTRAS = {"Box2D": "box2d", "pygame": "video"}
 
 
 def _flat_float32(env: gym.Env) -> gym.Env:
