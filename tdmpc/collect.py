@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from tdmpc.agent import Agent
-from tdmpc.errors import EXIT_OK, BadInput, run_cli
+from tdmpc.errors import EXIT_OK, BadInput, one_line_parse_errors, run_cli
 from tdmpc.offline.writer import DatasetWriter
 from tdmpc.runtime.device import set_threads
 from tdmpc.envs import make_env, make_envs
@@ -53,13 +53,16 @@ class CollectArgs:
 def main(argv: list[str] | None = None) -> int:
     import tyro
 
-    args = tyro.cli(CollectArgs, args=argv, prog="python -m tdmpc.collect", description=__doc__.splitlines()[0])
+    with one_line_parse_errors("python -m tdmpc.collect"):
+        args = tyro.cli(CollectArgs, args=argv, prog="python -m tdmpc.collect",
+                        description=__doc__.splitlines()[0])
     return run_cli(lambda: collect(args))
 
 
 def collect(args: CollectArgs) -> int:
-    if args.episodes < 1 or args.noise < 0:  # (a discrete model's noise above 1 acts at random throughout)
-        raise BadInput(f"--episodes must be >= 1 and --noise >= 0, got {args.episodes} and {args.noise}")
+    if args.episodes < 1 or not args.noise >= 0 or args.seed < 0:  # (noise above 1: a discrete model acts at random)
+        raise BadInput(f"--episodes must be >= 1, --noise >= 0 and --seed >= 0, got {args.episodes}, {args.noise} "
+                       f"and {args.seed}")
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc)
     cfg, dims = agent.cfg, agent.dims
     task = args.task or cfg.task

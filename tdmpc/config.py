@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, T
 
 import tyro
 
-from tdmpc.errors import ConfigError
+from tdmpc.errors import ConfigError, one_line_parse_errors
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.settings import MPPIConfig
 from tdmpc.runtime.files import shipped_dir
@@ -319,6 +319,8 @@ def validate(cfg: Config) -> Config:
     for name in ("rho", "tau"):
         if not 0 < getattr(cfg, name) <= 1:
             raise bad(name, "must be in (0, 1]")
+    if not 0 <= cfg.min_prob <= 1:
+        raise bad("min_prob", "must be in [0, 1] (the weight of uniform probabilities in each refit)")
     if not 0 <= cfg.dropout < 1:
         raise bad("dropout", "must be in [0, 1)")
     if not 0 < cfg.discount_min <= cfg.discount_max < 1:
@@ -463,15 +465,17 @@ def parse_cli(run_args: type[T], argv: list[str], base_for: Callable[[T], Config
     """Two tyro passes over argv: `run_args` first (its flags may choose the base config: --cfg, --resume),
     then every Config field as a flat kebab-case flag over `base_for(run)`. Returns the run args, the
     validated config, the base, and the names of the Config fields given on the command line."""
-    run, _ = tyro.cli(run_args, args=argv, return_unknown_args=True, add_help=False, prog=prog)
+    with one_line_parse_errors(prog or "python -m tdmpc.train"):
+        run, _ = tyro.cli(run_args, args=argv, return_unknown_args=True, add_help=False, prog=prog)
     base = base_for(run)
     args_cls = dataclasses.make_dataclass("Args", [
         ("run", run_args, dataclasses.field(default_factory=run_args)),
         ("config", Config, dataclasses.field(default_factory=Config))])
 
     def parse(defaults: Config) -> Config:
-        return tyro.cli(args_cls, default=args_cls(run, defaults), args=argv, prog=prog, description=description,
-                        config=(tyro.conf.OmitArgPrefixes,)).config
+        with one_line_parse_errors(prog or "python -m tdmpc.train"):
+            return tyro.cli(args_cls, default=args_cls(run, defaults), args=argv, prog=prog, description=description,
+                            config=(tyro.conf.OmitArgPrefixes,)).config
 
     cfg = parse(base)
     # A field given on the command line parses to the same value over any base; one that was not given

@@ -9,7 +9,7 @@ from typing import Annotated, Callable, Optional
 import numpy as np
 import tyro
 
-from tdmpc.errors import ActionRangeError, run_cli
+from tdmpc.errors import ActionRangeError, one_line_parse_errors, run_cli
 from tdmpc.offline.format import DatasetFile, episode_blocks, open_dataset, open_h5
 
 
@@ -109,8 +109,12 @@ def from_minari(source: Annotated[str, tyro.conf.Positional], out: Path, task: O
 def main(argv: list[str] | None = None) -> int:
     commands: dict[str, Callable[..., int]] = {"convert": convert, "info": info, "to-minari": to_minari,
                                                "from-minari": from_minari}
-    return run_cli(lambda: tyro.extras.subcommand_cli_from_dict(commands, prog="python -m tdmpc.dataset", args=argv,
-                                                                 description=__doc__.splitlines()[0]))
+    def parse_and_run() -> int:
+        with one_line_parse_errors("python -m tdmpc.dataset"):
+            return tyro.extras.subcommand_cli_from_dict(commands, prog="python -m tdmpc.dataset", args=argv,
+                                                        description=__doc__.splitlines()[0])
+
+    return run_cli(parse_and_run)
 
 
 if __name__ == "__main__":

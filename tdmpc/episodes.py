@@ -20,6 +20,7 @@ from tdmpc.envs import EnvSource, make_envs
 from tdmpc.envs.tensor import TensorVectorEnv
 from tdmpc.errors import BadInput, NonFiniteData
 from tdmpc.memory.peak import EVAL_PARALLEL
+from tdmpc.runtime.files import atomic_write
 
 MAX_PARALLEL = EVAL_PARALLEL  # episodes at once; the memory estimate plans a planner of this size
 
@@ -157,13 +158,25 @@ def _frame(envs: gym.vector.SyncVectorEnv) -> np.ndarray:
                        f"'tdmpc[video]' installs it)") from None
 
 
+VIDEO_SUFFIXES = (".mp4", ".gif", ".webm", ".mkv", ".avi", ".mov")  # imageio picks the format by extension
+
+
+def check_video_path(path: Path) -> None:
+    """Before any episode runs: a file name whose extension names a video format, not a folder."""
+    if path.is_dir():
+        raise BadInput(f"--video {path} is a folder: give a file name, e.g. {path / 'episode.mp4'}")
+    if path.suffix.lower() not in VIDEO_SUFFIXES:
+        raise BadInput(f"--video {path}: the name must end in {', '.join(VIDEO_SUFFIXES)} (the format follows it)")
+
+
 def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
+    """Written whole or not at all: a file already at `path` stays as it was if the write fails."""
     try:
         import imageio.v2 as imageio
     except ImportError:
         raise BadInput("videos need imageio: pip install 'tdmpc[video]'") from None
-    path.parent.mkdir(parents=True, exist_ok=True)
-    imageio.mimsave(path, frames, fps=fps, macro_block_size=1)  # type: ignore[arg-type]
+    atomic_write(path, lambda tmp: imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1),  # type: ignore[arg-type]
+                 suffix=f".tmp{path.suffix}")
 
 
 def run_tensor_episodes(agent: Agent, envs: TensorVectorEnv, episodes: int, seed: int | None,

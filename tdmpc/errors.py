@@ -8,8 +8,11 @@ Ctrl-C outside training's loop, or a second one inside it): one line, no traceba
 
 from __future__ import annotations
 
+import contextlib
+import io
+import re
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C that stopped a command at once (128 + SIGINT, as shells report it)
@@ -65,8 +68,8 @@ USER_ERRORS = (ConfigError, CheckpointError, DeviceError, TaskError, DatasetErro
 
 
 def run_cli(fn: Callable[[], int]) -> int:
-    """Run a command's body: a user error is one line and exit 2, a failed write one line and exit 1, a Ctrl-C
-    one line and exit 130."""
+    """Run a command's body: a user error (or a path that cannot be used) is one line and exit 2, a failed write
+    one line and exit 1, a Ctrl-C one line and exit 130."""
     try:
         return fn()
     except KeyboardInterrupt:
@@ -78,3 +81,40 @@ def run_cli(fn: Callable[[], int]) -> int:
     except DiskError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
+    except OSError as e:  # a path given that cannot be used as one: a file where a folder goes, no permission
+        if e.filename is None:
+            raise
+        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+@contextlib.contextmanager
+def one_line_parse_errors(prog: str) -> Iterator[None]:
+    """Around tyro.cli: its boxed parse error (exit 2: a bad value, an unknown flag, a missing subcommand) as
+    one 'error:' line that points to --help; anything else it prints passes through unchanged."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            yield
+    except SystemExit as e:
+        text, captured = captured.getvalue(), io.StringIO()
+        if e.code == EXIT_BAD_INPUT and "╭" in text:
+            text = f"error: {_condensed(text)} (see {prog} --help)\n"
+        sys.stderr.write(text)
+        raise
+    finally:
+        sys.stderr.write(captured.getvalue())
+
+
+def _condensed(box: str) -> str:
+    """A tyro error box in one line: its title, then each section's text, without the help text it repeats."""
+    rows = [row.strip().strip("│").strip() for row in box.strip().splitlines()]
+    title = rows[0].strip("╭╮─ ") if rows else "error"
+    sections: list[list[str]] = [[]]
+    for row in rows[1:-1]:
+        if set(row) <= set("─ "):
+            sections.append([])
+        elif row:
+            sections[-1].append(row)
+    kept = [" ".join(s) for s in sections if s and not s[0].startswith(("For full helptext", "Argument helptext"))]
+    return re.sub(r"\s+", " ", f"{title}: {'; '.join(kept)}")

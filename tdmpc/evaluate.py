@@ -17,8 +17,8 @@ import torch
 from tdmpc.agent import Agent
 from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
-from tdmpc.episodes import run_episodes, run_tensor_episodes
-from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, run_cli
+from tdmpc.episodes import check_video_path, run_episodes, run_tensor_episodes
+from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, one_line_parse_errors, run_cli
 from tdmpc.model.checkpoint import check_dims_match
 from tdmpc.runtime.device import set_threads
 from tdmpc.runtime.files import json_text
@@ -36,7 +36,8 @@ class EvalArgs:
     seed: int = 0
     """Seeds the envs and the planner: the same seed gives the same episodes."""
     video: Optional[Path] = None
-    """Record the first episode to this .mp4 (MuJoCo offscreen rendering; set MUJOCO_GL=egl or osmesa)."""
+    """Record the first episode to this file, its format by extension (.mp4, .gif, .webm, ...), written whole or
+    not at all (MuJoCo offscreen rendering; set MUJOCO_GL=egl or osmesa)."""
     report: Optional[Path] = None
     """Where to write the JSON report; default: beside the checkpoint."""
     device: str = "auto"
@@ -61,7 +62,8 @@ class EvalArgs:
 def main(argv: list[str] | None = None) -> int:
     import tyro
 
-    args = tyro.cli(EvalArgs, args=argv, description=__doc__.splitlines()[0])
+    with one_line_parse_errors("python -m tdmpc.evaluate"):
+        args = tyro.cli(EvalArgs, args=argv, prog="python -m tdmpc.evaluate", description=__doc__.splitlines()[0])
     return run_cli(lambda: evaluate(args))
 
 
@@ -70,6 +72,12 @@ def evaluate(args: EvalArgs) -> int:
         raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
     if args.threads is not None and args.threads < 1:
         raise BadInput(f"--threads must be >= 1, got {args.threads}")
+    if args.seed < 0:
+        raise BadInput(f"--seed must be >= 0 (gymnasium seeds envs with it), got {args.seed}")
+    if args.video is not None:
+        check_video_path(args.video)
+    if args.report is not None and args.report.is_dir():
+        raise BadInput(f"--report {args.report} is a folder: give a file name, e.g. {args.report / 'eval.json'}")
     overrides = {k: getattr(args, k) for k in ("mpc", "precision", "iterations", "num_samples", "num_elites",
                                                 "num_pi_trajs", "nonfinite_data") if getattr(args, k) is not None}
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, **overrides)

@@ -13,8 +13,8 @@ from typing import Annotated, Optional
 
 import tyro
 
-from tdmpc.errors import run_cli
-from tdmpc.report.curves import draw, group_runs
+from tdmpc.errors import BadInput, one_line_parse_errors, run_cli
+from tdmpc.report.curves import check_figure_path, draw, group_runs
 
 
 @dataclass
@@ -22,15 +22,20 @@ class PlotArgs:
     runs: Annotated[tuple[Path, ...], tyro.conf.Positional]
     """Run directories (each with eval.csv and config.json)."""
     out: Path = Path("eval_return.png")
+    """The figure; its extension picks the format (.png, .pdf, .svg, ...)."""
     group: bool = True
     """Average runs of the same task and exp_name as seeds of one curve."""
     title: Optional[str] = None
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = tyro.cli(PlotArgs, args=argv, description=__doc__.splitlines()[0])
+    with one_line_parse_errors("python -m tdmpc.plot"):
+        args = tyro.cli(PlotArgs, args=argv, prog="python -m tdmpc.plot", description=__doc__.splitlines()[0])
 
     def go() -> int:
+        if not args.runs:
+            raise BadInput("give one or more run directories: python -m tdmpc.plot RUN_DIR [RUN_DIR ...]")
+        check_figure_path(args.out)
         out = draw(group_runs(list(args.runs), args.group), args.out, args.title)
         print(f"wrote {out}")
         return 0

@@ -24,7 +24,8 @@ from typing import Optional
 
 import tyro
 
-from tdmpc.errors import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, run_cli
+from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, one_line_parse_errors,
+                          run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import find_runs, gather
 from tdmpc.runtime.files import shipped_dir
@@ -71,6 +72,9 @@ def parse_tasks(text: str | None) -> list[str]:
     return list(dict.fromkeys(tasks))
 
 
+MAX_SEEDS = 1000  # per reproduce call: a typo (1-100000000) is refused, not expanded
+
+
 def parse_seeds(text: str) -> list[int]:
     """'1,2,3', '1-3' or '1-3,7' -> [1, 2, 3(, 7)]."""
     seeds: list[int] = []
@@ -82,6 +86,9 @@ def parse_seeds(text: str) -> list[int]:
             raise BadInput(f"--seeds {text!r}: expected non-negative integers like 1,2,3 or 1-3") from None
         if first < 0 or last < first:
             raise BadInput(f"--seeds {text!r}: {part.strip()!r} is not an increasing range of seeds >= 0")
+        if len(seeds) + last - first + 1 > MAX_SEEDS:
+            raise BadInput(f"--seeds {text!r}: more than {MAX_SEEDS:,} seeds; a grid that size is a Slurm sweep of "
+                           f"its own (slurm/sweep.sh)")
         seeds += range(first, last + 1)
     return list(dict.fromkeys(seeds))
 
@@ -261,7 +268,8 @@ def submit_slurm(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    args = tyro.cli(ReproduceArgs, args=argv, prog="python -m tdmpc.reproduce", description=__doc__)
+    with one_line_parse_errors("python -m tdmpc.reproduce"):
+        args = tyro.cli(ReproduceArgs, args=argv, prog="python -m tdmpc.reproduce", description=__doc__)
     return run_cli(lambda: _main(args, extra))
 
 

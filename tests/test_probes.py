@@ -283,7 +283,7 @@ def test_dataset_stream_auto_streams_what_would_not_fit_in_half_the_free_memory(
     info, cfg = open_dataset(path), Config(dataset=(str(path),), dataset_stream="auto", batch_size=8)
     size = info.rows * info.schema.row_bytes()
     for free, kind in ((100 * size, InMemoryDataset), (size, StreamingDataset)):
-        monkeypatch.setattr(data, "_free_memory", lambda: free)
+        monkeypatch.setattr(data, "available_host_memory", lambda: free)
         sampler = data._sampler(cfg, info, torch.device("cpu"), 0, (0, 1))
         try:
             assert type(sampler) is kind and sampler.sample(8).obs.shape == (4, 8, 3)
@@ -302,3 +302,97 @@ def test_bench_quick_writes_its_json_and_table(tmp_path):
     (model,) = result["models"]
     assert model["model_size"] == 1 and result["end_to_end"]["agent_steps"] >= 3 and result["peak"]["fp32"]["peak"] > 0
     assert "plan" in r.stdout and f"wrote {out}" in r.stdout
+
+
+# --- found by the probe of 2026-11-26: user paths and values checked before any work ---------------------
+
+def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_kept(finished, tmp_path):
+    ckpt = finished / "checkpoints" / "latest.pt"
+    kept = tmp_path / "notes"
+    kept.write_text("mine")
+    for flags, needle in ((["--video", kept], "the name must end in .mp4"), (["--video", tmp_path], "is a folder"),
+                          (["--seed", -1], "--seed must be >= 0"), (["--report", tmp_path], "is a folder")):
+        line = one_line_error(run_module("tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 1, "--threads", 1,
+                                         *flags))
+        assert needle in line, line
+    assert kept.read_text() == "mine"
+    line = one_line_error(run_module("tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed", -1))
+    assert "--seed >= 0" in line and not (tmp_path / "d.h5").exists()
+
+
+def test_a_video_write_that_fails_leaves_the_file_that_was_there(tmp_path, monkeypatch):
+    import imageio.v2 as imageio
+
+    from tdmpc.episodes import write_video
+
+    video = tmp_path / "episode.mp4"
+    video.write_bytes(b"an earlier video")
+
+    def broken(path, frames, **kw):
+        open(path, "wb").write(b"half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(imageio, "mimsave", broken)
+    with pytest.raises(OSError):
+        write_video(video, [np.zeros((8, 8, 3), np.uint8)], 10)
+    assert video.read_bytes() == b"an earlier video" and list(tmp_path.iterdir()) == [video]
+
+
+def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for module, args, needle in (("tdmpc.reproduce", ["--gather", finished, "--out", afile], "afile"),
+                                 ("tdmpc.slurm_scripts", ["--copy", afile], "Not a directory"),
+                                 ("tdmpc.plot", [finished, "--out", tmp_path / "p.txt"], "the name must end in"),
+                                 ("tdmpc.plot", [], "give one or more run directories"),
+                                 ("tdmpc.reproduce", ["--tasks", "Pendulum-v1", "--seeds", "1-100000000", "--dry-run"],
+                                  "more than 1,000 seeds"),
+                                 ("tdmpc.dataset", ["from-minari", tmp_path, "--out", tmp_path / "m.h5"],
+                                  "no such local Minari dataset")):
+        line = one_line_error(run_module(module, *args))
+        assert needle in line, (module, line)
+    assert afile.read_text() == "mine"
+
+
+def test_a_damaged_config_json_is_one_line_for_plot(finished, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "config.json").write_text("{ not json")
+    assert "config.json is damaged" in one_line_error(run_module("tdmpc.plot", run, "--out", tmp_path / "p.png"))
+
+
+def test_parse_errors_of_every_cli_are_one_line_pointing_to_help(tmp_path):
+    for module, args, needle in (("tdmpc.train", ["--steps", "abc"], "Error parsing --steps"),
+                                 ("tdmpc.evaluate", ["--bogus"], "Unrecognized options: --bogus"),
+                                 ("tdmpc.dataset", [], "Expected one of {convert, info, to-minari, from-minari}")):
+        line = one_line_error(run_module(module, *args))
+        assert needle in line and f"(see python -m {module} --help)" in line, line
+
+
+def test_a_replay_buffer_larger_than_host_memory_is_refused_before_the_run(tmp_path):
+    r = run_train("--cfg", small(tmp_path), "--run-dir", tmp_path / "run", "--buffer-size", 10**12)
+    line = one_line_error(r)
+    assert "of host memory" in line and "lower --buffer-size" in line and not (tmp_path / "run").exists()
+    r = run_train("--cfg", small(tmp_path), "--buffer-size", 10**12, "--dry-run")
+    assert r.returncode == 0 and "host memory: DOES NOT FIT this machine" in r.stdout
+
+
+def test_min_prob_outside_0_1_is_one_line(tmp_path):
+    r = run_train("--cfg", small(tmp_path), "--task", "CartPole-v1", "--min-prob", 2, "--run-dir", tmp_path / "run")
+    assert "'min_prob'" in one_line_error(r)
+
+
+def test_fit_refuses_conflicting_or_wrong_arguments_before_it_starts(tmp_path, finished):
+    import tdmpc
+    from tdmpc.errors import BadInput, CheckpointError
+
+    for kw, needle in ((dict(env="Pendulum-v1", task="CartPole-v1"), "two tasks"),
+                       (dict(env="Pendulum-v1", on_eval=5), "takes a function"),
+                       (dict(env="Pendulum-v1", cfg={"steps": 3}), "takes a tdmpc Config")):
+        with pytest.raises(BadInput, match=needle):
+            tdmpc.fit(run_dir=tmp_path / "run", **kw)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(CheckpointError, match="2 discrete actions"):
+        tdmpc.Agent.from_checkpoint(finished / "checkpoints" / "latest.pt", task="CartPole-v1", device="cpu")

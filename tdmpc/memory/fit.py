@@ -14,7 +14,7 @@ import torch
 
 from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config
 from tdmpc.errors import ConfigError
-from tdmpc.memory.peak import SAFETY_MARGIN, MemoryEstimate, Target, detect_target, estimate
+from tdmpc.memory.peak import ALLOCATOR_SLACK, SAFETY_MARGIN, MemoryEstimate, Target, detect_target, estimate
 from tdmpc.runtime.files import fmt_bytes
 
 if TYPE_CHECKING:
@@ -155,6 +155,19 @@ class MemoryPlan:
         host = " even with the replay buffer in host memory" if self.auto_host or not self.buffer_on_device else ""
         return (f"estimated peak memory {fmt_bytes(self.estimate.total)} exceeds the budget {fmt_bytes(t.budget)} of "
                 f"{t.label}{host}; {self.advice()}")
+
+    def host_error(self, available: int) -> str | None:
+        """One line when what the run keeps in host memory (all of it without CUDA, else a host-stored replay
+        buffer) exceeds the `available` bytes; None when it fits."""
+        e = self.estimate
+        need, buffer = (e.host_buffer, e.host_buffer) if self.target.cuda else (e.total, e.replay_buffer)
+        if need <= available:
+            return None
+        per_row = buffer * (1 if self.target.cuda else 1 + ALLOCATOR_SLACK) / self.cfg.buffer_size  # slack: CPU's too
+        rows = max(0, int((available - (need - per_row * self.cfg.buffer_size)) / max(per_row, 1e-9)))
+        return (f"the run needs about {fmt_bytes(need)} of host memory ({fmt_bytes(buffer)} of it the replay buffer "
+                f"of {self.cfg.buffer_size:,} transitions), and {fmt_bytes(available)} is available here: lower "
+                f"--buffer-size (about {rows:,} transitions fit)")
 
     def chunk_line(self) -> str:
         """What choosing plan_chunk_envs did ('' when it was given or not needed)."""

@@ -8,7 +8,6 @@ sampled (tdmpc.offline.sampler), when they would take more than half of the free
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +15,7 @@ import torch
 from tdmpc.config import Config
 from tdmpc.offline.format import DatasetError, DatasetInfo, open_dataset
 from tdmpc.offline.sampler import DatasetSampler, InMemoryDataset, StreamingDataset
+from tdmpc.runtime.files import available_host_memory
 from tdmpc.envs import EnvSpec, make_env
 from tdmpc.tasks.multitask import TaskSetup
 from tdmpc.tasks.sets import TaskInfo, expand, reference_info
@@ -86,21 +86,9 @@ def _episode_length(task: str, action_repeat: int) -> int:
 def _sampler(cfg: Config, info: DatasetInfo, device: torch.device, seed: int,
              shard: tuple[int, int]) -> DatasetSampler:
     data_bytes = info.rows * info.schema.row_bytes()
-    stream = cfg.dataset_stream == "stream" or (cfg.dataset_stream == "auto" and data_bytes > _free_memory() / 2)
+    stream = cfg.dataset_stream == "stream" or (cfg.dataset_stream == "auto" and data_bytes > available_host_memory() / 2)
     if not stream:
         return InMemoryDataset(info, cfg.horizon, device, seed=seed, shard=shard)
     window = max(cfg.batch_size, STREAM_WINDOW_BYTES // info.schema.row_bytes())
     return StreamingDataset(info, cfg.horizon, window_rows=window, swap_every=max(1, window // cfg.batch_size),
                             device=device, seed=seed, shard=shard)
-
-
-def _free_memory() -> int:
-    """Available host memory (Linux), else a conservative 8 GB."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 8 << 30 if os.name != "nt" else 4 << 30

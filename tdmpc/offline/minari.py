@@ -139,9 +139,9 @@ def _load(source: str | Path):
     """A local Minari dataset: a directory (the dataset's, or its `data`), else an id under the datasets root."""
     minari = _minari()
     path = Path(source)
-    if path.is_dir():
-        return minari.MinariDataset(path / "data" if (path / "data").is_dir() else path)
     try:
+        if path.is_dir():
+            return minari.MinariDataset(path / "data" if (path / "data").is_dir() else path)
         return minari.load_dataset(str(source), download=False)
     except (FileNotFoundError, ValueError) as e:
         raise DatasetError(f"{source}: no such local Minari dataset ({str(e).splitlines()[0][:160]})") from None

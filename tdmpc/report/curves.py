@@ -53,7 +53,11 @@ def read_run(run_dir: Path) -> list[Series]:
     if not eval_csv.is_file():
         raise BadInput(f"{run_dir}: no eval.csv (is this a tdmpc run directory?)")
     cfg_file = run_dir / "config.json"
-    cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    try:
+        cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"{cfg_file} is damaged ({e}); restore it or move it aside to plot this run by its "
+                       f"directory name") from None
     with open(eval_csv, newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("episode_return")]
     exp_name = cfg.get("exp_name", "default")
@@ -90,13 +94,31 @@ def group_series(series_list: list[Series], group: bool = True) -> list[Curve]:
     return curves
 
 
-def draw(curves: list[Curve], out: Path, title: str | None = None) -> Path:
+def check_figure_path(out: Path) -> None:
+    """Before anything is read: a file name whose extension matplotlib writes (it would append .png to a name
+    without one, and refuse others after the work)."""
+    plt = _pyplot()
+    fig = plt.figure()
+    formats = fig.canvas.get_supported_filetypes()
+    plt.close(fig)
+    if out.is_dir():
+        raise BadInput(f"--out {out} is a folder: give a file name, e.g. {out / 'eval_return.png'}")
+    if out.suffix.lstrip(".").lower() not in formats:
+        raise BadInput(f"--out {out}: the name must end in one of {', '.join('.' + f for f in sorted(formats))}")
+
+
+def _pyplot():  # matplotlib.pyplot, imported when a figure is drawn (an optional extra)
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise BadInput("plotting needs matplotlib: pip install -e '.[plot]'") from None
+    return plt
+
+
+def draw(curves: list[Curve], out: Path, title: str | None = None) -> Path:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for c in curves:
         mean = np.nanmean(c.returns, axis=0)

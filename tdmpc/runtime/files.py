@@ -21,8 +21,9 @@ from tdmpc.runtime.faults import kill_point
 MiB, GiB = 2**20, 2**30
 
 
-def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
-    """Write via `write(tmp_path)` to a temp file in the same directory, fsync, then rename.
+def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp") -> None:
+    """Write via `write(tmp_path)` to a temp file in the same directory, fsync, then rename. `suffix` ends the
+    temp file's name (a writer that picks the format by extension needs the real one at the end).
 
     A crash at any point leaves either the old file or the new one, never half of one. A write that
     fails leaves no temp file, and is an OSError naming the file (torch.save reports a write cut short
@@ -30,7 +31,7 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     os.close(fd)
     try:
         try:
@@ -86,6 +87,18 @@ def json_text(obj: Any) -> str:
         return x
 
     return json.dumps(clean(obj), indent=2, allow_nan=False) + "\n"
+
+
+def available_host_memory() -> int:
+    """Host memory available to a new allocation (Linux's MemAvailable), else a conservative 8 GB."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30 if os.name != "nt" else 4 << 30
 
 
 def free_bytes(path: Path) -> int:

@@ -38,6 +38,7 @@ from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder
 from tdmpc.runtime import distributed
 from tdmpc.runtime.device import cap_cuda_memory, resolve_device, set_threads
+from tdmpc.runtime.files import available_host_memory
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.model.world_model import ModelDims
 from tdmpc.tasks.multitask import TaskSetup, task_setup
@@ -116,13 +117,18 @@ def prepare(req: RunRequest) -> RunSetup | None:
         filled = for_run(dataclasses.replace(cfg, **{k: new for ch in plan.changes for k, (_, new) in ch.values.items()}))
     if plan.chunked_from is not None:
         filled = dataclasses.replace(filled, plan_chunk_envs=plan.cfg.plan_chunk_envs)
+    host_error = dataclasses.replace(plan, cfg=filled).host_error(available_host_memory())
     if req.dry_run:
         print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
                                     spec.discrete))
+        if host_error:
+            print(f"host memory: DOES NOT FIT this machine: {host_error}")
         if init_note:
             print(init_note, file=sys.stderr)
     if not plan.fits:
         raise BadInput(plan.error())
+    if host_error and not req.dry_run:
+        raise BadInput(host_error)
     if req.dry_run:
         return None
     assert device is not None
@@ -332,6 +338,14 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     model_size=1, ...), applied over `cfg` (default: Config()). resume=True continues the run in run_dir.
     on_log / on_eval get each train.csv / eval.csv row as a dict; returning False stops the run (a
     checkpoint is written, so it can be resumed)."""
+    if cfg is not None and not isinstance(cfg, Config):
+        raise BadInput(f"fit(cfg=...) takes a tdmpc Config (or pass its fields as keywords), not a "
+                       f"{type(cfg).__name__}")
+    for name, fn in (("on_log", on_log), ("on_eval", on_eval)):
+        if fn is not None and not callable(fn):
+            raise BadInput(f"fit({name}=...) takes a function of one row (a dict), not a {type(fn).__name__}")
+    if isinstance(env, str) and "task" in overrides and overrides["task"] != env:
+        raise BadInput(f"fit(env={env!r}, task={overrides['task']!r}): two tasks; give one of them")
     if run_dir is not None:
         overrides["run_dir"] = str(run_dir)
     if isinstance(env, str):
