@@ -316,6 +316,10 @@ def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_k
                                          *flags))
         assert needle in line, line
     assert kept.read_text() == "mine"
+    r = run_module("tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 1, "--threads", 1, "--no-mpc",
+                   "--video", tmp_path / "v.gif", "--report", tmp_path / "r.json")
+    assert r.returncode == 0 and (tmp_path / "v.gif").stat().st_size > 1000, r.stderr
+    assert "error" not in r.stderr, r.stderr  # SDL's "error: XDG_RUNTIME_DIR is invalid" on a video that worked
     line = one_line_error(run_module("tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed", -1))
     assert "--seed >= 0" in line and not (tmp_path / "d.h5").exists()
 

@@ -1,4 +1,5 @@
-"""MuJoCo's OpenGL backend: dm_control picks it when it is first imported, from MUJOCO_GL.
+"""Rendering backends: MuJoCo's OpenGL one, which dm_control picks when it is first imported, from MUJOCO_GL;
+and pygame's (SDL's), for gymnasium's classic-control frames.
 
 EGL renders headless (clusters, CI), so it is the default on Linux; an explicit MUJOCO_GL (osmesa, glfw) wins.
 A machine without libEGL (the lent H200's image, 2026-11-26) fails dm_control's import inside PyOpenGL; state
@@ -20,6 +21,9 @@ def set_default() -> None:
     global _DEFAULTED
     if sys.platform == "linux" and "MUJOCO_GL" not in os.environ:
         os.environ["MUJOCO_GL"], _DEFAULTED = "egl", True
+    # pygame (classic-control frames) never opens a window here: without a display SDL's probing printed
+    # "error: XDG_RUNTIME_DIR is invalid" on every video that succeeded.
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 
 def import_suite() -> ModuleType:
