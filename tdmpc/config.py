@@ -365,6 +365,8 @@ def validate(cfg: Config) -> Config:
         raise bad("task_dim", "must be >= 1")
     if len(set(cfg.task_set)) != len(cfg.task_set):
         raise bad("task_set", "names a task twice")
+    if len(set(cfg.dataset)) < len(cfg.dataset):
+        raise bad("dataset", "names a file twice (its episodes would count double)")
     if cfg.dataset and cfg.save_data:
         raise bad("save_data", "keeps the episodes of an online run; an offline run (dataset) has none")
     for name, hint in _field_types().items():  # every field with a fixed set of values

@@ -9,7 +9,7 @@ from typing import Annotated, Callable, Optional
 import numpy as np
 import tyro
 
-from tdmpc.errors import ActionRangeError, one_line_parse_errors, run_cli
+from tdmpc.errors import ActionRangeError, DatasetError, one_line_parse_errors, run_cli
 from tdmpc.offline.format import DatasetFile, episode_blocks, open_dataset, open_h5
 
 
@@ -37,6 +37,8 @@ def info(paths: Annotated[list[Path], tyro.conf.Positional]) -> int:
     Args:
         paths: dataset files.
     """
+    if not paths:
+        raise DatasetError("give one or more dataset files: python -m tdmpc.dataset info FILE [FILE ...]")
     for path in paths:  # one by one: unrelated files need not be readable together
         try:
             info = open_dataset(path, unit_actions=True)

@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 
 from tdmpc.config import CPU_CONFIG, Config, load_json, parse_cli
-from tdmpc.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, run_cli
+from tdmpc.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, BadInput, run_cli
 from tdmpc.training import run_dir as runs
 from tdmpc.training.setup import RunRequest, open_run, run
 from tdmpc.training.trainer import TrainingDiverged
@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args, cfg, base, given = parse_cli(TrainArgs, argv, base_config, prog="python -m tdmpc.train",
                                        description=__doc__.splitlines()[0])
+    named = args.auto_resume or args.resume
+    if "run_dir" in given and named and Path(cfg.run_dir or "").resolve() != Path(named).resolve():
+        flag = "--auto-resume" if args.auto_resume else "--resume"
+        raise BadInput(f"{flag} {named} names the run directory; --run-dir {cfg.run_dir} names another")
     if args.auto_resume and not args.resume:
         cfg = dataclasses.replace(cfg, run_dir=args.auto_resume)
     trainer = open_run(RunRequest(cfg, resume=Path(args.resume) if args.resume else None, no_buffer=args.no_buffer,

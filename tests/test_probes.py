@@ -400,3 +400,15 @@ def test_fit_refuses_conflicting_or_wrong_arguments_before_it_starts(tmp_path, f
     assert not (tmp_path / "run").exists()
     with pytest.raises(CheckpointError, match="2 discrete actions"):
         tdmpc.Agent.from_checkpoint(finished / "checkpoints" / "latest.pt", task="CartPole-v1", device="cpu")
+
+
+def test_a_second_run_directory_an_empty_info_and_a_dataset_named_twice_are_one_line(finished, tmp_path):
+    for flag in ("--resume", "--auto-resume"):
+        line = one_line_error(run_train(flag, finished, "--run-dir", tmp_path / "other"))
+        assert f"{flag} {finished} names the run directory; --run-dir {tmp_path / 'other'} names another" in line
+    r = run_train("--auto-resume", finished, "--run-dir", finished)  # the same directory twice (docs/slurm.md)
+    assert r.returncode == 0 and "already finished" in r.stderr, r.stderr
+    assert "give one or more dataset files" in one_line_error(run_module("tdmpc.dataset", "info"))
+    d = tmp_path / "d.h5"
+    assert "'dataset'" in one_line_error(run_train("--dataset", d, d, "--task", "Pendulum-v1", "--steps", 10))
+    assert not list(tmp_path.iterdir())
