@@ -3,19 +3,22 @@
 0 finished, 1 a failed write (disk full or read-only: one line) or anything unexpected (with its
 traceback), 2 bad input (config, task, checkpoint, dataset, device, a damaged run file, a run
 directory in use), 3 stopped by a signal after writing a checkpoint (requeue me), 130 interrupted at once (a
-Ctrl-C outside training's loop, or a second one inside it): one line, no traceback.
+Ctrl-C outside training's loop, or a second one inside it): one line, no traceback; 141 the reader of stdout left
+(| head), quietly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import sys
 from typing import Callable, Iterator
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C that stopped a command at once (128 + SIGINT, as shells report it)
+EXIT_PIPE_CLOSED = 141  # the reader of stdout left (| head): 128 + SIGPIPE, as a tool killed by it reports
 
 
 class ConfigError(ValueError):
@@ -72,6 +75,8 @@ def run_cli(fn: Callable[[], int]) -> int:
     one line and exit 1, a Ctrl-C one line and exit 130."""
     try:
         return fn()
+    except BrokenPipeError:
+        return _stdout_closed()
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -102,8 +107,18 @@ def one_line_parse_errors(prog: str) -> Iterator[None]:
             text = f"error: {_condensed(text)} (see {prog} --help)\n"
         sys.stderr.write(text)
         raise
+    except BrokenPipeError:  # --help | head
+        raise SystemExit(_stdout_closed()) from None
     finally:
-        sys.stderr.write(captured.getvalue())
+        with contextlib.suppress(BrokenPipeError):  # 2>&1 | head: stderr is the closed pipe too
+            sys.stderr.write(captured.getvalue())
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout left (| head): stop quietly, without the flush at exit failing again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return EXIT_PIPE_CLOSED
 
 
 def _condensed(box: str) -> str:
@@ -117,4 +132,5 @@ def _condensed(box: str) -> str:
         elif row:
             sections[-1].append(row)
     kept = [" ".join(s) for s in sections if s and not s[0].startswith(("For full helptext", "Argument helptext"))]
-    return re.sub(r"\s+", " ", f"{title}: {'; '.join(kept)}")
+    text = "; ".join(kept)
+    return re.sub(r"\s+", " ", text if text.startswith(title) else f"{title}: {text}")

@@ -103,11 +103,18 @@ def seeds_text(seeds: list[int]) -> str:
     return ",".join(parts)
 
 
-def check_train_args(extra: list[str]) -> None:
+def check_train_args(extra: list[str], args: ReproduceArgs, task: str) -> None:
+    """The flags after -- as tdmpc.train will read them (for `task`), before any run starts: a typo or a bad
+    value is one line now, not an error in the first run (or, with --slurm, in every array element)."""
+    from tdmpc.config import parse_cli
+    from tdmpc.train import TrainArgs, base_config
+
     for arg in extra:
         if arg.split("=", 1)[0] in SET_HERE:
             raise BadInput(f"{arg.split('=', 1)[0]} after --: reproduce sets it itself "
                            f"(use --tasks, --seeds, --steps, --cfg, --runs-root)")
+    parse_cli(TrainArgs, [*(["--cfg", args.cfg] if args.cfg else []), "--task", task, "--steps", str(args.steps),
+                          *extra], base_config, prog="python -m tdmpc.train")
 
 
 # --- sequential runs --------------------------------------------------------------------
@@ -284,13 +291,13 @@ def _main(args: ReproduceArgs, extra: list[str]) -> int:
     tasks, seeds = parse_tasks(args.tasks), parse_seeds(args.seeds)
     if args.steps <= 0:
         raise BadInput(f"--steps {args.steps}: must be > 0")
-    check_train_args(extra)
     if args.threads is not None:
         if args.threads < 1:
             raise BadInput(f"--threads must be >= 1, got {args.threads}")
         extra = ["--threads", str(args.threads), *extra]
     for task in tasks:  # a typo in the last task should not wait for the first runs to finish
         resolve_task(task)
+    check_train_args(extra, args, tasks[0])
     return (submit_slurm if args.slurm else run_grid)(args, tasks, seeds, extra)
 
 

@@ -412,3 +412,34 @@ def test_a_second_run_directory_an_empty_info_and_a_dataset_named_twice_are_one_
     d = tmp_path / "d.h5"
     assert "'dataset'" in one_line_error(run_train("--dataset", d, d, "--task", "Pendulum-v1", "--steps", 10))
     assert not list(tmp_path.iterdir())
+
+
+def test_reproduce_checks_the_train_flags_after_the_double_dash_before_any_run(tmp_path):
+    for extra, needle in ((["--bogus"], "Unrecognized options: --bogus"), (["--lr", "-1"], "'lr'")):
+        line = one_line_error(run_module("tdmpc.reproduce", "--tasks", "Pendulum-v1", "--seeds", 1, "--runs-root",
+                                         tmp_path / "runs", "--", *extra))
+        assert needle in line, line
+    assert not (tmp_path / "runs").exists()
+
+
+def test_output_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
+    """train --dry-run | head -1, when head leaves before the output is written: the BrokenPipeError a write then
+    raises ends the command quietly with 141 (128 + SIGPIPE), in a command's body and in tyro's --help alike."""
+    import subprocess
+    import sys
+
+    code = textwrap.dedent("""
+        import sys
+        from tdmpc.errors import one_line_parse_errors, run_cli
+
+        def closed():
+            raise BrokenPipeError(32, "Broken pipe")
+
+        if sys.argv[1] == "body":
+            sys.exit(run_cli(closed))
+        with one_line_parse_errors("prog"):
+            closed()
+    """)
+    for where in ("body", "parse"):
+        r = subprocess.run([sys.executable, "-c", code, where], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 141 and r.stderr == "", (where, r.stderr)
