@@ -383,11 +383,14 @@ def test_version_1_datasets_are_still_read(tmp_path):
 def test_a_discrete_buffer_converts_to_a_discrete_dataset(tmp_path):
     from tdmpc.offline.convert import convert_buffer
 
-    buf = ReplayBuffer(100, 1, (4,), 3, 3, discrete=True)
-    buf.start(torch.zeros(1, 4))
+    buf = ReplayBuffer(100, 1, (6,), 3, 3, discrete=True)  # Acrobot-v1's sizes
+    buf.start(torch.zeros(1, 6))
     for t in range(6):
-        buf.add(torch.full((1, 4), float(t)), torch.tensor([t % 3]), torch.ones(1), torch.tensor([t == 5]))
+        buf.add(torch.full((1, 6), float(t)), torch.tensor([t % 3]), torch.ones(1), torch.tensor([t == 5]))
     buf.save(tmp_path / "b.h5")
+    with pytest.raises(DatasetError, match="holds obs \\(6,\\) / 3 discrete actions, but task 'CartPole-v1' has obs"):
+        convert_buffer(tmp_path / "b.h5", tmp_path / "d.h5", "CartPole-v1")  # another task's sizes: refused
+    assert not (tmp_path / "d.h5").exists()
     assert convert_buffer(tmp_path / "b.h5", tmp_path / "d.h5", "Acrobot-v1") == 1
     (ep,) = read_episodes(tmp_path / "d.h5")
     assert ep.action.tolist() == [0, 1, 2, 0, 1, 2] and ep.terminated

@@ -50,6 +50,22 @@ def episodes_from_buffer(path: str | Path) -> Iterator[Episode]:
                               not terminated)
 
 
+def _check_task(task: str, obs_type: str, obs_shape: tuple[int, ...], action_dim: int, discrete: bool,
+                buffer_path: Path) -> None:
+    """A buffer whose sizes are not the task's is refused before a dataset is labelled with that task."""
+    from tdmpc.envs import make_env
+
+    env, spec = make_env(task, seed=0, obs=obs_type)
+    env.close()
+
+    def kind(shape: tuple[int, ...], n: int, disc: bool) -> str:
+        return f"obs {shape} / " + (f"{n} discrete actions" if disc else f"continuous actions of dim {n}")
+
+    if (spec.obs_shape, spec.action_dim, spec.discrete) != (obs_shape, action_dim, discrete):
+        raise DatasetError(f"{buffer_path} holds {kind(obs_shape, action_dim, discrete)}, but task '{task}' has "
+                           f"{kind(spec.obs_shape, spec.action_dim, spec.discrete)}: name the task the run trained on")
+
+
 def convert_buffer(buffer_path: str | Path, out_path: str | Path, task: str, obs_type: str | None = None,
                    action_repeat: int | None = None, source: str | None = None) -> int:
     """Write (or append) a saved buffer's episodes to a dataset; returns how many were written.
@@ -66,6 +82,7 @@ def convert_buffer(buffer_path: str | Path, out_path: str | Path, task: str, obs
 
         action_repeat = resolve_task(task).default_action_repeat
     obs_type = obs_type or ("rgb" if obs_dtype == np.uint8 else "state")
+    _check_task(task, obs_type, tuple(obs_shape), action_dim, discrete, Path(buffer_path))
     source = source or f"replay buffer {Path(buffer_path).resolve()}"
     with DatasetWriter(out_path, obs_shape, action_dim, [task], obs_type, action_repeat, source,
                        discrete=discrete) as writer:
