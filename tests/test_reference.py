@@ -246,8 +246,7 @@ def test_loading_never_runs_code(tmp_path):
 @pytest.mark.parametrize("given,cfg,expect", [
     (set(), Config(), dict(model_size=1, enc_dim=256, mlp_dim=384, latent_dim=128, num_q=2, episodic=False)),
     (set(), Config(model_size=5), dict(model_size=1, mlp_dim=384, num_q=2)),  # a --cfg file yields
-    ({"mlp_dim"}, Config(mlp_dim=512), dict(model_size=None, mlp_dim=512, latent_dim=128, num_q=2)),
-    ({"model_size"}, Config(model_size=5), dict(model_size=5, mlp_dim=512, latent_dim=512, episodic=False)),
+    ({"mlp_dim"}, Config(mlp_dim=384), dict(model_size=1, mlp_dim=384, latent_dim=128, num_q=2)),  # as theirs
     ({"episodic"}, Config(episodic=True), dict(model_size=1, episodic=True)),
 ])
 def test_architecture_comes_from_the_checkpoint_unless_given_as_a_flag(given, cfg, expect):
@@ -255,6 +254,14 @@ def test_architecture_comes_from_the_checkpoint_unless_given_as_a_flag(given, cf
     got = {**new.sizes(), "model_size": new.model_size, "episodic": new.episodic}
     assert {k: got[k] for k in expect} == expect
     assert note.startswith("init-from: architecture from the checkpoint") and "\n" not in note
+
+
+@pytest.mark.parametrize("given,cfg,needle", [({"mlp_dim"}, Config(mlp_dim=512), "mlp_dim: checkpoint 384, config 512"),
+                                              ({"model_size"}, Config(model_size=5), "latent_dim: checkpoint 128")])
+def test_a_size_flag_that_contradicts_the_checkpoint_is_refused_before_anything_is_built(given, cfg, needle):
+    with pytest.raises(CheckpointError, match="architecture differs") as e:
+        architecture_from_checkpoint(cfg, str(REF), given)
+    assert needle in str(e.value)
 
 
 # --- the command line ---------------------------------------------------------------------

@@ -16,7 +16,7 @@ from tdmpc.config import Config, validate
 from tdmpc.runtime.device import resolve_device
 from tdmpc.training.setup import trainer_for as Trainer
 
-from helpers import TINY, import_or_skip, read_csv, run_train, tiny_json  # noqa: E402
+from helpers import TINY, import_or_skip, one_line_error, read_csv, run_train, tiny_json  # noqa: E402
 
 
 def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
@@ -204,6 +204,8 @@ def test_checkpoint_from_a_different_model_size_is_rejected(tmp_path, trained_ch
                   "--run-dir", tmp_path / "r", "--steps", "10", "--device", "cpu")
     assert r.returncode == 2
     assert "architecture differs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_train("--init-from", trained_checkpoint, "--task", "Pendulum-v1", "--model-size", "1", "--dry-run")
+    assert "architecture differs" in one_line_error(r)  # the dry run says what the run would refuse
 
 
 def test_evaluate_on_a_task_with_other_dims_is_rejected(trained_checkpoint):

@@ -21,7 +21,7 @@ from tdmpc.tasks.sets import expand, task_set_name
 def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str]) -> tuple[Config, str]:
     """The architecture fields the user did not give (`given`: the fields set on the command line) come
     from the checkpoint, so a released model fine-tunes without spelling out its sizes. Sizes that were
-    given stay, and if they contradict the checkpoint, init_weights fails with 'architecture differs'.
+    given and contradict the checkpoint are refused here ('architecture differs'), before anything is built.
 
     Returns the config and a note saying what was taken (printed once the weights have loaded)."""
     dims = read_checkpoint(path, mmap=True).dims  # shapes only: tensors stay on disk
@@ -37,6 +37,11 @@ def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str])
     preset = next((n for n, p in MODEL_SIZES.items() if p == sizes), None)
     model_size = cfg.model_size if "model_size" in given else preset
     new = validate(dataclasses.replace(cfg, **{**take, **sizes, "model_size": model_size}))
+    unused = {"task_set", "episodic"} | ({"enc_dim", "num_enc_layers"} if dims.pixels else {"num_channels"})
+    diffs = [f"{k}: checkpoint {v}, config {getattr(new, k)}" for k, v in theirs.items()
+             if k in given and k not in unused and getattr(new, k) != v]
+    if diffs:  # the run would refuse the weights: said now, --dry-run included
+        raise _architecture_differs(path, diffs)
     shown = {k: take[k] for k in (*SIZE_FIELDS, "episodic") if k in take}
     shown.update({k: v for k, v in take.items() if k not in shown and v != getattr(cfg, k)})
     if "task_set" in shown:
@@ -62,8 +67,7 @@ def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...]
             ours[k] = ours[k][:old]
     if ours != theirs:
         diffs = [f"{k}: checkpoint {theirs[k]}, config {ours.get(k)}" for k in theirs if theirs[k] != ours.get(k)]
-        raise CheckpointError(f"{path}: architecture differs from this config ({', '.join(diffs[:4])}); drop "
-                              f"those flags and --init-from takes the checkpoint's architecture")
+        raise _architecture_differs(path, diffs)
     state = dict(ck.state["model"])
     if extends and len(model.dims.tasks) > old:
         own = model.state_dict()
@@ -73,6 +77,11 @@ def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...]
     origin = "an imported reference TD-MPC2 checkpoint" if ck.imported else "a tdmpc checkpoint"
     added = f" (new embedding rows for {', '.join(model.dims.tasks[old:])})" if len(model.dims.tasks) > old else ""
     return f"initialised weights from {origin}: {path}{added}"
+
+
+def _architecture_differs(path: str | Path, diffs: list[str]) -> CheckpointError:
+    return CheckpointError(f"{path}: architecture differs from this config ({', '.join(diffs[:4])}); drop those "
+                           f"flags and --init-from takes the checkpoint's architecture")
 
 
 def _architecture(dims: ModelDims) -> dict:
