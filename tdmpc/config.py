@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import math
+import numbers
 import types
 import typing
 from dataclasses import dataclass, fields
@@ -393,9 +394,9 @@ def _check_type(name: str, value: object) -> object:
             return tuple(value)
         if opt is bool and isinstance(value, bool):
             return value
-        if opt is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if opt is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if opt is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)  # numpy's integers too (fit(seed=np.int64(3)))
+        if opt is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
             return float(value)
         if opt is str and isinstance(value, str):
             return value
@@ -429,6 +430,8 @@ def available_configs() -> list[str]:
 
 def find_config_file(name: str) -> Path:
     """`--cfg a4000.json` finds ./configs/a4000.json or the packaged one; a path works as given; '.json' is optional."""
+    if not name or Path(name).is_dir():
+        raise ConfigError(f"--cfg {name!r}: give a config file (available: {', '.join(available_configs())})")
     names = [name] if name.endswith(".json") else [name, name + ".json"]
     for candidate in [d / n for d in (Path("."), Path("configs"), CONFIG_DIR) for n in names]:
         if candidate.is_file():
@@ -439,14 +442,21 @@ def find_config_file(name: str) -> Path:
 
 def read_json(path: Path, what: str = "config file") -> dict:
     """A JSON object from `path`, or a one-line ConfigError saying what is wrong with the file."""
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict:
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) < len(keys):
+            raise ConfigError(f"{what} '{path}' sets '{next(k for k in keys if keys.count(k) > 1)}' twice")
+        return dict(pairs)
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(), object_pairs_hook=no_repeats)
     except json.JSONDecodeError as e:
         raise ConfigError(f"{what} '{path}' is not valid JSON: {e.msg} at line {e.lineno}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"{what} '{path}' cannot be read: {e}") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{what} '{path}' must hold a JSON object, not a {type(data).__name__}")
+        kind = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(data), "a number")
+        raise ConfigError(f"{what} '{path}' must hold a JSON object, not {kind}")
     return data
 
 

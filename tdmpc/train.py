@@ -63,16 +63,16 @@ def base_config(args: TrainArgs) -> Config:
         args.resume = args.auto_resume
     if args.resume:
         return runs.saved_config(Path(args.resume), args.config_from_checkpoint)
-    if args.cfg:
+    if args.cfg is not None:
         return load_json(args.cfg)
     return load_json(CPU_CONFIG) if not torch.cuda.is_available() else Config()
 
 
 def base_note(args: TrainArgs) -> str | None:
     """The line that says where the config came from when it is not what the user named."""
-    if args.resume and args.cfg:
+    if args.resume and args.cfg is not None:
         return f"resume: --cfg {args.cfg} ignored; the run's own config.json applies (other flags still override)"
-    if not args.resume and not args.cfg and not torch.cuda.is_available():
+    if not args.resume and args.cfg is None and not torch.cuda.is_available():
         return (f"no GPU here: starting from the CPU default, configs/{CPU_CONFIG} (pass --cfg a4000.json for "
                 f"the reference GPU settings)")
     return None

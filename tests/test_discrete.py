@@ -225,6 +225,13 @@ def test_unsupported_action_spaces_are_named_in_one_line(space, name):
     assert "\n" not in str(err.value) and "Box (continuous) and Discrete(n)" in str(err.value)
 
 
+@pytest.mark.parametrize("space", [spaces.Discrete(1), spaces.Box(-1, 1, (0,), np.float32)])
+def test_an_action_space_with_nothing_to_choose_is_one_line(space):
+    with pytest.raises(TaskError, match="nothing to choose") as err:
+        make_env(Unsupported(space))
+    assert "\n" not in str(err.value)
+
+
 def cli_error(capsys, main, *args) -> str:
     """A command run in this process (no interpreter start): its exit code must be 2, its stderr one line."""
     code = main([str(a) for a in args])

@@ -443,3 +443,17 @@ def test_output_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
     for where in ("body", "parse"):
         r = subprocess.run([sys.executable, "-c", code, where], capture_output=True, text=True, timeout=60)
         assert r.returncode == 141 and r.stderr == "", (where, r.stderr)
+
+
+def test_config_files_that_repeat_a_key_hold_null_or_name_a_folder_and_numpy_numbers(tmp_path):
+    import numpy as np
+
+    from tdmpc.config import from_dict
+
+    (tmp_path / "dup.json").write_text('{"steps": 10, "steps": 20}')
+    (tmp_path / "null.json").write_text("null")
+    for cfg, needle in ((tmp_path / "dup.json", "sets 'steps' twice"), (tmp_path / "null.json", "not null"),
+                        (tmp_path, "give a config file"), ("", "give a config file")):
+        assert needle in one_line_error(run_train("--cfg", cfg, "--dry-run")), cfg
+    cfg = from_dict({"seed": np.int64(3), "lr": np.float32(0.5)})
+    assert cfg.seed == 3 and type(cfg.seed) is int and cfg.lr == 0.5

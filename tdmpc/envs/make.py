@@ -373,6 +373,8 @@ def _action_space_problem(task: str, space: gym.Space) -> str | None:
                 f"and Discrete(n)")
     if len(space.shape) != 1 or not (np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))):
         return f"task {task!r} needs a 1-D action Box with finite bounds, got {space}"
+    if space.shape[0] == 0:
+        return f"task {task!r} has an action Box of no dimensions ({space}): nothing to choose"
     return None
 
 
