@@ -107,7 +107,7 @@ def check_train_args(extra: list[str], args: ReproduceArgs, task: str) -> None:
     """The flags after -- as tdmpc.train will read them (for `task`), before any run starts: a typo or a bad
     value is one line now, not an error in the first run (or, with --slurm, in every array element)."""
     from tdmpc.config import parse_cli
-    from tdmpc.train import TrainArgs, base_config
+    from tdmpc.training.flags import TrainArgs, base_config
 
     for arg in extra:
         if arg.split("=", 1)[0] in SET_HERE:
