@@ -103,7 +103,7 @@ def one_line_parse_errors(prog: str) -> Iterator[None]:
             yield
     except SystemExit as e:
         text, captured = captured.getvalue(), io.StringIO()
-        if e.code == EXIT_BAD_INPUT and "╭" in text:
+        if e.code == EXIT_BAD_INPUT and text.strip() and not text.lstrip().startswith("error:"):
             text = f"error: {_condensed(text)} (see {prog} --help)\n"
         sys.stderr.write(text)
         raise
@@ -123,11 +123,11 @@ def _stdout_closed() -> int:
 
 def _condensed(box: str) -> str:
     """A tyro error box in one line: its title, then each section's text, without the help text it repeats."""
-    rows = [row.strip().strip("│").strip() for row in box.strip().splitlines()]
-    title = rows[0].strip("╭╮─ ") if rows else "error"
+    rows = [row.strip().strip("│|").strip() for row in box.strip().splitlines()]  # rich's boxes, or ASCII ones
+    title = rows[0].strip("╭╮─-+ ") if rows else "error"
     sections: list[list[str]] = [[]]
-    for row in rows[1:-1]:
-        if set(row) <= set("─ "):
+    for row in rows[1:-1] if rows and set(rows[-1]) <= set("╰╯─-+ ") else rows[1:]:
+        if set(row) <= set("─-+ "):
             sections.append([])
         elif row:
             sections[-1].append(row)

@@ -4,7 +4,9 @@ again, with others like them."""
 
 from __future__ import annotations
 
+import importlib
 import json
+import subprocess
 import textwrap
 
 import numpy as np
@@ -306,13 +308,25 @@ def test_bench_quick_writes_its_json_and_table(tmp_path):
 
 # --- found by the probe of 2026-11-26: user paths and values checked before any work ---------------------
 
-def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_kept(finished, tmp_path):
+def cli(capsys, module: str, *args) -> subprocess.CompletedProcess:
+    """A command's main() run in this process, reported as run_module reports a subprocess: each refusal below
+    comes before any work, so no interpreter and torch start (seconds each) is needed to see it."""
+    main = importlib.import_module(module).main
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # tyro's parse errors
+        code = e.code
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess([module, *map(str, args)], code, out.out, out.err)
+
+def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_kept(finished, tmp_path, capsys):
     ckpt = finished / "checkpoints" / "latest.pt"
     kept = tmp_path / "notes"
     kept.write_text("mine")
     for flags, needle in ((["--video", kept], "the name must end in .mp4"), (["--video", tmp_path], "is a folder"),
                           (["--seed", -1], "--seed must be >= 0"), (["--report", tmp_path], "is a folder")):
-        line = one_line_error(run_module("tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 1, "--threads", 1,
+        line = one_line_error(cli(capsys, "tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 1, "--threads", 1,
                                          *flags))
         assert needle in line, line
     assert kept.read_text() == "mine"
@@ -320,7 +334,8 @@ def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_k
                    "--video", tmp_path / "v.gif", "--report", tmp_path / "r.json")
     assert r.returncode == 0 and (tmp_path / "v.gif").stat().st_size > 1000, r.stderr
     assert "error" not in r.stderr, r.stderr  # SDL's "error: XDG_RUNTIME_DIR is invalid" on a video that worked
-    line = one_line_error(run_module("tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed", -1))
+    line = one_line_error(cli(capsys, "tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed",
+                              -1))
     assert "--seed >= 0" in line and not (tmp_path / "d.h5").exists()
 
 
@@ -342,7 +357,7 @@ def test_a_video_write_that_fails_leaves_the_file_that_was_there(tmp_path, monke
     assert video.read_bytes() == b"an earlier video" and list(tmp_path.iterdir()) == [video]
 
 
-def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path):
+def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("mine")
     for module, args, needle in (("tdmpc.reproduce", ["--gather", finished, "--out", afile], "afile"),
@@ -353,38 +368,39 @@ def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path):
                                   "more than 1,000 seeds"),
                                  ("tdmpc.dataset", ["from-minari", tmp_path, "--out", tmp_path / "m.h5"],
                                   "no such local Minari dataset")):
-        line = one_line_error(run_module(module, *args))
+        line = one_line_error(cli(capsys, module, *args))
         assert needle in line, (module, line)
     assert afile.read_text() == "mine"
 
 
-def test_a_damaged_config_json_is_one_line_for_plot(finished, tmp_path):
+def test_a_damaged_config_json_is_one_line_for_plot(finished, tmp_path, capsys):
     import shutil
 
     run = tmp_path / "run"
     shutil.copytree(finished, run)
     (run / "config.json").write_text("{ not json")
-    assert "config.json is damaged" in one_line_error(run_module("tdmpc.plot", run, "--out", tmp_path / "p.png"))
+    assert "config.json is damaged" in one_line_error(cli(capsys, "tdmpc.plot", run, "--out", tmp_path / "p.png"))
 
 
-def test_parse_errors_of_every_cli_are_one_line_pointing_to_help(tmp_path):
+def test_parse_errors_of_every_cli_are_one_line_pointing_to_help(tmp_path, capsys):
     for module, args, needle in (("tdmpc.train", ["--steps", "abc"], "Error parsing --steps"),
                                  ("tdmpc.evaluate", ["--bogus"], "Unrecognized options: --bogus"),
                                  ("tdmpc.dataset", [], "Expected one of {convert, info, to-minari, from-minari}")):
-        line = one_line_error(run_module(module, *args))
+        line = one_line_error(cli(capsys, module, *args))
         assert needle in line and f"(see python -m {module} --help)" in line, line
 
 
-def test_a_replay_buffer_larger_than_host_memory_is_refused_before_the_run(tmp_path):
-    r = run_train("--cfg", small(tmp_path), "--run-dir", tmp_path / "run", "--buffer-size", 10**12)
+def test_a_replay_buffer_larger_than_host_memory_is_refused_before_the_run(tmp_path, capsys):
+    r = cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--run-dir", tmp_path / "run", "--buffer-size", 10**12)
     line = one_line_error(r)
     assert "of host memory" in line and "lower --buffer-size" in line and not (tmp_path / "run").exists()
-    r = run_train("--cfg", small(tmp_path), "--buffer-size", 10**12, "--dry-run")
+    r = cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--buffer-size", 10**12, "--dry-run")
     assert r.returncode == 0 and "host memory: DOES NOT FIT this machine" in r.stdout
 
 
-def test_min_prob_outside_0_1_is_one_line(tmp_path):
-    r = run_train("--cfg", small(tmp_path), "--task", "CartPole-v1", "--min-prob", 2, "--run-dir", tmp_path / "run")
+def test_min_prob_outside_0_1_is_one_line(tmp_path, capsys):
+    r = cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--task", "CartPole-v1", "--min-prob", 2, "--run-dir",
+            tmp_path / "run")
     assert "'min_prob'" in one_line_error(r)
 
 
@@ -402,21 +418,22 @@ def test_fit_refuses_conflicting_or_wrong_arguments_before_it_starts(tmp_path, f
         tdmpc.Agent.from_checkpoint(finished / "checkpoints" / "latest.pt", task="CartPole-v1", device="cpu")
 
 
-def test_a_second_run_directory_an_empty_info_and_a_dataset_named_twice_are_one_line(finished, tmp_path):
+def test_a_second_run_directory_an_empty_info_and_a_dataset_named_twice_are_one_line(finished, tmp_path, capsys):
     for flag in ("--resume", "--auto-resume"):
-        line = one_line_error(run_train(flag, finished, "--run-dir", tmp_path / "other"))
+        line = one_line_error(cli(capsys, "tdmpc.train", flag, finished, "--run-dir", tmp_path / "other"))
         assert f"{flag} {finished} names the run directory; --run-dir {tmp_path / 'other'} names another" in line
-    r = run_train("--auto-resume", finished, "--run-dir", finished)  # the same directory twice (docs/slurm.md)
+    r = cli(capsys, "tdmpc.train", "--auto-resume", finished, "--run-dir", finished)  # one dir twice (docs/slurm.md)
     assert r.returncode == 0 and "already finished" in r.stderr, r.stderr
-    assert "give one or more dataset files" in one_line_error(run_module("tdmpc.dataset", "info"))
+    assert "give one or more dataset files" in one_line_error(cli(capsys, "tdmpc.dataset", "info"))
     d = tmp_path / "d.h5"
-    assert "'dataset'" in one_line_error(run_train("--dataset", d, d, "--task", "Pendulum-v1", "--steps", 10))
+    line = one_line_error(cli(capsys, "tdmpc.train", "--dataset", d, d, "--task", "Pendulum-v1", "--steps", 10))
+    assert "'dataset'" in line
     assert not list(tmp_path.iterdir())
 
 
-def test_reproduce_checks_the_train_flags_after_the_double_dash_before_any_run(tmp_path):
+def test_reproduce_checks_the_train_flags_after_the_double_dash_before_any_run(tmp_path, capsys):
     for extra, needle in ((["--bogus"], "Unrecognized options: --bogus"), (["--lr", "-1"], "'lr'")):
-        line = one_line_error(run_module("tdmpc.reproduce", "--tasks", "Pendulum-v1", "--seeds", 1, "--runs-root",
+        line = one_line_error(cli(capsys, "tdmpc.reproduce", "--tasks", "Pendulum-v1", "--seeds", 1, "--runs-root",
                                          tmp_path / "runs", "--", *extra))
         assert needle in line, line
     assert not (tmp_path / "runs").exists()
@@ -445,7 +462,7 @@ def test_output_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
         assert r.returncode == 141 and r.stderr == "", (where, r.stderr)
 
 
-def test_config_files_that_repeat_a_key_hold_null_or_name_a_folder_and_numpy_numbers(tmp_path):
+def test_config_files_that_repeat_a_key_hold_null_or_name_a_folder_and_numpy_numbers(tmp_path, capsys):
     import numpy as np
 
     from tdmpc.config import from_dict
@@ -454,6 +471,6 @@ def test_config_files_that_repeat_a_key_hold_null_or_name_a_folder_and_numpy_num
     (tmp_path / "null.json").write_text("null")
     for cfg, needle in ((tmp_path / "dup.json", "sets 'steps' twice"), (tmp_path / "null.json", "not null"),
                         (tmp_path, "give a config file"), ("", "give a config file")):
-        assert needle in one_line_error(run_train("--cfg", cfg, "--dry-run")), cfg
+        assert needle in one_line_error(cli(capsys, "tdmpc.train", "--cfg", cfg, "--dry-run")), cfg
     cfg = from_dict({"seed": np.int64(3), "lr": np.float32(0.5)})
     assert cfg.seed == 3 and type(cfg.seed) is int and cfg.lr == 0.5
