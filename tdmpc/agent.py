@@ -461,6 +461,7 @@ class Agent:
         the discount; a multi-task one acts on the task passed to act(). `overrides` are Config fields
         (e.g. num_samples=256, mpc=False)."""
         from tdmpc.envs import episode_length, make_env  # the envs pull in gymnasium; acting needs them only here
+        from tdmpc.envs.tensor import is_tensor_task
 
         over = {**overrides, "device": device, **({"task": task} if task else {})}
         ck = checkpoint.read_checkpoint(path, over)
@@ -468,7 +469,7 @@ class Agent:
             raise CheckpointError(f"{path}: a reference TD-MPC2 checkpoint does not name its task; "
                                              f"give the task it was trained on (--task walker-walk, or "
                                              f"task='walker-walk' from Python)")
-        if task is not None and not ck.dims.multitask:  # a model for other sizes is refused before it acts
+        if task is not None and not ck.dims.multitask and not is_tensor_task(task):  # other sizes: refused now
             env, spec = make_env(task, seed=0, obs=ck.cfg.obs, action_repeat=ck.cfg.action_repeat)
             env.close()
             checkpoint.check_dims_match(ck.dims, spec.obs_shape, spec.action_dim, spec.discrete, spec.task, str(path))

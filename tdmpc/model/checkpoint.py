@@ -166,12 +166,15 @@ def check_dims_match(dims: ModelDims, obs_shape: tuple[int, ...], action_dim: in
                      source: str) -> None:
     """A model made for other observation or action sizes, or the other kind of actions, than the task's is a
     one-line error."""
-    def actions(n: int, discrete: bool) -> str:
-        return f"{n} discrete actions" if discrete else f"continuous actions of dim {n}"
-
     if (tuple(dims.obs_shape), dims.action_dim, dims.discrete) != (tuple(obs_shape), action_dim, discrete):
-        raise CheckpointError(
-            f"{source}: model is for obs {tuple(dims.obs_shape)} / {actions(dims.action_dim, dims.discrete)}, but "
-            f"task '{task}' has obs {tuple(obs_shape)} / {actions(action_dim, discrete)}")
+        model = describe_sizes(dims.obs_shape, dims.action_dim, dims.discrete)
+        raise CheckpointError(f"{source}: model is for {model}, but task '{task}' has "
+                              f"{describe_sizes(obs_shape, action_dim, discrete)}")
+
+
+def describe_sizes(obs_shape: tuple[int, ...], action_dim: int, discrete: bool) -> str:
+    """'obs (3,) / continuous actions of dim 1', as size-mismatch messages name them."""
+    actions = f"{action_dim} discrete actions" if discrete else f"continuous actions of dim {action_dim}"
+    return f"obs {tuple(obs_shape)} / {actions}"
 
 

@@ -54,16 +54,14 @@ def _check_task(task: str, obs_type: str, obs_shape: tuple[int, ...], action_dim
                 buffer_path: Path) -> None:
     """A buffer whose sizes are not the task's is refused before a dataset is labelled with that task."""
     from tdmpc.envs import make_env
+    from tdmpc.model.checkpoint import describe_sizes
 
     env, spec = make_env(task, seed=0, obs=obs_type)
     env.close()
-
-    def kind(shape: tuple[int, ...], n: int, disc: bool) -> str:
-        return f"obs {shape} / " + (f"{n} discrete actions" if disc else f"continuous actions of dim {n}")
-
     if (spec.obs_shape, spec.action_dim, spec.discrete) != (obs_shape, action_dim, discrete):
-        raise DatasetError(f"{buffer_path} holds {kind(obs_shape, action_dim, discrete)}, but task '{task}' has "
-                           f"{kind(spec.obs_shape, spec.action_dim, spec.discrete)}: name the task the run trained on")
+        raise DatasetError(f"{buffer_path} holds {describe_sizes(obs_shape, action_dim, discrete)}, but task '{task}' "
+                           f"has {describe_sizes(spec.obs_shape, spec.action_dim, spec.discrete)}: name the task the "
+                           f"run trained on")
 
 
 def convert_buffer(buffer_path: str | Path, out_path: str | Path, task: str, obs_type: str | None = None,
