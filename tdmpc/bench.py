@@ -24,12 +24,11 @@ from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import torch
-import tyro
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from tdmpc.errors import one_line_parse_errors
+from tdmpc.errors import parse_args
 from tdmpc.model import fused
 from tdmpc.runtime import cuda_graphs
 from tdmpc.runtime.files import json_text
@@ -529,8 +528,7 @@ def count_kernels(out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    with one_line_parse_errors("python -m tdmpc.bench"):
-        args = tyro.cli(BenchArgs, args=argv, prog="python -m tdmpc.bench", description=__doc__.splitlines()[0])
+    args = parse_args(BenchArgs, argv, "python -m tdmpc.bench", __doc__.splitlines()[0])
     device = resolve_device(args.device)
     set_threads(args.threads)
     if args.kernels:

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from tdmpc.agent import Agent
-from tdmpc.errors import EXIT_OK, BadInput, one_line_parse_errors, run_cli
+from tdmpc.errors import EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.offline.writer import DatasetWriter
 from tdmpc.runtime.device import set_threads
 from tdmpc.envs import make_env, make_envs
@@ -51,11 +51,7 @@ class CollectArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import tyro
-
-    with one_line_parse_errors("python -m tdmpc.collect"):
-        args = tyro.cli(CollectArgs, args=argv, prog="python -m tdmpc.collect",
-                        description=__doc__.splitlines()[0])
+    args = parse_args(CollectArgs, argv, "python -m tdmpc.collect", __doc__.splitlines()[0])
     return run_cli(lambda: collect(args))
 
 

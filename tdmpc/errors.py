@@ -14,7 +14,7 @@ import io
 import os
 import re
 import sys
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C that stopped a command at once (128 + SIGINT, as shells report it)
@@ -134,3 +134,14 @@ def _condensed(box: str) -> str:
     kept = [" ".join(s) for s in sections if s and not s[0].startswith(("For full helptext", "Argument helptext"))]
     text = "; ".join(kept)
     return re.sub(r"\s+", " ", text if text.startswith(title) else f"{title}: {text}")
+
+
+T = TypeVar("T")
+
+
+def parse_args(cls: type[T], argv: list[str] | None, prog: str, description: str) -> T:
+    """A command's flags (tyro), a parse error as one line (one_line_parse_errors)."""
+    import tyro
+
+    with one_line_parse_errors(prog):
+        return tyro.cli(cls, args=argv, prog=prog, description=description)

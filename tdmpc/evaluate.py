@@ -18,7 +18,7 @@ from tdmpc.agent import Agent
 from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
 from tdmpc.episodes import check_video_path, run_episodes, run_tensor_episodes
-from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, one_line_parse_errors, run_cli
+from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.model.checkpoint import check_dims_match
 from tdmpc.runtime.device import set_threads
 from tdmpc.runtime.files import json_text
@@ -60,10 +60,7 @@ class EvalArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import tyro
-
-    with one_line_parse_errors("python -m tdmpc.evaluate"):
-        args = tyro.cli(EvalArgs, args=argv, prog="python -m tdmpc.evaluate", description=__doc__.splitlines()[0])
+    args = parse_args(EvalArgs, argv, "python -m tdmpc.evaluate", __doc__.splitlines()[0])
     return run_cli(lambda: evaluate(args))
 
 

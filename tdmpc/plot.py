@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import tyro
 
-from tdmpc.errors import BadInput, one_line_parse_errors, run_cli
+from tdmpc.errors import BadInput, parse_args, run_cli
 from tdmpc.report.curves import check_figure_path, draw, group_runs
 
 
@@ -29,8 +29,7 @@ class PlotArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    with one_line_parse_errors("python -m tdmpc.plot"):
-        args = tyro.cli(PlotArgs, args=argv, prog="python -m tdmpc.plot", description=__doc__.splitlines()[0])
+    args = parse_args(PlotArgs, argv, "python -m tdmpc.plot", __doc__.splitlines()[0])
 
     def go() -> int:
         if not args.runs:

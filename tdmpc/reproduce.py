@@ -22,9 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-import tyro
-
-from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, one_line_parse_errors,
+from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, parse_args,
                           run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import find_runs, gather
@@ -275,8 +273,7 @@ def submit_slurm(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     argv, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    with one_line_parse_errors("python -m tdmpc.reproduce"):
-        args = tyro.cli(ReproduceArgs, args=argv, prog="python -m tdmpc.reproduce", description=__doc__)
+    args = parse_args(ReproduceArgs, argv, "python -m tdmpc.reproduce", __doc__)
     return run_cli(lambda: _main(args, extra))
 
 

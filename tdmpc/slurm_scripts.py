@@ -15,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-import tyro
-
-from tdmpc.errors import EXIT_OK, BadInput, one_line_parse_errors, run_cli
+from tdmpc.errors import EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.runtime.files import shipped_dir
 
 SCRIPTS = shipped_dir("slurm")
@@ -30,9 +28,7 @@ class SlurmArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    with one_line_parse_errors("python -m tdmpc.slurm_scripts"):
-        args = tyro.cli(SlurmArgs, args=argv, prog="python -m tdmpc.slurm_scripts",
-                        description=__doc__.splitlines()[0])
+    args = parse_args(SlurmArgs, argv, "python -m tdmpc.slurm_scripts", __doc__.splitlines()[0])
     return run_cli(lambda: _main(args))
 
 
