@@ -295,17 +295,17 @@ def validate(cfg: Config) -> Config:
 
     positive = ("steps", "num_envs", "update_every", "batch_size", "buffer_size", "iterations",
                 "num_samples", "num_elites", "horizon", "num_channels", "simnorm_dim", "eval_freq",
-                "save_every", "log_every")
+                "save_every", "log_every", "updates_per_round")
     for field in fields(cfg):  # inf or nan in any float field (--lr inf) is never meant
         value = getattr(cfg, field.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise bad(field.name, "must be a finite number")
-    for name in positive:
-        if getattr(cfg, name) < 1:
+    for name in positive:  # updates_per_round may be None (chosen later)
+        if (value := getattr(cfg, name)) is not None and value < 1:
             raise bad(name, "must be >= 1")
     if cfg.seed < 0:
         raise bad("seed", "must be >= 0 (gymnasium and numpy take non-negative seeds)")
-    for name in ("updates_per_round", "num_pi_trajs", "eval_episodes"):
+    for name in ("num_pi_trajs", "eval_episodes"):
         if (getattr(cfg, name) or 0) < 0:
             raise bad(name, "must be >= 0")
     if cfg.plan_chunk_envs is not None and cfg.plan_chunk_envs < 1:

@@ -382,6 +382,19 @@ def test_a_damaged_config_json_is_one_line_for_plot(finished, tmp_path, capsys):
     assert "config.json is damaged" in one_line_error(cli(capsys, "tdmpc.plot", run, "--out", tmp_path / "p.png"))
 
 
+@pytest.mark.parametrize("content,needle", [(b"garbage,stuff\n1,2\n", "no env_step, episode_return column"),
+                                            (b"env_step,episode_return\n0,abc\n", "line 2: not a number"),
+                                            (b"\x00\x01\xff\n", "not a text file")])
+def test_an_eval_csv_that_is_not_ours_is_one_line_for_plot(finished, tmp_path, capsys, content, needle):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    (run / "eval.csv").write_bytes(content)
+    assert needle in one_line_error(cli(capsys, "tdmpc.plot", run, "--out", tmp_path / "p.png"))
+    assert not (tmp_path / "p.png").exists()
+
+
 def test_parse_errors_of_every_cli_are_one_line_pointing_to_help(tmp_path, capsys):
     for module, args, needle in (("tdmpc.train", ["--steps", "abc"], "Error parsing --steps"),
                                  ("tdmpc.evaluate", ["--bogus"], "Unrecognized options: --bogus"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,20 +59,41 @@ def read_run(run_dir: Path) -> list[Series]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"{cfg_file} is damaged ({e}); restore it or move it aside to plot this run by its "
                        f"directory name") from None
-    with open(eval_csv, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("episode_return")]
     exp_name = cfg.get("exp_name", "default")
-    by_task: dict[str, list[dict]] = defaultdict(list)
-    for r in rows:
-        by_task[r.get("task") or cfg.get("task", run_dir.name)].append(r)
+    by_task: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    for task, point in _eval_points(eval_csv, cfg.get("task", run_dir.name)):
+        by_task[task].append(point)
     by_task.pop("mean", None)
     if len(by_task) > 1:
         exp_name += ", multi-task"
-    return [Series(run_dir, task, exp_name, np.array([int(float(r["env_step"])) for r in rs]) // len(by_task),
-                   np.array([float(r["episode_return"]) for r in rs]),
-                   np.array([float(r["elapsed"]) if r.get("elapsed") else np.nan for r in rs]))
-            for task, rs in by_task.items()] or [Series(run_dir, cfg.get("task", run_dir.name), exp_name,
-                                                        *(np.zeros(0),) * 3)]
+    return [Series(run_dir, task, exp_name, table[:, 0].astype(np.int64) // len(by_task), table[:, 1], table[:, 2])
+            for task, table in ((t, np.array(points)) for t, points in by_task.items())] \
+        or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3)]
+
+
+def _eval_points(eval_csv: Path, default_task: str) -> list[tuple[str, tuple[float, float, float]]]:
+    """(task, (env step, return, elapsed seconds or NaN)) of each evaluation row; a file that is not a tdmpc
+    eval.csv is one line naming it and the row, not a figure of garbage or a traceback."""
+    try:
+        with open(eval_csv, newline="") as f:
+            reader = csv.DictReader(f)
+            missing = {"env_step", "episode_return"} - set(reader.fieldnames or ())
+            if missing:
+                raise BadInput(f"{eval_csv}: not a tdmpc eval.csv (no {', '.join(sorted(missing))} column)")
+            points = []
+            for r in reader:
+                if not r.get("episode_return"):  # a row being written, or a task's row without a return
+                    continue
+                try:
+                    point = (float(r["env_step"]), float(r["episode_return"]),
+                             float(r["elapsed"]) if r.get("elapsed") else float("nan"))
+                except (TypeError, ValueError):
+                    raise BadInput(f"{eval_csv}, line {reader.line_num}: not a number where env_step, "
+                                   f"episode_return and elapsed should be") from None
+                points.append((r.get("task") or default_task, point))
+            return points
+    except UnicodeDecodeError:
+        raise BadInput(f"{eval_csv}: not a text file (a tdmpc eval.csv is CSV)") from None
 
 
 def group_runs(runs: list[Path], group: bool = True) -> list[Curve]:
@@ -121,11 +143,12 @@ def draw(curves: list[Curve], out: Path, title: str | None = None) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for c in curves:
-        mean = np.nanmean(c.returns, axis=0)
+        with warnings.catch_warnings():  # an evaluation that returned NaN in every seed is a gap, said in its log
+            warnings.simplefilter("ignore", RuntimeWarning)
+            mean, low, high = np.nanmean(c.returns, 0), np.nanmin(c.returns, 0), np.nanmax(c.returns, 0)
         (line,) = ax.plot(c.steps, mean, label=c.label, **c.style)
         if c.returns.shape[0] > 1:
-            ax.fill_between(c.steps, np.nanmin(c.returns, 0), np.nanmax(c.returns, 0), alpha=0.15,
-                            color=line.get_color())
+            ax.fill_between(c.steps, low, high, alpha=0.15, color=line.get_color())
     ax.set_xlabel("environment steps (action repeat included)")
     ax.set_ylabel("eval episode return")
     if title:
