@@ -31,7 +31,7 @@ from torch.utils.flop_counter import flop_registry
 from tdmpc.errors import parse_args
 from tdmpc.model import fused
 from tdmpc.runtime import cuda_graphs
-from tdmpc.runtime.files import json_text
+from tdmpc.runtime.files import json_text, write_text_atomic
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, validate
@@ -521,8 +521,7 @@ def count_kernels(out: Path) -> int:
               f"32 envs {r['plan_kernels_eager_32env']} / {r['plan_kernels_compiled_32env']}; update() B=256 "
               f"{r['update_kernels_eager']} / {r['update_kernels_compiled']}; per env step "
               f"{r['h2d_copies_per_env_step']} host-to-device copies, {r['blocking_waits_per_env_step']} host waits")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json_text(result))
+    write_text_atomic(out, json_text(result))
     print(f"wrote {out}")
     return 0
 
@@ -535,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         return count_kernels(args.kernels_out)
     if args.tensor_envs:
         out = bench_tensor_envs(device, (64, 256), 10 if args.quick else 40, torch.get_num_threads())
-        args.tensor_envs_out.write_text(json_text(out))
+        write_text_atomic(args.tensor_envs_out, json_text(out))
         print(f"wrote {args.tensor_envs_out}")
         return 0
     reps = 5 if args.quick else 20
@@ -585,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
         print("benchmarking offline sampling...", file=sys.stderr)
         result["offline"] = bench_offline(min(args.sizes), device, args.offline_rows, offline)
     print_table(result)
-    args.out.write_text(json_text(result))
+    write_text_atomic(args.out, json_text(result))
     print(f"\nwrote {args.out}")
     return 0
 

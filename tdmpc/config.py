@@ -23,7 +23,7 @@ import tyro
 from tdmpc.errors import ConfigError, one_line_parse_errors
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.settings import MPPIConfig
-from tdmpc.runtime.files import shipped_dir
+from tdmpc.runtime.files import shipped_dir, write_text_atomic
 from tdmpc.tasks.sets import expand
 
 if TYPE_CHECKING:
@@ -466,7 +466,7 @@ def load_json(name: str, base: Config | None = None) -> Config:
 
 
 def save_json(cfg: Config, path: Path) -> None:
-    path.write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
+    write_text_atomic(path, json.dumps(cfg.to_dict(), indent=2) + "\n")  # a resume reads it: never half of one
 
 
 T = TypeVar("T")

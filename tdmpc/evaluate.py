@@ -21,7 +21,7 @@ from tdmpc.episodes import check_video_path, run_episodes, run_tensor_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.model.checkpoint import check_dims_match
 from tdmpc.runtime.device import set_threads
-from tdmpc.runtime.files import json_text
+from tdmpc.runtime.files import json_text, write_text_atomic
 from tdmpc.tasks.sets import task_set_name
 
 
@@ -130,8 +130,7 @@ def evaluate(args: EvalArgs) -> int:
     task_name = cfg.task.replace("/", "_").replace(":", "_")  # a namespaced id (phys2d/Pendulum-v0) is one name
     report = args.report or args.checkpoint.with_name(f"eval_{task_name}_seed{args.seed}.json")
     try:
-        report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(json_text(summary))
+        write_text_atomic(report, json_text(summary))
     except OSError as e:
         print(f"error: the report could not be written to {report} ({e.strerror or e}); the result is above. "
               f"Choose another place with --report PATH", file=sys.stderr)

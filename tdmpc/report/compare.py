@@ -19,6 +19,7 @@ import numpy as np
 from tdmpc.errors import BadInput
 from tdmpc.report.curves import Curve, Series, draw, group_series, read_run
 from tdmpc.report.published import ALGORITHMS, Published, load_published, solved_threshold
+from tdmpc.runtime.files import atomic_write, write_text_atomic
 
 
 @dataclass
@@ -154,10 +155,14 @@ def write_markdown(rows: list[Row], path: Path, at: int, bar: float) -> None:
     for r in (r for r in checked if r.threshold is not None):
         lines += ["", f"{r.task}: no published TD-MPC2 curve; the result is against gymnasium's solved threshold "
                       f"(`reward_threshold`), {r.threshold:g}."]
-    path.write_text("\n".join(lines) + "\n")
+    write_text_atomic(path, "\n".join(lines) + "\n")
 
 
 def write_csv(rows: list[Row], path: Path) -> None:
+    atomic_write(path, lambda tmp: _write_csv(rows, tmp))
+
+
+def _write_csv(rows: list[Row], path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["task", "exp_name", "env_step", "seeds", "ours_mean", "ours_std",

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from tdmpc.errors import BadInput
+from tdmpc.runtime.files import atomic_write
 
 
 @dataclass
@@ -156,7 +157,6 @@ def draw(curves: list[Curve], out: Path, title: str | None = None) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out)
+    atomic_write(out, fig.savefig, suffix=out.suffix)  # savefig picks the format by the name's extension
     plt.close(fig)
     return out

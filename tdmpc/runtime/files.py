@@ -54,6 +54,12 @@ def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp")
             os.unlink(tmp)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """path.write_text(text) through atomic_write: a reader or a crash never sees half of it, and a failed write
+    keeps what the file held."""
+    atomic_write(path, lambda tmp: tmp.write_text(text))
+
+
 def keep_previous(path: Path, previous: Path) -> None:
     """Make `previous` the file `path` holds now (a hard link, else a copy), atomically, before `path` is replaced:
     a checkpoint damaged later still has its predecessor to fall back to."""

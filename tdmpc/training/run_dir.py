@@ -22,6 +22,7 @@ from typing import IO
 
 from tdmpc.config import Config, from_dict, read_json
 from tdmpc.errors import CheckpointError, ConfigError, RunDirError
+from tdmpc.runtime.files import write_text_atomic
 
 
 
@@ -196,5 +197,5 @@ def wandb_run_id(run_dir: Path) -> str:
     if path.is_file():
         return path.read_text().strip()
     run_id = uuid.uuid4().hex[:12]
-    path.write_text(run_id + "\n")
+    write_text_atomic(path, run_id + "\n")
     return run_id
