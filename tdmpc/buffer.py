@@ -291,10 +291,11 @@ class TensorReplayBuffer(ReplayBuffer):
         self._ptr = torch.where(mask, (self._ptr + 1) % self.C, self._ptr)
         self.filled = min(self.C, self.filled + 1)
 
-    def start(self, obs: Tensor, envs: Tensor | np.ndarray | None = None) -> None:
-        """Begin an episode in the envs where the mask `envs` (N,) is True (all when None)."""
-        mask = torch.ones(self.N, dtype=torch.bool, device=self.storage) if envs is None else \
-            torch.as_tensor(envs, device=self.storage)
+    def start(self, obs: Tensor, mask: Tensor | np.ndarray | None = None) -> None:
+        """Begin an episode in the envs where `mask` (N,) is True (all when None), obs (N, ...) for every env: a
+        mask, not the host buffer's env indices, so that nothing reads the device's values on the host."""
+        mask = torch.ones(self.N, dtype=torch.bool, device=self.storage) if mask is None else \
+            torch.as_tensor(mask, device=self.storage)
         obs = obs.to(self.storage)
         self._write("obs", mask, obs)
         for name, zero in (("action", 0), ("reward", 0.0), ("terminated", False)):
