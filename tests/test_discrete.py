@@ -18,7 +18,7 @@ from tdmpc.buffer import ReplayBuffer
 from tdmpc.config import Config, validate
 from tdmpc.envs import make_env, make_vector_env
 from tdmpc.errors import CheckpointError, DatasetError, TaskError
-from tdmpc.model.world_model import ModelDims, WorldModel
+from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy
 from tdmpc.offline.format import open_dataset, read_episodes
 from tdmpc.offline.writer import DatasetWriter
 from tdmpc.planners.categorical import WARM_START, CategoricalMPPI, sample_one_hot
@@ -147,6 +147,31 @@ def test_the_categorical_prior_samples_one_hot_actions_and_its_entropy_is_the_ca
     low = torch.stack([q.min(0).values for q in every], -1).min(-1).values
     high = torch.stack([q.max(0).values for q in every], -1).max(-1).values
     assert ((q_value >= low - 1e-5) & (q_value <= high + 1e-5)).all()
+
+
+def test_every_actions_q_in_one_pass_is_q_of_each_one_hot_action():
+    """action_values computes the first layer's product with z once and adds each action's weight column: the same
+    values as Q of z with each one-hot action, for chosen heads, all, the target (flat) heads and under dropout."""
+    torch.manual_seed(0)
+    m = _discrete_model(n=3, dropout=0.3)
+    for p in m._Qs.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    z = torch.randn(4, 6, m.latent_dim)
+    heads = torch.tensor([1, 0])
+    m.eval()
+    flat = planning_copy(m, torch.float32)  # its Q heads are views into one flat tensor per dtype
+    for model in (m, flat):
+        for target in (False, True):
+            for chosen in (heads, torch.arange(m.num_q)):
+                each = torch.stack([model.decode(model.Q(z, torch.eye(3)[a].expand(4, 6, 3), None, chosen,
+                                                         target=target)).squeeze(-1) for a in range(3)], -1)
+                assert torch.allclose(model.action_values(z, None, chosen, target=target), each, atol=1e-5)
+    m.train()  # dropout: the same draws mask the same (row, action) units
+    torch.manual_seed(1)
+    with_dropout = m.action_values(z, None, heads, detach=True)
+    torch.manual_seed(1)
+    looped = torch.cat([z.unsqueeze(-2).expand(4, 6, 3, m.latent_dim), torch.eye(3).expand(4, 6, 3, 3)], -1)
+    assert torch.allclose(with_dropout, m.decode(m._Qs(looped, heads, True)).squeeze(-1), atol=1e-5)
 
 
 def test_the_entropy_term_alone_drives_the_prior_towards_uniform():

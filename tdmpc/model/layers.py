@@ -95,11 +95,14 @@ class EnsembleLinear(nn.Module):
         return [getattr(owner, name) for owner, name in _param_owners(self)]
 
     def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False,
-                chosen: list[Tensor] | None = None) -> Tensor:
+                chosen: list[Tensor] | None = None, every_action: int = 0) -> Tensor:
         """x: (M, in) shared by all heads, or (heads, M, in). Returns (heads, M, out).
 
         `heads` selects a subset (only those heads are computed), or `chosen` gives their parameters already
-        selected; `detach` blocks gradients into the weights while letting them flow into x.
+        selected; `detach` blocks gradients into the weights while letting them flow into x. every_action=n: the
+        last n inputs are a one-hot action, left out of x (M, in - n), and each row is taken with each of the n
+        actions: (heads, M * n, out), rows (m, action) in that order. A one-hot action adds its weight column to
+        the rest's product, so that product is computed once per row, not once per action.
         """
         params = chosen if chosen is not None else self.params()
         if heads is not None and chosen is None:
@@ -107,6 +110,8 @@ class EnsembleLinear(nn.Module):
         if detach:
             params = [p.detach() for p in params]
         w, b = params[0], params[1]
+        if every_action:
+            w, w_action = w[..., :-every_action], w[..., -every_action:]
         if x.dim() == 2 and chosen is not None:  # views into flat heads (planning): one batched matmul, no copies
             y = torch.baddbmm(b.unsqueeze(1), x.expand(w.shape[0], -1, -1), w.transpose(1, 2))
         elif x.dim() == 2:  # one input for every head: a single GEMM over the stacked (heads*out, in) weight,
@@ -116,6 +121,8 @@ class EnsembleLinear(nn.Module):
             y = y.view(x.shape[0], n_heads, out).transpose(0, 1).contiguous()
         else:
             y = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        if every_action:
+            y = (y.unsqueeze(2) + w_action.transpose(1, 2).contiguous().unsqueeze(1)).flatten(1, 2)  # a row-major sum
         if self.ln is None:
             return y
         if self.dropout and self.training:
@@ -134,13 +141,14 @@ class Ensemble(nn.Sequential):
         self.num = num
         self._flat: list[Tensor] = []  # flatten_heads(): one (num, P) tensor per dtype
 
-    def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False) -> Tensor:
-        """x: (..., in) -> (heads, ..., out)."""
-        lead = x.shape[:-1]
+    def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False, every_action: int = 0) -> Tensor:
+        """x: (..., in) -> (heads, ..., out). every_action=n: x holds the inputs without the one-hot action that
+        ends them, (..., in - n), and the result is each row's with each of the n actions, (heads, ..., n, out)."""
+        lead = (*x.shape[:-1], every_action) if every_action else x.shape[:-1]
         y = x.reshape(-1, x.shape[-1])
         chosen = self._chosen(heads) if heads is not None and self._flat and not detach else None
         for i, layer in enumerate(self):
-            y = layer(y, heads, detach, None if chosen is None else chosen[i])
+            y = layer(y, heads, detach, None if chosen is None else chosen[i], every_action if i == 0 else 0)
         return y.view(y.shape[0], *lead, y.shape[-1])
 
     def flatten_heads(self) -> None:

@@ -322,11 +322,11 @@ class WorldModel(nn.Module):
 
     def action_values(self, z: Tensor, task: Task, heads: Tensor, target: bool = False,
                       detach: bool = False) -> Tensor:
-        """A discrete model's Q of each of its n actions at z (..., L), from the given heads: (heads, ..., n)."""
-        n = self.dims.action_dim
-        every = torch.eye(n, device=z.device, dtype=z.dtype).expand(*z.shape[:-1], n, n)
-        zs = z.unsqueeze(-2).expand(*z.shape[:-1], n, z.shape[-1])
-        return self.decode(self.Q(zs, every, task, heads, target=target, detach=detach)).squeeze(-1)
+        """A discrete model's Q of each of its n actions at z (..., L), from the given heads: (heads, ..., n); Q of
+        z with each one-hot action, its first layer's product with z computed once (Ensemble's every_action)."""
+        net = self._target_Qs if target else self._Qs
+        logits = net(self._with_task(z, task), heads, detach, every_action=self.dims.action_dim)
+        return self.decode(logits).squeeze(-1)
 
     def action_input(self, action: Tensor) -> Tensor:
         """Actions as the envs take them (and the replay buffer stores them) -> what the networks read: a discrete
