@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, T
 
 import tyro
 
-from tdmpc.errors import ConfigError, one_line_parse_errors
+from tdmpc.errors import ConfigError, one_line_parse_errors, optional_bool_flags
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.settings import MPPIConfig
 from tdmpc.runtime.files import shipped_dir, write_text_atomic
@@ -54,7 +54,8 @@ class _Task:
     obs: Literal["state", "rgb"] = "state"
     """Observation type: state vectors, or 64x64 RGB frames (DMC)."""
     episodic: Optional[bool] = None
-    """Learn a termination head and stop planned returns at predicted terminations. None: what the task declares."""
+    """Learn a termination head and stop planned returns at predicted terminations. None: what the task declares.
+    --episodic / --no-episodic."""
     action_repeat: Optional[int] = None
     """Env steps per agent decision, rewards summed. None: 2 for DMC, 1 for gymnasium tasks."""
 
@@ -83,7 +84,8 @@ class _Training:
     overlap_updates: Optional[bool] = None
     """Run the updates due after a step once the next step's actions are chosen, so a GPU does them while the host
     steps the envs (the reference waits for them before planning: each action sees one round of updates more).
-    None: on with a CUDA device and host envs, where it hides the env step; off elsewhere (nothing to overlap)."""
+    None: on with a CUDA device and host envs, where it hides the env step; off elsewhere (nothing to overlap).
+    --overlap-updates / --no-overlap-updates."""
     batch_size: int = 256
     """Sub-trajectories per gradient step."""
     buffer_size: int = 1_000_000
@@ -477,6 +479,7 @@ def parse_cli(run_args: type[T], argv: list[str], base_for: Callable[[T], Config
     """Two tyro passes over argv: `run_args` first (its flags may choose the base config: --cfg, --resume),
     then every Config field as a flat kebab-case flag over `base_for(run)`. Returns the run args, the
     validated config, the base, and the names of the Config fields given on the command line."""
+    argv = optional_bool_flags(argv, run_args, Config)
     with one_line_parse_errors(prog or "python -m tdmpc.train"):
         run, _ = tyro.cli(run_args, args=argv, return_unknown_args=True, add_help=False, prog=prog)
     base = base_for(run)

@@ -144,4 +144,26 @@ def parse_args(cls: type[T], argv: list[str] | None, prog: str, description: str
     import tyro
 
     with one_line_parse_errors(prog):
-        return tyro.cli(cls, args=argv, prog=prog, description=description)
+        return tyro.cli(cls, args=optional_bool_flags(argv, cls), prog=prog, description=description)
+
+
+def optional_bool_flags(argv: list[str] | None, *classes: type) -> list[str]:
+    """argv with `--name` and `--no-name` of the classes' Optional[bool] fields (None: decided later) written as
+    `--name True` and `--name False`: tyro gives such a field only the value form, `--name {None,True,False}`, where
+    a bool field gets the flag pair users type."""
+    import dataclasses
+    import typing
+
+    names = {f.name.replace("_", "-") for c in classes for f in dataclasses.fields(c)
+             if typing.get_type_hints(c)[f.name] == typing.Optional[bool]}
+    args = list(sys.argv[1:] if argv is None else argv)
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        given_value = i + 1 < len(args) and args[i + 1] in ("None", "True", "False")
+        if arg.startswith("--no-") and arg[5:] in names:
+            out += [f"--{arg[5:]}", "False"]
+        elif arg.startswith("--") and arg[2:] in names and not given_value:
+            out += [arg, "True"]
+        else:
+            out.append(arg)
+    return out

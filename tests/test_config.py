@@ -82,6 +82,24 @@ class _Run:
     cfg: str | None = None
 
 
+@pytest.mark.parametrize("argv,episodic,overlap", [
+    (["--episodic"], True, None), (["--no-episodic"], False, None), (["--episodic", "False"], False, None),
+    (["--overlap-updates", "--episodic", "None"], None, True), (["--no-overlap-updates"], None, False)])
+def test_optional_bool_fields_take_the_flag_pair_and_the_value_form(argv, episodic, overlap):
+    """tyro gives Optional[bool] fields only `--name {None,True,False}`; --name and --no-name work as for a bool."""
+    _, cfg, _, found = parse_cli(_Run, argv, lambda run: Config())
+    assert (cfg.episodic, cfg.overlap_updates) == (episodic, overlap)
+    assert found == {name for name, v in (("episodic", "episodic"), ("overlap_updates", "overlap")) if v in " ".join(argv)}
+
+
+def test_bench_takes_no_overlap_updates():
+    from tdmpc.bench import BenchArgs
+    from tdmpc.errors import parse_args
+
+    assert parse_args(BenchArgs, ["--no-overlap-updates"], "bench", "").overlap_updates is False
+    assert parse_args(BenchArgs, [], "bench", "").overlap_updates is None
+
+
 @pytest.mark.parametrize("argv,given", [
     ([], set()),
     (["--model-size", "1"], {"model_size"}),  # equal to the base's value: still given
