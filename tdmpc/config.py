@@ -358,6 +358,12 @@ def validate(cfg: Config) -> Config:
             raise bad(name, "must be >= 2" if name == "num_q" else "must be >= 1")
     if cfg.sizes()["latent_dim"] % cfg.simnorm_dim:
         raise bad("simnorm_dim", f"must divide latent_dim ({cfg.sizes()['latent_dim']})")
+    latent = cfg.sizes()["latent_dim"]
+    if cfg.obs == "rgb" and latent != 16 * cfg.num_channels:  # the pixel encoder's output is the latent
+        fits = f"--num-channels {latent // 16}" if latent % 16 == 0 else "a latent_dim that is a multiple of 16"
+        raise bad("num_channels", f"{cfg.num_channels} gives pixel observations a latent of 16 x {cfg.num_channels} = "
+                                  f"{16 * cfg.num_channels}, but latent_dim is {latent}: use {fits}, or a model "
+                                  f"size with latent_dim {16 * cfg.num_channels} (--model-size 5)")
     if cfg.buffer_size < cfg.num_envs * max(1, len(expand(cfg.task))) * (cfg.horizon + 2):
         raise bad("buffer_size", f"too small to hold a sub-trajectory of horizon {cfg.horizon} per env")
     if cfg.device not in ("auto", "cpu", "cuda") and not (cfg.device.startswith("cuda:") and cfg.device[5:].isdigit()):
