@@ -364,8 +364,13 @@ def validate(cfg: Config) -> Config:
         raise bad("num_channels", f"{cfg.num_channels} gives pixel observations a latent of 16 x {cfg.num_channels} = "
                                   f"{16 * cfg.num_channels}, but latent_dim is {latent}: use {fits}, or a model "
                                   f"size with latent_dim {16 * cfg.num_channels} (--model-size 5)")
-    if cfg.buffer_size < cfg.num_envs * max(1, len(expand(cfg.task))) * (cfg.horizon + 2):
+    envs = cfg.num_envs * max(1, len(expand(cfg.task)))
+    if cfg.buffer_size < envs * (cfg.horizon + 2):
         raise bad("buffer_size", f"too small to hold a sub-trajectory of horizon {cfg.horizon} per env")
+    seed_floor = envs * (cfg.action_repeat or 1) * cfg.horizon  # the first update samples a sub-trajectory
+    if cfg.seed_steps is not None and cfg.seed_steps < seed_floor and not cfg.dataset:
+        raise bad("seed_steps", f"too few for {envs} env(s) to each hold a sub-trajectory of horizon {cfg.horizon} "
+                                f"before the first update: at least {seed_floor:,} env steps (action repeat included)")
     if cfg.device not in ("auto", "cpu", "cuda") and not (cfg.device.startswith("cuda:") and cfg.device[5:].isdigit()):
         raise bad("device", "use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if cfg.threads is not None and cfg.threads < 1:
