@@ -170,6 +170,8 @@ class Agent:
 
         first_step marks envs whose episode just began (True for all at the first call of an
         episode): their plan starts afresh instead of from the last plan's mean. Default: none.
+        eval_mode: act as evaluation does (the plan's mean, a discrete plan's most probable action) instead of
+        with training's exploration noise.
         task: a multi-task model's task of each observation (a name or id, or one per row).
 
         Integer or bool observations are converted as training converts them (to float32; pixels stay uint8).

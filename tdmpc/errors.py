@@ -62,6 +62,11 @@ class BadInput(ValueError):
     """Any other input the user can fix; one line."""
 
 
+class RunFailed(RuntimeError):
+    """tdmpc.fit's run stopped on an error it reported (out of memory, NaN from an env, a failed write) after
+    keeping its last checkpoint: where the command exits 1."""
+
+
 class DiskError(OSError):
     """A write that failed or would fail for lack of space or permission; one line with the free space."""
 

@@ -72,6 +72,43 @@ def test_train_from_python_returns_the_run_and_an_agent_that_acts_on_one_observa
     assert loaded.cfg.task == "Pendulum-v1" and loaded.act(obs, first_step=True).shape == (1,)
 
 
+@pytest.mark.parametrize("signame,raised", [("SIGINT", KeyboardInterrupt), ("SIGTERM", SystemExit)])
+def test_a_stop_signal_during_fit_writes_a_checkpoint_then_acts_as_the_signal(tmp_path, signame, raised):
+    """Ctrl-C raises KeyboardInterrupt and a scheduler's SIGTERM exits with the requeue code, after the checkpoint:
+    a script (or a Slurm job) calling fit() does not carry on as if training had finished."""
+    import os
+    import signal
+
+    import torch
+
+    def signal_at_first_log(row: dict) -> None:
+        os.kill(os.getpid(), getattr(signal, signame))
+
+    with pytest.raises(raised) as e:
+        tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=signal_at_first_log, **TINY)
+    if raised is SystemExit:
+        assert e.value.code == 3
+    ck = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)
+    assert ck["train"]["env_step"] == 100 and not ck["train"]["finished"]
+
+
+def test_fit_without_a_config_starts_where_the_train_command_does(tmp_path, monkeypatch, capsys):
+    """No GPU: cpu.json, as python -m tdmpc.train, and the same note saying so."""
+    import torch
+
+    from tdmpc.config import CPU_CONFIG, load_json
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    stop = lambda row: False  # noqa: E731
+    run_dir, agent = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=stop, steps=300, seed_steps=100,
+                               eval_episodes=1, log_every=100, threads=1, model_size=1, num_samples=32,
+                               iterations=1, num_elites=4, num_pi_trajs=4, batch_size=16)
+    cpu = load_json(CPU_CONFIG)
+    assert (agent.cfg.buffer_size, agent.cfg.horizon, agent.cfg.lr) == (cpu.buffer_size, cpu.horizon, cpu.lr)
+    out = capsys.readouterr()
+    assert "no GPU here: starting from the CPU default" in out.out + out.err  # (through the progress bar's stream)
+
+
 def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues(tmp_path):
     stop_at_first_log = lambda row: False  # noqa: E731
     run_dir, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=stop_at_first_log, **TINY)

@@ -55,11 +55,12 @@ def base_config(args: TrainArgs) -> Config:
     return load_json(CPU_CONFIG) if not torch.cuda.is_available() else Config()
 
 
-def base_note(args: TrainArgs) -> str | None:
-    """The line that says where the config came from when it is not what the user named."""
+def base_note(args: TrainArgs, gpu_settings: str = "pass --cfg a4000.json") -> str | None:
+    """The line that says where the config came from when it is not what the user named; gpu_settings: how the
+    caller asks for the reference settings instead."""
     if args.resume and args.cfg is not None:
         return f"resume: --cfg {args.cfg} ignored; the run's own config.json applies (other flags still override)"
     if not args.resume and args.cfg is None and not torch.cuda.is_available():
-        return (f"no GPU here: starting from the CPU default, configs/{CPU_CONFIG} (pass --cfg a4000.json for "
-                f"the reference GPU settings)")
+        return (f"no GPU here: starting from the CPU default, configs/{CPU_CONFIG} ({gpu_settings} for the "
+                f"reference GPU settings)")
     return None

@@ -32,7 +32,7 @@ from tdmpc.buffer import ReplayBuffer, TensorReplayBuffer
 from tdmpc.config import SIZE_FIELDS, Config, changed_fields, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
 from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vector_env
-from tdmpc.errors import BadInput, ConfigError, DeviceError
+from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import load_file
 from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder
@@ -43,6 +43,7 @@ from tdmpc.model.settings import NetworkSettings
 from tdmpc.model.world_model import ModelDims
 from tdmpc.tasks.multitask import TaskSetup, task_setup
 from tdmpc.training import speed
+from tdmpc.training.flags import TrainArgs, base_config, base_note
 from tdmpc.training.init_from import architecture_from_checkpoint, init_weights
 from tdmpc.training.offline import OfflineTrainer
 from tdmpc.training.online import OnlineTrainer, ReplayTrainer
@@ -335,9 +336,13 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     one (default: cfg.task); or a gymnasium vector env speaking torch tensors (a GPU simulator's, trained as
     it is: docs/gpu-simulators.md). An env object is used as it is for the first environment; more environments
     (num_envs > 1) and evaluation use deep copies of it. Every Config field is a keyword (steps=20_000,
-    model_size=1, ...), applied over `cfg` (default: Config()). resume=True continues the run in run_dir.
-    on_log / on_eval get each train.csv / eval.csv row as a dict; returning False stops the run (a
-    checkpoint is written, so it can be resumed)."""
+    model_size=1, ...), applied over `cfg` (default: what tdmpc.train starts from, cpu.json without a GPU).
+    resume=True continues the run in run_dir. on_log / on_eval get each train.csv / eval.csv row as a dict;
+    returning False stops the run (a checkpoint is written, so it can be resumed) and fit returns.
+
+    A stop signal also writes a checkpoint, then goes on as the signal would: Ctrl-C (SIGINT) raises
+    KeyboardInterrupt, SIGTERM or SIGUSR1 (a scheduler's) exits with tdmpc.train's requeue code, 3. A run that
+    stops on an error it reports (out of memory, ...) raises RunFailed."""
     if cfg is not None and not isinstance(cfg, Config):
         raise BadInput(f"fit(cfg=...) takes a tdmpc Config (or pass its fields as keywords), not a "
                        f"{type(cfg).__name__}")
@@ -352,14 +357,23 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
         overrides.setdefault("task", env)
     if resume and run_dir is None:
         raise BadInput("resume=True needs the run_dir of the run to continue")
-    base = saved_config(Path(run_dir)) if resume and run_dir is not None else cfg or Config()
-    config = validate(from_dict(overrides, source="fit() keywords", base=base))
     resumed = Path(run_dir) if resume and run_dir is not None else None
+    base = saved_config(resumed) if resumed else cfg or base_config(TrainArgs())
+    config = validate(from_dict(overrides, source="fit() keywords", base=base))
     trainer = open_run(RunRequest(config, resume=resumed, init_from=str(init_from) if init_from else None,
                                   given=frozenset(overrides), base=base if resume else None,
-                                  env=None if isinstance(env, str) else env, on_log=on_log, on_eval=on_eval))
+                                  env=None if isinstance(env, str) else env, on_log=on_log, on_eval=on_eval,
+                                  notes=(base_note(TrainArgs(), "cfg=tdmpc.config.load_json('a4000.json')")
+                                         if cfg is None and not resumed else None,)))
     if trainer is None:  # a resumed run that had already reached its steps
         assert resumed is not None
         return resumed, Agent.from_checkpoint(checkpoint_path(resumed), device=config.device)
-    run(trainer)
+    code = run(trainer)
+    stop = trainer.stop_reason or ""
+    if code == EXIT_REQUEUE and stop == "signal SIGINT":
+        raise KeyboardInterrupt
+    if code == EXIT_REQUEUE and stop.startswith("signal"):
+        raise SystemExit(EXIT_REQUEUE)
+    if code not in (EXIT_OK, EXIT_REQUEUE):
+        raise RunFailed(f"the run in {trainer.run_dir} stopped on the error above; its last checkpoint is kept")
     return trainer.run_dir, trainer.agent
