@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import json
 import subprocess
+import sys
 import textwrap
 
 import numpy as np
@@ -487,3 +488,9 @@ def test_config_files_that_repeat_a_key_hold_null_or_name_a_folder_and_numpy_num
         assert needle in one_line_error(cli(capsys, "tdmpc.train", "--cfg", cfg, "--dry-run")), cfg
     cfg = from_dict({"seed": np.int64(3), "lr": np.float32(0.5)})
     assert cfg.seed == 3 and type(cfg.seed) is int and cfg.lr == 0.5
+
+
+def test_wandb_without_its_package_is_one_line_before_the_run_directory(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
+    line = one_line_error(cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--run-dir", tmp_path / "run", "--wandb"))
+    assert "needs the wandb package" in line and not (tmp_path / "run").exists()

@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tdmpc.config import Config
+from tdmpc.errors import ConfigError
 from tdmpc.training.run_dir import wandb_run_id
 
 
@@ -165,7 +166,7 @@ def _wandb_run(run_dir: Path, cfg: Config):
     try:
         import wandb
     except ImportError:
-        raise SystemExit("error: --wandb needs the wandb package (pip install wandb)") from None
+        raise ConfigError("config field 'wandb' = True: needs the wandb package (pip install wandb)") from None
     group = cfg.wandb_group
     if group is None and os.environ.get("SLURM_ARRAY_JOB_ID"):
         group = f"{os.environ.get('SLURM_JOB_NAME', 'sweep')}-{os.environ['SLURM_ARRAY_JOB_ID']}"
