@@ -305,13 +305,14 @@ def open_run(req: RunRequest) -> Trainer | None:
     if setup.shard.main:
         for line in setup.notes:
             print(line, file=sys.stderr)
-    if setup.device.type == "cpu" and isinstance(trainer, ReplayTrainer):
-        speed.warn_if_slow(trainer)
     return trainer
 
 
 def run(trainer: Trainer) -> int:
-    """The loop, to the config's steps (a finished run given more steps goes on)."""
+    """The loop, to the config's steps (a finished run given more steps goes on), after a warning where a CPU
+    would take hours (a trainer driven by hand, trainer_for's, sets its own end)."""
+    if trainer.device.type == "cpu" and isinstance(trainer, ReplayTrainer):
+        speed.warn_if_slow(trainer)
     trainer.counters.finished = False
     return trainer.run()
 
