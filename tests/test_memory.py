@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,6 +141,11 @@ def test_shipped_configs_fit_their_card_with_20_percent_headroom(name, dog):
     p = memory.assess(cfg, dog.obs_shape, dog.action_dim, dog.episodic, target)
     assert p.fits and p.buffer_on_device and not p.changes, p.report("")
     assert 1 - p.estimate.total / target.capacity >= 0.20, p.report("")
+    # docs/memory.md's table of configs says the same, to the 0.01 GiB and the percent
+    row = next(ln for ln in (Path(__file__).parents[1] / "docs" / "memory.md").read_text().splitlines()
+               if ln.startswith(f"| `{name}`"))
+    said = f"{p.estimate.total / 2**30:.2f} GiB of {CARDS[name][:-2]} GB ({1 - p.estimate.total / target.capacity:.0%})"
+    assert said in row, (said, row)
 
 
 def test_a4000_is_the_reference_setting_for_dog(dog):
