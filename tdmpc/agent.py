@@ -366,6 +366,8 @@ class Agent:
         if cfg.entropy_bonus == "squashed":  # Config.entropy_bonus says why
             bonus = bonus + policy.squash_correction
         objective = cfg.entropy_coef * bonus + q / scale
+        if m.discrete and cfg.uniform_prior_coef:  # policy.log_std: the categorical's log-probabilities
+            objective = objective + cfg.uniform_prior_coef * policy.log_std.mean(-1, keepdim=True)
         if reached is not None:
             objective = objective * reached.unsqueeze(-1)
         loss = -(self._rho * objective.mean((1, 2))).mean()

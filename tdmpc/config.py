@@ -127,6 +127,11 @@ class _Losses:
     reference computes it since Dec 2024 (e9f5932); it never penalises saturated actions, and can leave the
     policy at its largest std (RESULTS.md). 'squashed': that plus the tanh correction sum log(1 - a^2), as
     the 2023 release that produced the published curves computed it: saturation lowers the bonus."""
+    uniform_prior_coef: float = 0.0
+    """Discrete actions: weight of the categorical prior's mean log-probability over its n actions (the
+    cross-entropy from uniform, negated) in its objective. Unlike the entropy's, its pull does not vanish once the
+    prior has collapsed onto one action, where no gradient reaches it and the TD targets learn that one action's
+    value (RESULTS.md, Acrobot-v1). 0: the reference's objective alone. Experimental: not yet validated by a run."""
     task_scales: bool = False
     """Multi-task models: divide each task's Q-values in the policy loss by that task's own running 5-95%
     range, as a single-task run would, instead of by one range over all tasks (the reference's). With one
@@ -316,7 +321,7 @@ def validate(cfg: Config) -> Config:
         if not getattr(cfg, name) > 0:
             raise bad(name, "must be > 0")
     for name in ("consistency_coef", "reward_coef", "value_coef", "termination_coef",
-                 "entropy_coef", "enc_lr_scale"):
+                 "entropy_coef", "uniform_prior_coef", "enc_lr_scale"):
         if getattr(cfg, name) < 0:
             raise bad(name, "must be >= 0")
     for name in ("rho", "tau"):

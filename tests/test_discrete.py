@@ -192,6 +192,25 @@ def test_the_entropy_term_alone_drives_the_prior_towards_uniform():
     assert after < np.log(3)
 
 
+def test_the_uniform_term_pulls_a_collapsed_prior_back_where_the_entropy_cannot():
+    """A prior collapsed onto one action (logits far apart) gets almost no gradient from the entropy (its pull
+    vanishes with the other actions' probabilities); uniform_prior_coef's pull is 1/n - p and stays."""
+    torch.manual_seed(0)
+    lowest = {}
+    for coef in (0.0, 1e-3):
+        cfg = validate(Config(**{**TINY, "uniform_prior_coef": coef}))
+        agent = Agent(cfg, ModelDims.from_config(cfg, (4,), 3, False, discrete=True), 200, torch.device("cpu"))
+        with torch.no_grad():
+            agent.model._pi[-1].bias.copy_(torch.tensor([30.0, 0.0, 0.0]))  # p(action 0) = 1 - 2e-13
+        zs = torch.randn(cfg.horizon + 1, 64, agent.model.latent_dim)
+        before = agent.model.pi(zs).log_std[..., 1:].mean().detach()
+        for _ in range(30):
+            agent._update_pi(zs, None)
+        lowest[coef] = float(agent.model.pi(zs).log_std[..., 1:].mean().detach() - before)  # log p's rise
+    steps = 30 * cfg.lr  # Adam moves a parameter by about lr per step where a pull persists
+    assert abs(lowest[0.0]) < 1e-3 * steps and lowest[1e-3] > steps, lowest
+
+
 def test_discrete_envs_buffer_and_random_actions():
     envs, spec = make_vector_env("CartPole-v1", 2, seed=0)
     assert spec.discrete and spec.action_dim == 2 and spec.episodic
