@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tdmpc.envs import make_env
 
@@ -37,6 +38,7 @@ def random_policy_return(episodes: int = 5) -> float:
     return total / episodes
 
 
+@pytest.mark.slow  # CI's own step (.ci/run); the default suite's learning check is CartPole's (test_discrete.py)
 def test_small_agent_learns_pendulum(tmp_path):
     assert random_policy_return() < RANDOM_RETURN_BOUND
     cfg = tmp_path / "learn.json"

@@ -294,6 +294,7 @@ def test_dataset_stream_auto_streams_what_would_not_fit_in_half_the_free_memory(
             sampler.close()
 
 
+@pytest.mark.slow  # a minute of benchmarking: CI's own step (.ci/run)
 def test_bench_quick_writes_its_json_and_table(tmp_path):
     """python -m tdmpc.bench --quick, shrunk to one size, one env count and a short warm-up."""
     out = tmp_path / "bench.json"

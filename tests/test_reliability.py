@@ -132,7 +132,7 @@ def damage(path: Path, kind: str) -> None:
         raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["truncated", "random"])
+@pytest.mark.parametrize("kind", ["truncated", pytest.param("random", marks=pytest.mark.slow)])  # (CI: both)
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, kind):
     """Each checkpoint write keeps the one before as previous.pt, with its buffer: a damaged latest.pt is kept
     aside and the run resumes from previous.pt, saying which steps run again; with neither usable, one line."""
@@ -285,8 +285,9 @@ def test_kill_9_at_random_moments_then_resume_twenty_times(tmp_path):
 
 # The phases of a run, in the order one run meets them: TDMPC_KILL_AT=<point>:<n> (tdmpc.runtime.faults) kills
 # the trainer at the n-th pass through that point. The writes are checkpoints' (a complete temp file, not yet
-# renamed): a checkpoint writes its replay buffer first, then latest.pt.
-KILL_PHASES = ["startup:1", "seeding:60", "write:2", "update:40", "evaluation:30", "update:300", "write:1"]
+# renamed): a checkpoint writes its replay buffer first, then latest.pt; write-text is config.json's write.
+KILL_PHASES = ["startup:1", "write-text:1", "seeding:60", "write:2", "update:40", "evaluation:30", "update:300",
+               "write:1"]
 
 
 def test_kill_9_in_each_phase_then_auto_resume(tmp_path):
@@ -301,6 +302,8 @@ def test_kill_9_in_each_phase_then_auto_resume(tmp_path):
                            env=_env(TDMPC_KILL_AT=phase))
         assert r.returncode == -signal.SIGKILL, f"{phase} was not reached: exit {r.returncode}\n{r.stderr}"
         assert "Traceback" not in r.stderr and "error" not in r.stderr, r.stderr
+        left = list(run.glob(".config.json.*.tmp"))
+        assert bool(left) == (phase == "write-text:1"), (phase, left)  # the next start removes it
     assert list((run / "checkpoints").glob(".*.tmp")), "the last kill, mid-write, leaves a temp file"
     r = run_train(*args, timeout=600)
     assert r.returncode == 0, r.stderr

@@ -21,9 +21,10 @@ from tdmpc.runtime.faults import kill_point
 MiB, GiB = 2**20, 2**30
 
 
-def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp") -> None:
+def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp", point: str = "write") -> None:
     """Write via `write(tmp_path)` to a temp file in the same directory, fsync, then rename. `suffix` ends the
-    temp file's name (a writer that picks the format by extension needs the real one at the end).
+    temp file's name (a writer that picks the format by extension needs the real one at the end); `point` names
+    the tests' kill point between the two (runtime.faults).
 
     A crash at any point leaves either the old file or the new one, never half of one. A write that
     fails leaves no temp file, and is an OSError naming the file (torch.save reports a write cut short
@@ -42,7 +43,7 @@ def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp")
             raise OSError(errno.ENOSPC, f"the write of {path} was cut short (is the disk full?)") from None
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
-        kill_point("write")  # the tests' kill -9 between a complete temp file and its rename
+        kill_point(point)  # the tests' kill -9 between a complete temp file and its rename
         os.replace(tmp, path)
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
@@ -57,7 +58,7 @@ def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp")
 def write_text_atomic(path: Path, text: str) -> None:
     """path.write_text(text) through atomic_write: a reader or a crash never sees half of it, and a failed write
     keeps what the file held."""
-    atomic_write(path, lambda tmp: tmp.write_text(text))
+    atomic_write(path, lambda tmp: tmp.write_text(text), point="write-text")  # "write": checkpoints' only
 
 
 def keep_previous(path: Path, previous: Path) -> None:

@@ -161,8 +161,9 @@ class RunDirLock:
 
 
 def remove_stale_temp_files(run_dir: Path) -> list[Path]:
-    """Temp files of writes a killed process left (.latest.pt.*.tmp, .buffer_*.h5.*.tmp); call with the lock held."""
-    stale = sorted((run_dir / "checkpoints").glob(".*.tmp")) if (run_dir / "checkpoints").is_dir() else []
+    """Temp files of writes a killed process left (.latest.pt.*.tmp, .buffer_*.h5.*.tmp, .config.json.*.tmp); call
+    with the lock held."""
+    stale = sorted([*run_dir.glob(".*.tmp"), *(run_dir / "checkpoints").glob(".*.tmp")])
     for path in stale:
         path.unlink(missing_ok=True)
     return stale
