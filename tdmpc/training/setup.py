@@ -370,10 +370,9 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
         assert resumed is not None
         return resumed, Agent.from_checkpoint(checkpoint_path(resumed), device=config.device)
     code = run(trainer)
-    stop = trainer.stop_reason or ""
-    if code == EXIT_REQUEUE and stop == "signal SIGINT":
+    if code == EXIT_REQUEUE and trainer.stop_signal == signal.SIGINT:
         raise KeyboardInterrupt
-    if code == EXIT_REQUEUE and stop.startswith("signal"):
+    if code == EXIT_REQUEUE and trainer.stop_signal is not None:
         raise SystemExit(EXIT_REQUEUE)
     if code not in (EXIT_OK, EXIT_REQUEUE):
         raise RunFailed(f"the run in {trainer.run_dir} stopped on the error above; its last checkpoint is kept")

@@ -99,6 +99,7 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
         self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
+        self.stop_signal: int | None = None  # the signal that stopped the run (fit() then acts as it would)
         self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         if setup.checkpoint is not None:
             self._restore(load_file(setup.checkpoint), no_buffer)
@@ -317,6 +318,7 @@ class Trainer:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_reason = f"signal {signal.Signals(signum).name}"
+        self.stop_signal = signum
         if signum == signal.SIGINT:  # a second Ctrl-C aborts at once
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
