@@ -91,6 +91,10 @@ def to_minari(path: Annotated[Path, tyro.conf.Positional], dataset_id: str, auth
     from tdmpc.offline.minari import to_minari as export
 
     print(f"{export(path, dataset_id, author, author_email, code_permalink)}: written")
+    unset = [f"--{k.replace('_', '-')}" for k, v in (("author", author), ("author_email", author_email),
+                                                     ("code_permalink", code_permalink)) if v is None]
+    if unset:
+        print(f"note: {', '.join(unset)} not given; Minari recommends them for a dataset you share")
     return 0
 
 

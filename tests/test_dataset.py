@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import h5py
@@ -538,7 +539,10 @@ def test_minari_round_trip_preserves_every_array(tmp_path, minari_root):
     eps[2].action[:] = np.linspace(-1, 1, eps[2].action.size).reshape(eps[2].action.shape)
     write(path, eps, tasks=["walker-walk", "cheetah-run"], obs_dim=4, action_dim=2, task_obs_dims=[4, 3],
           task_action_dims=[2, 1])
-    directory = to_minari(path, "tdmpc/walker-test-v0")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        directory = to_minari(path, "tdmpc/walker-test-v0")
+    assert not [w for w in caught if "None" in str(w.message)], "Minari's unset-metadata warnings leaked"
     assert directory == minari_root / "tdmpc" / "walker-test-v0"
     assert from_minari("tdmpc/walker-test-v0", tmp_path / "back.h5") == 7
     want, got = read_all(path), read_all(tmp_path / "back.h5")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 from typing import Iterator
 
@@ -22,6 +23,8 @@ from tdmpc.offline.writer import DatasetWriter
 
 METADATA_KEY = "tdmpc"  # our attributes, as JSON, in the Minari dataset's metadata
 EXPORT_BATCH = 256  # episodes handed to Minari at a time
+# Minari's warnings for metadata left None (utils.get_dataset_metadata): one per field, none of them a fault
+UNSET_METADATA = r"(`\w+`|env_spec) is (set to )?None"
 
 
 def _minari():
@@ -35,7 +38,8 @@ def _minari():
 def to_minari(dataset_path: str | Path, dataset_id: str, author: str | None = None, author_email: str | None = None,
               code_permalink: str | None = None) -> Path:
     """Write a dataset file as the local Minari dataset `dataset_id` (under $MINARI_DATASETS_PATH, default
-    ~/.minari/datasets); returns its directory. Minari warns about the metadata left unset."""
+    ~/.minari/datasets); returns its directory. Minari's warnings about metadata left unset are silenced: our
+    datasets have no gymnasium env spec to give, and the CLI names the author fields left unset in one line."""
     minari = _minari()
     from minari.data_collector import EpisodeBuffer
 
@@ -55,12 +59,14 @@ def to_minari(dataset_path: str | Path, dataset_id: str, author: str | None = No
                                      truncations=_last(len(ep.reward), ep.truncated)) for ep in batch]
             if dataset is None:
                 try:
-                    dataset = minari.create_dataset_from_buffers(
-                        dataset_id, buffers, observation_space=obs_space,
-                        action_space=spaces.Discrete(s.action_dim) if s.discrete else
-                        spaces.Box(-1, 1, (s.action_dim,), np.float32), algorithm_name="tdmpc",
-                        author=author, author_email=author_email, code_permalink=code_permalink,
-                        description=file.source, data_format="hdf5", jpeg_encoding=False)
+                    with warnings.catch_warnings():
+                        warnings.filterwarnings("ignore", UNSET_METADATA, UserWarning)
+                        dataset = minari.create_dataset_from_buffers(
+                            dataset_id, buffers, observation_space=obs_space,
+                            action_space=spaces.Discrete(s.action_dim) if s.discrete else
+                            spaces.Box(-1, 1, (s.action_dim,), np.float32), algorithm_name="tdmpc",
+                            author=author, author_email=author_email, code_permalink=code_permalink,
+                            description=file.source, data_format="hdf5", jpeg_encoding=False)
                 except ValueError as e:  # a malformed or existing id
                     raise DatasetError(f"Minari dataset {dataset_id!r}: {str(e).splitlines()[0]}") from None
             else:
