@@ -15,7 +15,13 @@ package):
     prior-act  agent.act(eval_mode=True) with mpc=False: `prior` through the acting path (its planning copy of the
                model, bf16 where the CPU has AVX512-BF16 and precision is 'auto'), as evaluate --no-mpc acts
 
-    python results/discrete/planner_diagnosis.py TASK CHECKPOINT [EPISODES] [--no-mppi] [--policies=prior,q,...]
+    --decode-mean[=reward]: the fp32 model's two-hot outputs (rewards and Q; =reward: rewards alone) decoded as
+    the mean of symexp over the bins,
+    E[symexp(b)], where the model decodes symexp(E[b]) (as the reference does): the two differ where the predicted
+    distribution is spread (noisy rewards), symexp(E[b]) shrinking rare large values towards 0
+
+    python results/discrete/planner_diagnosis.py TASK CHECKPOINT [EPISODES] [--no-mppi] [--decode-mean[=reward]]
+        [--policies=prior,q,...]
 """
 
 import itertools
@@ -27,14 +33,26 @@ import numpy as np
 import torch
 
 import tdmpc
+from tdmpc.model.twohot import symexp
 
 torch.set_num_threads(1)
 args = [a for a in sys.argv[1:] if not a.startswith("--")]
 task, checkpoint = args[0], args[1]
 episodes = int(args[2]) if len(args) > 2 else 10
 agent = tdmpc.Agent.from_checkpoint(checkpoint, device="cpu")
-prior_agent = tdmpc.Agent.from_checkpoint(checkpoint, device="cpu", mpc=False)
 m, n, H = agent.model, agent.dims.action_dim, agent.cfg.horizon  # the fp32 model that training updates
+prior_agent = tdmpc.Agent.from_checkpoint(checkpoint, device="cpu", mpc=False)
+decode_mean = next((a.split("=")[1] if "=" in a else "all" for a in sys.argv if a.startswith("--decode-mean")), None)
+
+
+def mean_decode(logits: torch.Tensor) -> torch.Tensor:
+    """E[symexp(b)] over the two-hot bins b, where the model decodes symexp(E[b])."""
+    return (torch.softmax(logits.float(), -1) * symexp(agent.model.two_hot.bins)).sum(-1, keepdim=True)
+
+
+decode_reward = mean_decode if decode_mean else m.decode
+if decode_mean == "all":
+    m.two_hot.decode = mean_decode
 gamma = float(agent.discount)
 heads = torch.arange(m.num_q)
 
@@ -63,7 +81,7 @@ def lookahead(z: torch.Tensor, h: int = H, terminations: bool = True, blend: boo
         a = seqs[:, t].expand(B, S, n)
         if blend:
             estimates.append(G + gamma ** t * alive * (values(z) * a).sum(-1, keepdim=True))
-        G = G + gamma ** t * alive * m.decode(m.reward(z, a))
+        G = G + gamma ** t * alive * decode_reward(m.reward(z, a))
         z = m.next(z, a)
         if m.episodic and terminations:
             alive = alive * (m.termination(z) <= 0.5).float()
