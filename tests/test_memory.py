@@ -265,8 +265,9 @@ def test_oom_in_update_writes_checkpoint_exits_1_and_resume_continues(tmp_path, 
     assert train_main(["--resume", str(run)]) == 0
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["env_step"] == 400 and ck["train"]["finished"]
-    # the 151 pretraining updates left run at the first resumed step, which then skips its own update
-    assert ck["train"]["updates"] == 49 + 151 + 199
+    # the 151 pretraining updates left run before the first resumed step, which then takes its own update: the
+    # 200 + 200 of an uninterrupted run
+    assert ck["train"]["updates"] == 49 + 151 + 200
 
 
 def test_cublas_workspaces_follow_pytorchs_sizes_and_count_a_stream_each(monkeypatch):

@@ -52,6 +52,12 @@ class ReplayTrainer(Trainer):
             if not cfg.overlap_updates:
                 self.run_queued_updates()
 
+    def finish_interrupted_work(self) -> None:
+        """A run stopped during its pretraining burst ends the burst before it acts or evaluates again, as it would
+        have without the stop (acting first would also skip the next step's own round of updates)."""
+        if self.counters.pretrain_updates_left > 0:
+            self._pretrain()
+
     def run_queued_updates(self) -> None:
         """The round of updates due after the last step. With overlap_updates, step() calls this once the next
         actions are chosen: the GPU runs the updates while the host steps the envs."""

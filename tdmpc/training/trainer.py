@@ -180,6 +180,7 @@ class Trainer:
         cfg, c = self.cfg, self.counters
         t_start = time.time() - c.elapsed
         self.rate_mark = (time.time(), c.env_step, c.updates)
+        self.finish_interrupted_work()
         while c.env_step < cfg.steps and not self._stopping():
             if c.env_step >= c.next_eval and not self.evaluate():
                 break
@@ -204,6 +205,10 @@ class Trainer:
         self.logger.message(f"finished {c.env_step:,} {self.steps_name} in {c.elapsed / 60:.1f} min; results in "
                             f"{self.run_dir}")
         return EXIT_OK
+
+    def finish_interrupted_work(self) -> None:
+        """What a stopped run still owed before its next step, done first on resume (ReplayTrainer: the rest of a
+        pretraining burst), so a resumed run takes the steps an uninterrupted one would."""
 
     def _stopping(self) -> bool:
         """A stop signal or callback; with several ranks, one that reached any rank stops them all together."""
