@@ -26,7 +26,7 @@ from tdmpc.planners.make import make_planner
 from tdmpc.planners.mppi import LatentMPPI, MPPIConfig
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.compile import compiled_if
-from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype, set_matmul_precision
+from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype, set_matmul_precision, set_threads
 from tdmpc.runtime.distributed import SINGLE, Shard
 from tdmpc.runtime.transfer import to_device
 from tdmpc.tasks.sets import reference_info, task_set_name
@@ -463,7 +463,8 @@ class Agent:
 
         A single-task reference file does not name its task: pass `task`, whose episode length sets
         the discount; a multi-task one acts on the task passed to act(). `overrides` are Config fields
-        (e.g. num_samples=256, mpc=False)."""
+        (e.g. num_samples=256, mpc=False); threads=N sets torch's CPU threads for the process, as --threads does
+        (without it, torch's own default)."""
         from tdmpc.envs import episode_length, make_env  # the envs pull in gymnasium; acting needs them only here
         from tdmpc.envs.tensor import is_tensor_task
 
@@ -485,6 +486,8 @@ class Agent:
                       for t in ck.dims.tasks]
         else:
             length = episode_length(ck.cfg.task, ck.cfg.action_repeat)
+        if isinstance(threads := ck.cfg.threads, int) and "threads" in overrides:  # checked by read_checkpoint
+            set_threads(threads)
         agent = cls(ck.cfg, ck.dims, length, resolve_device(device))
         agent.load_state_dict(ck.state, str(path))
         agent.imported_from_reference = ck.imported

@@ -10,6 +10,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import torch
 
 import tdmpc
 
@@ -171,6 +172,18 @@ def test_a_reference_checkpoint_needs_its_task():
     agent = tdmpc.Agent.from_checkpoint(REFERENCE, task="walker-walk", device="cpu", num_samples=64, num_elites=8,
                                         num_pi_trajs=4)
     assert agent.imported_from_reference and agent.act(np.zeros(24, np.float32)).shape == (6,)
+
+
+def test_from_checkpoint_sets_the_threads_it_is_given_and_leaves_them_otherwise():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        tdmpc.Agent.from_checkpoint(REFERENCE, task="walker-walk", device="cpu")
+        assert torch.get_num_threads() == 2
+        agent = tdmpc.Agent.from_checkpoint(REFERENCE, task="walker-walk", device="cpu", threads=1)
+        assert torch.get_num_threads() == 1 and agent.cfg.threads == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 class WandbStub(types.ModuleType):
