@@ -355,6 +355,10 @@ def test_a_continuous_checkpoint_on_a_discrete_task_and_the_reverse_are_refused(
     with pytest.raises(CheckpointError, match="discrete"):
         from tdmpc.training.init_from import init_weights
         init_weights(_discrete_model(n=2), tmp_path / "cont.pt", (4,), 2, True, "CartPole-v1")
+    from tdmpc.train import main as train_main  # --dry-run refuses what the run would: before it built anything
+    line = cli_error(capsys, train_main, "--init-from", tmp_path / "cont.pt", "--task", "CartPole-v1", "--dry-run",
+                     "--run-dir", tmp_path / "dry")
+    assert "continuous actions of dim 2" in line and "2 discrete actions" in line and not (tmp_path / "dry").exists()
 
 
 def test_resume_of_a_discrete_run_restores_its_buffer_and_weights_exactly(tmp_path):

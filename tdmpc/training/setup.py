@@ -33,7 +33,7 @@ from tdmpc.config import SIZE_FIELDS, Config, changed_fields, from_dict, validat
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
 from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vector_env
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
-from tdmpc.model.checkpoint import load_file
+from tdmpc.model.checkpoint import check_dims_match, load_file, read_checkpoint
 from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder
 from tdmpc.runtime import distributed
@@ -102,6 +102,9 @@ def prepare(req: RunRequest) -> RunSetup | None:
     if tensor:
         _check_tensor_run(cfg)
     spec, tasks = tensor_spec(source, cfg) if tensor else env_spec(source, cfg)
+    if init_from:  # weights for another task's sizes or kind of action: refused now, --dry-run included
+        check_dims_match(read_checkpoint(init_from, mmap=True).dims, spec.obs_shape, spec.action_dim, spec.discrete,
+                         spec.task, init_from)
     run_dir = req.resume or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.for_task(spec)))
     if req.resume is None:
         check_fresh(run_dir)  # early, before the memory plan; build() checks again under the lock
