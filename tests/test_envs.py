@@ -155,6 +155,15 @@ def test_gym_specs():
     assert make_env("Hopper-v5", action_repeat=2)[1].episode_length == 500
 
 
+def test_a_built_in_env_object_terminates_as_its_name_would():
+    """gym.make("CartPole-v1") passed as an object trained without a termination head (episodic off)."""
+    assert make_env(gym.make("CartPole-v1"))[1].episodic is True
+    assert make_env(gym.make("Pendulum-v1"))[1].episodic is False
+    declared = gym.make("CartPole-v1")
+    declared.unwrapped.metadata = {**declared.unwrapped.metadata, "episodic": False}
+    assert make_env(declared)[1].episodic is False  # what the env declares wins
+
+
 @pytest.mark.parametrize(
     ("task", "says"),
     [

@@ -231,15 +231,20 @@ def _check(env: EnvSource, obs: str, action_repeat: int | None) -> tuple[Task, i
 
 def _user_env(env: gym.Env | Callable[[], gym.Env]) -> tuple[Task, gym.Env]:
     """A user's env (or the first its factory makes): its episode length from its registered spec, if
-    any; whether it terminates is what it declares (metadata["episodic"], read in _spec)."""
+    any; whether it terminates is what it declares (metadata["episodic"], read in _spec), else, for a gymnasium
+    built-in (gym.make("CartPole-v1")), what the named task would say: without it such an env trained no
+    termination head."""
     built = env if isinstance(env, gym.Env) else env() if callable(env) else None
     if not isinstance(built, gym.Env):
         what = type(env).__name__ if built is None else f"a function returning a {type(built).__name__}"
         raise TaskError(f"env must be a task name, a gymnasium env or a zero-argument function making one, "
                         f"not {what}")
     steps = built.spec.max_episode_steps if built.spec is not None else None
+    episodic = None
+    if built.spec is not None and built.spec.id in gym.registry and "episodic" not in built.unwrapped.metadata:
+        episodic = resolve_task(built.spec.id).episodic
     return Task(name=f"custom:{type(built.unwrapped).__name__}", dmc=None, env_steps=steps or DEFAULT_EPISODE_STEPS,
-                default_action_repeat=1, episodic=None), built
+                default_action_repeat=1, episodic=episodic), built
 
 
 def _make_named(task: Task, obs: str, render: bool, render_size: tuple[int, int]) -> gym.Env:
