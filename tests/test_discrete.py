@@ -179,7 +179,7 @@ def test_the_entropy_term_alone_drives_the_prior_towards_uniform():
     raise the entropy towards log n; without the term nothing moves."""
     torch.manual_seed(0)
     for coef, rises in ((1.0, True), (0.0, False)):
-        cfg = validate(Config(**{**TINY, "entropy_coef": coef}))
+        cfg = validate(Config(**{**TINY, "entropy_coef": coef, "uniform_prior_coef": 0.0}))
         agent = Agent(cfg, ModelDims.from_config(cfg, (4,), 3, False, discrete=True), 200, torch.device("cpu"))
         with torch.no_grad():
             agent.model._pi[-1].weight.mul_(20)  # a peaked prior to start from
@@ -302,14 +302,16 @@ def cartpole_run(tmp_path_factory):
 
 
 def test_cartpole_learns_within_a_minute(tmp_path):
-    """Random play balances the pole for 10-25 steps; after 500 seed steps and 500 updates on them the planner
-    holds it for about 90-160 (early learning is noisy: three seeds' best evaluations by step 1,000 were 92-110
-    when this was written, one dipping to 23 at 1,000). Evaluations at steps 0, 500 and 1,000, 5 episodes each."""
-    run_dir, _ = tdmpc.fit(env="CartPole-v1", run_dir=tmp_path / "run", **{**CARTPOLE, "steps": 1000, "eval_freq": 500,
-                                                                           "eval_episodes": 5, "save_every": 1000})
+    """Random play balances the pole for 10-25 steps; after 500 seed steps, 500 updates on them and 1,000 steps
+    of the planner's own play (one update each), it holds it for 120 or more (with uniform_prior_coef's default, 1e-3, three seeds
+    read 121.8, 500.0 and 140.2 at 1,500 when this was written, and 39-94 at 1,000, where coef 0 read 60-165:
+    the pull towards uniform slows the first 1,000 steps of this small model). Evaluations every 500 steps, 5
+    episodes each."""
+    run_dir, _ = tdmpc.fit(env="CartPole-v1", run_dir=tmp_path / "run", **{**CARTPOLE, "steps": 1500, "eval_freq": 500,
+                                                                           "eval_episodes": 5, "save_every": 1500})
     returns = [float(r["episode_return"]) for r in read_csv(run_dir / "eval.csv")]
-    assert len(returns) == 3 and returns[0] < 50, returns
-    assert max(returns[1:]) >= 75 and np.mean(returns[1:]) >= 2.5 * returns[0], returns
+    assert len(returns) == 4 and returns[0] < 50, returns
+    assert returns[-1] >= 100 and np.mean(returns[1:]) >= 3 * returns[0], returns
 
 
 def test_the_api_acts_with_ints_and_checkpoints_round_trip(cartpole_run, tmp_path):

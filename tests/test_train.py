@@ -255,6 +255,22 @@ def test_resume_of_a_run_older_than_a_config_field_says_which_default_applies(tm
     assert "has no 'train_precision'" in err and "'fp32'" in err
 
 
+def test_resume_of_a_run_older_than_a_changed_default_keeps_what_it_ran_with(tmp_path, capsys):
+    """uniform_prior_coef came in at 0 and its default is now 1e-3: a run whose config predates it ran with 0."""
+    from tdmpc.config import AS_BEFORE_ADDED
+    from tdmpc.training.run_dir import saved_config
+
+    assert Config().uniform_prior_coef != AS_BEFORE_ADDED["uniform_prior_coef"] == 0.0
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest.pt").write_bytes(b"")
+    old = {k: v for k, v in Config(task="CartPole-v1").to_dict().items() if k != "uniform_prior_coef"}
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert saved_config(tmp_path).uniform_prior_coef == 0.0
+    assert "has no 'uniform_prior_coef'" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps(Config(task="CartPole-v1").to_dict()))
+    assert saved_config(tmp_path).uniform_prior_coef == Config().uniform_prior_coef  # recorded: kept
+
+
 def test_explicit_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, capsys):
     """On AVX2-only CPUs bf16 matmuls run ~50x slower than fp32: an explicit bf16 says so, 'auto' picks fp32."""
     from tdmpc.runtime import device

@@ -11,6 +11,7 @@ A damaged file is never deleted: it is renamed <name>.damaged and the error says
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import socket
@@ -20,7 +21,7 @@ import uuid
 from pathlib import Path
 from typing import IO
 
-from tdmpc.config import Config, from_dict, read_json
+from tdmpc.config import AS_BEFORE_ADDED, Config, from_dict, read_json
 from tdmpc.errors import CheckpointError, ConfigError, RunDirError
 from tdmpc.runtime.files import write_text_atomic
 
@@ -84,8 +85,17 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
         raise ConfigError(f"{path} is missing; resume with the config the checkpoint holds: --resume {run_dir} "
                           f"--config-from-checkpoint")
     assert raw is not None
-    for name in sorted(set(cfg.to_dict()) - set(raw)):
-        print(f"resume: {path} has no '{name}' (added to tdmpc since the run started); using the default "
+    return _with_added_fields(cfg, raw, path)
+
+
+def _with_added_fields(cfg: Config, raw: dict, source: Path) -> Config:
+    """cfg, read from `raw`, with the fields added to Config since: the value the run ran with where the default
+    differs from it (AS_BEFORE_ADDED), else the default; one line each."""
+    missing = sorted(set(cfg.to_dict()) - set(raw))
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in AS_BEFORE_ADDED.items() if k in missing})
+    for name in missing:
+        how = "the value it ran with, not the default" if name in AS_BEFORE_ADDED else "the default"
+        print(f"resume: {source} has no '{name}' (added to tdmpc since the run started); using {how}, "
               f"{getattr(cfg, name)!r}", file=sys.stderr)
     return cfg
 
@@ -96,7 +106,8 @@ def _config_from_checkpoint(run_dir: Path) -> Config:
     obj = load_file(checkpoint_path(run_dir), mmap=True)
     if not isinstance(obj.get("config"), dict):
         raise ConfigError(f"{checkpoint_path(run_dir)} holds no config to resume with")
-    cfg = from_dict(obj["config"], source=str(checkpoint_path(run_dir)))
+    cfg = _with_added_fields(from_dict(obj["config"], source=str(checkpoint_path(run_dir))), obj["config"],
+                             checkpoint_path(run_dir))
     damaged = set_aside_damaged(run_dir / "config.json")
     print(f"resume: the config comes from {checkpoint_path(run_dir)}"
           + (f"; the damaged config.json is kept as {damaged.name}" if damaged else ""), file=sys.stderr)
