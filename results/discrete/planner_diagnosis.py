@@ -8,6 +8,7 @@ package):
                (discounted rewards until a predicted termination, then the prior's expected Q after the horizon,
                mean over every head); the first action of the best. MPPI's answer if it found the best sequence.
     mppi       agent.act(eval_mode=True): the planner as trained (slow; --no-mppi leaves it out)
+    mppi:K=V;K=V  the planner with those Config fields overridden (mppi:horizon=1;temperature=0.05)
 
     lookaheadH, lookaheadH-noterm, lookaheadH-blend: the same over H steps; without termination masking; scored
                by the mean of the t-step estimates G_t + gamma^t Q(z_t, a_t) for t < H and the H-step one
@@ -92,7 +93,22 @@ def lookahead(z: torch.Tensor, h: int = H, terminations: bool = True, blend: boo
     return seqs[score.squeeze(-1).argmax(1), 0].argmax(-1)
 
 
+variants: dict[str, tdmpc.Agent] = {}
+
+
+def planner(policy: str) -> tdmpc.Agent:
+    """The agent for mppi:K=V;K=V, built once: Config fields parsed as int, float or str."""
+    if policy not in variants:
+        pairs = dict(kv.split("=") for kv in policy.removeprefix("mppi:").split(";"))
+        typed = {k: int(v) if v.lstrip("-").isdigit() else float(v) if v.replace(".", "").replace("e-", "").isdigit()
+                 else v for k, v in pairs.items()}
+        variants[policy] = tdmpc.Agent.from_checkpoint(checkpoint, device="cpu", **typed)
+    return variants[policy]
+
+
 def act(policy: str, obs: np.ndarray, first: bool) -> np.ndarray:
+    if policy.startswith("mppi:"):
+        return np.asarray(planner(policy).act(obs, first_step=first, eval_mode=True))
     if policy in ("mppi", "prior-act"):
         return np.asarray((agent if policy == "mppi" else prior_agent).act(obs, first_step=first, eval_mode=True))
     with torch.no_grad():
