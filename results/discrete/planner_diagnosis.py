@@ -26,6 +26,7 @@ package):
 """
 
 import itertools
+import json
 import sys
 import time
 
@@ -97,11 +98,10 @@ variants: dict[str, tdmpc.Agent] = {}
 
 
 def planner(policy: str) -> tdmpc.Agent:
-    """The agent for mppi:K=V;K=V, built once: Config fields parsed as int, float or str."""
+    """The agent for mppi:K=V;K=V, built once: numbers parsed as JSON, the rest kept as strings."""
     if policy not in variants:
         pairs = dict(kv.split("=") for kv in policy.removeprefix("mppi:").split(";"))
-        typed = {k: int(v) if v.lstrip("-").isdigit() else float(v) if v.replace(".", "").replace("e-", "").isdigit()
-                 else v for k, v in pairs.items()}
+        typed = {k: json.loads(v) if v[:1].isdigit() or v[:1] == "-" else v for k, v in pairs.items()}
         variants[policy] = tdmpc.Agent.from_checkpoint(checkpoint, device="cpu", **typed)
     return variants[policy]
 
