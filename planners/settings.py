@@ -22,7 +22,8 @@ class MPPIConfig:
     num_pi_trajs: int = 24
     """Candidates rolled out with the policy prior instead of sampled."""
     horizon: int = 3
-    """Planning horizon, and the length of training sub-trajectories."""
+    """Planning horizon, and the length of training sub-trajectories (tdmpc's Config.plan_horizon, when set, is the
+    planner's instead)."""
     min_std: float = 0.05
     """Lower bound of the sampling std."""
     max_std: float = 2.0
@@ -36,6 +37,7 @@ class MPPIConfig:
     @classmethod
     def from_config(cls, cfg: Any, action_dim: int) -> "MPPIConfig":
         """This planner's settings read off any config that has them (tdmpc's Config does); the reference adds
-        2 iterations for large action spaces (A >= 20)."""
+        2 iterations for large action spaces (A >= 20); a config's plan_horizon, when set, is the horizon."""
         values = {f.name: getattr(cfg, f.name) for f in fields(MPPIConfig)}
-        return cls(**{**values, "iterations": values["iterations"] + 2 * int(action_dim >= 20)})
+        return cls(**{**values, "iterations": values["iterations"] + 2 * int(action_dim >= 20),
+                      "horizon": getattr(cfg, "plan_horizon", None) or values["horizon"]})

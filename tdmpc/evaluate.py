@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -49,11 +49,12 @@ class EvalArgs:
     precision: Optional[str] = None
     """Planning precision ('fp32', 'bf16', 'auto'); default: the checkpoint's."""
     iterations: Optional[int] = None
-    """Planning overrides (this and the next three); default: the checkpoint's config, or the reference
-    settings (6 iterations, 512 samples, 64 elites, 24 policy trajectories) for a reference checkpoint."""
+    """Planning overrides (this and the next four); default: the checkpoint's config, or the reference
+    settings (6 iterations, 512 samples, 64 elites, 24 policy trajectories, horizon 3) for a reference checkpoint."""
     num_samples: Optional[int] = None
     num_elites: Optional[int] = None
     num_pi_trajs: Optional[int] = None
+    plan_horizon: Optional[int] = None
     nonfinite_data: Optional[Literal["error", "drop"]] = None
     """NaN or inf in an observation: stop with one line naming the env ('error'), or leave that episode out of
     the report ('drop'); default: the checkpoint's."""
@@ -76,7 +77,8 @@ def evaluate(args: EvalArgs) -> int:
     if args.report is not None and args.report.is_dir():
         raise BadInput(f"--report {args.report} is a folder: give a file name, e.g. {args.report / 'eval.json'}")
     overrides = {k: getattr(args, k) for k in ("mpc", "precision", "iterations", "num_samples", "num_elites",
-                                                "num_pi_trajs", "nonfinite_data") if getattr(args, k) is not None}
+                                                "num_pi_trajs", "plan_horizon", "nonfinite_data")
+                 if getattr(args, k) is not None}
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, **overrides)
     cfg = agent.cfg
     if agent.dims.multitask:
@@ -113,7 +115,8 @@ def evaluate(args: EvalArgs) -> int:
     assert res is not None  # only a stop() callback ends it early
     imported = agent.imported_from_reference
     summary = {"checkpoint": str(args.checkpoint), "imported_reference": imported, "task": cfg.task,
-               "seed": args.seed, "mpc": cfg.mpc, "dims": agent.dims.to_dict(), **res.summary(),
+               "seed": args.seed, "mpc": cfg.mpc, "planning": asdict(agent.planner_cfg) if cfg.mpc else None,
+               "dims": agent.dims.to_dict(), **res.summary(),
                "returns": res.returns, "lengths": res.lengths, "seconds": round(time.time() - t0, 1),
                **({"video": str(args.video)} if args.video else {})}
     origin = " (imported reference TD-MPC2 checkpoint)" if imported else ""

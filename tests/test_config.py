@@ -59,6 +59,7 @@ def test_wrong_json_type_is_an_error():
     ({"batch_size": 0}, "batch_size"),
     ({"mlp_dim": -4}, "mlp_dim"),
     ({"horizon": 0}, "horizon"),
+    ({"plan_horizon": 0}, "plan_horizon"),
     ({"model_size": 7}, "model_size"),
     ({"rho": 1.5}, "rho"),
     ({"min_std": 3.0}, "min_std"),

@@ -14,7 +14,7 @@ from gymnasium import spaces
 
 import tdmpc
 from tdmpc.agent import Agent
-from tdmpc.buffer import ReplayBuffer
+from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.config import Config, validate
 from tdmpc.envs import make_env, make_vector_env
 from tdmpc.errors import CheckpointError, DatasetError, TaskError
@@ -95,6 +95,23 @@ def test_training_actions_are_drawn_from_the_first_steps_probabilities():
     freq = a.mean(0)
     expected = planner.prev_probs[0].mean(0)  # the elites lean to action 0; the floor keeps 0.2 on every action
     assert torch.allclose(freq, expected, atol=0.04) and expected[0] > 0.45 and (expected >= 0.2 - 1e-6).all()
+
+
+def test_the_plan_horizon_sets_the_planners_length_and_training_keeps_the_horizon():
+    cfg = validate(Config(**{**TINY, "horizon": 3, "plan_horizon": 1}))
+    agent = Agent(cfg, ModelDims.from_config(cfg, (4,), 3, False, discrete=True), 500, torch.device("cpu"))
+    action = agent.act(np.zeros((2, 4), np.float32), np.ones(2, bool))
+    assert action.shape == (2,) and agent.planner(2).prev_probs.shape == (1, 2, 3)
+    H, B = 3, cfg.batch_size  # the update still learns over 3-step sub-trajectories
+    agent.update(Batch(torch.randn(H + 1, B, 4), torch.randint(3, (H, B)), torch.rand(H, B),
+                       torch.zeros(H, B, dtype=torch.bool)))
+    assert agent._rho.shape == (H + 1,)
+    # with one step to look at, the toy's planner still takes each env's first target
+    targets = torch.randint(4, (6, 3))
+    planner, model = _planner(6, 3, 4, plan_horizon=1)
+    assert planner.cfg.horizon == 1
+    action = planner.plan(model.latent(targets), torch.ones(6, dtype=torch.bool), eval_mode=True)
+    assert torch.equal(action.argmax(-1), targets[:, 0])
 
 
 def test_sample_one_hot_draws_each_action_with_its_probability():
@@ -336,8 +353,10 @@ def test_evaluate_and_a_video_of_a_discrete_checkpoint(cartpole_run, tmp_path, c
     run_dir, _ = cartpole_run
     video, report = tmp_path / "v.mp4", tmp_path / "r.json"
     assert main([str(a) for a in ("--checkpoint", run_dir / "checkpoints" / "latest.pt", "--episodes", "2",
-                                  "--video", video, "--report", report)]) == 0
-    assert video.stat().st_size > 1000 and json.loads(report.read_text())["episodes"] == 2
+                                  "--video", video, "--report", report, "--plan-horizon", "1")]) == 0
+    written = json.loads(report.read_text())
+    assert video.stat().st_size > 1000 and written["episodes"] == 2
+    assert written["planning"]["horizon"] == 1 and written["planning"]["num_samples"] == CARTPOLE["num_samples"]
     assert "termination head" in capsys.readouterr().out  # CartPole terminates: the head is scored
 
 

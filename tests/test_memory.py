@@ -59,11 +59,12 @@ class LiveOutputs(TorchDispatchMode):
         return sum(storages.values())
 
 
-@pytest.mark.parametrize("model_size,discrete", [(1, False), (5, False), (1, True)])
-def test_exact_parts_equal_the_bytes_allocated(model_size, discrete):
+@pytest.mark.parametrize("model_size,discrete,plan_horizon",
+                         [(1, False, None), (5, False, None), (1, True, None), (1, False, 5), (1, True, 1)])
+def test_exact_parts_equal_the_bytes_allocated(model_size, discrete, plan_horizon):
     cfg = validate(Config(model_size=model_size, device="cpu", precision="fp32", batch_size=8, num_samples=64,
                           num_elites=8, num_pi_trajs=4, iterations=1, num_envs=2, eval_episodes=0,
-                          buffer_size=2000))
+                          buffer_size=2000, plan_horizon=plan_horizon))
     obs_shape, A, episodic = (17,), 6, True
     dims = ModelDims.from_config(cfg, obs_shape, A, episodic, discrete=discrete)
     agent = Agent(cfg, dims, 500, torch.device("cpu"))

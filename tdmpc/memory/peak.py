@@ -242,8 +242,9 @@ def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype
     gamma^t and the powers t), and z_final in the planning dtype; CategoricalMPPI's draws are one U(0, 1) value per
     sampled candidate step and env (and one per env to act), and it keeps probs and prev_probs. A test measures what
     a planner really keeps allocated."""
-    H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, dims.action_dim
-    iterations = MPPIConfig.from_config(cfg, A).iterations
+    N, S, P, A = num_envs, cfg.num_samples, cfg.num_pi_trajs, dims.action_dim
+    planning = MPPIConfig.from_config(cfg, A)
+    H, iterations = planning.horizon, planning.iterations
     shared = H * N * S * A + H * N * P * A + 3 * N * S + N + (H + 1) * (N + 1)
     if dims.discrete:
         fp32 = 4 * (shared + iterations * H * N * (S - P) + N + 2 * H * N * A)
@@ -312,7 +313,7 @@ def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dty
 
 def plan_activation_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
     """Temporaries of one plan() call for num_envs environments (formulas in the module docstring)."""
-    N, S, P, H = num_envs, cfg.num_samples, cfg.num_pi_trajs, cfg.horizon
+    N, S, P, H = num_envs, cfg.num_samples, cfg.num_pi_trajs, MPPIConfig.from_config(cfg, dims.action_dim).horizon
     L, A, M, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_bins
     dp = _size(plan_dtype)
     chunk = min(N, cfg.plan_chunk_envs or N)  # rollouts and values run a chunk of envs at a time
@@ -343,6 +344,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     update = update_activation_bytes(cfg, dims, model, target.train_dtype)
     buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs, discrete)  # offline: none
     graphs = target.cuda and cfg.cuda_graphs
+    plan_horizon = MPPIConfig.from_config(cfg, action_dim).horizon
     dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
     row = _row_bytes(cfg, obs_shape, action_dim, discrete)
     rows = f"{buffer // row:,} x {row:,} B"
@@ -364,7 +366,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
         notes={"parameters": f"{sum(p.numel() for p in learnable) / 1e6:.2f}M learnable",
                "planning_copy": f"matmul weights in {dt}",
                "update_activations": f"batch {cfg.batch_size}, horizon {cfg.horizon}, {train_dt}",
-               "planner_buffers": f"{cfg.num_samples} samples; train {num_envs} env(s)"
+               "planner_buffers": f"{cfg.num_samples} samples, horizon {plan_horizon}; train {num_envs} env(s)"
                                   + (f", eval {'/'.join(map(str, eval_sizes(cfg)))}" if eval_sizes(cfg) else ""),
                "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",
                "cuda_graph_pools": "update() + one per planner" if graphs else "",
