@@ -116,6 +116,7 @@ def evaluate(args: EvalArgs) -> int:
     imported = agent.imported_from_reference
     summary = {"checkpoint": str(args.checkpoint), "imported_reference": imported, "task": cfg.task,
                "seed": args.seed, "mpc": cfg.mpc, "planning": asdict(agent.planner_cfg) if cfg.mpc else None,
+               "precision": str(agent.plan_dtype).removeprefix("torch."),
                "dims": agent.dims.to_dict(), **res.summary(),
                "returns": res.returns, "lengths": res.lengths, "seconds": round(time.time() - t0, 1),
                **({"video": str(args.video)} if args.video else {})}

@@ -353,10 +353,12 @@ def test_evaluate_and_a_video_of_a_discrete_checkpoint(cartpole_run, tmp_path, c
     run_dir, _ = cartpole_run
     video, report = tmp_path / "v.mp4", tmp_path / "r.json"
     assert main([str(a) for a in ("--checkpoint", run_dir / "checkpoints" / "latest.pt", "--episodes", "2",
-                                  "--video", video, "--report", report, "--plan-horizon", "1")]) == 0
+                                  "--video", video, "--report", report, "--plan-horizon", "1",
+                                  "--precision", "fp32")]) == 0
     written = json.loads(report.read_text())
     assert video.stat().st_size > 1000 and written["episodes"] == 2
     assert written["planning"]["horizon"] == 1 and written["planning"]["num_samples"] == CARTPOLE["num_samples"]
+    assert written["precision"] == "float32"  # the report says how it planned
     assert "termination head" in capsys.readouterr().out  # CartPole terminates: the head is scored
 
 
