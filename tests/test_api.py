@@ -130,6 +130,12 @@ def test_an_env_object_trains_as_is_and_is_copied_for_more_envs_and_evaluation(t
     assert agent.cfg.task == "custom:Corridor"
     assert agent.cfg.episodic is False  # it does not declare that it terminates
     assert "ended an episode in a terminal state, but episodic is off" in capsys.readouterr().err
+    # no name rebuilds the object: the command line says how to evaluate it, and Python does with the env given
+    from tdmpc.evaluate import main as evaluate
+
+    assert evaluate(["--checkpoint", str(run_dir / "checkpoints" / "latest.pt"), "--episodes", "1"]) == 2
+    assert "is a run's name for an env object it was given" in capsys.readouterr().err
+    assert len(tdmpc.run_episodes(agent, lambda: Corridor(terminates=True), 1, seed=0).returns) == 1
 
 
 def test_a_factory_and_what_an_env_declares(tmp_path):

@@ -13,7 +13,7 @@ from gymnasium import spaces
 from gymnasium.wrappers import (AddRenderObservation, FlattenObservation, FrameStackObservation, TimeLimit,
                                 TransformAction, TransformObservation)
 
-from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, Task, resolve_task
+from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, Task, custom_task_name, resolve_task
 from tdmpc.envs.wrappers import ActionRepeat, SeedAndRNGState
 from tdmpc.errors import TaskError
 
@@ -243,7 +243,7 @@ def _user_env(env: gym.Env | Callable[[], gym.Env]) -> tuple[Task, gym.Env]:
     episodic = None
     if built.spec is not None and built.spec.id in gym.registry and "episodic" not in built.unwrapped.metadata:
         episodic = resolve_task(built.spec.id).episodic
-    return Task(name=f"custom:{type(built.unwrapped).__name__}", dmc=None, env_steps=steps or DEFAULT_EPISODE_STEPS,
+    return Task(name=custom_task_name(built), dmc=None, env_steps=steps or DEFAULT_EPISODE_STEPS,
                 default_action_repeat=1, episodic=episodic), built
 
 

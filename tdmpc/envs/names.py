@@ -33,6 +33,12 @@ _HOW_TASKS_ARE_NAMED = (
     "gymnasium id like Pendulum-v1, HalfCheetah-v5 or my_module:MyEnv-v0"
 )
 _VERSIONED = re.compile(r"-v\d+$")
+# The task name a run records for a user's env object or factory (custom:ClassName): no name rebuilds it.
+CUSTOM_PREFIX = "custom:"
+
+
+def custom_task_name(env: gym.Env | gym.vector.VectorEnv) -> str:
+    return f"{CUSTOM_PREFIX}{type(env.unwrapped).__name__}"
 
 
 class UnknownTaskError(TaskError):
@@ -58,6 +64,11 @@ def episode_length(task: str, action_repeat: int | None = None) -> int:
 
 def resolve_task(name: str) -> Task:
     """Find ``name``'s family, or raise a one-line :class:`UnknownTaskError`."""
+    if name.startswith(CUSTOM_PREFIX):
+        raise UnknownTaskError(f"task {name!r} is a run's name for an env object it was given, which no name can "
+                               f"rebuild: pass --task with the env's registered id (or module:id), or from Python "
+                               f"give the env again (tdmpc.fit(env=..., resume=True), tdmpc.run_episodes(agent, env, "
+                               f"...))")
     if ":" in name or name in gym.registry:
         return _gym_task(name)
     if "-" in name and not _VERSIONED.search(name):

@@ -30,7 +30,7 @@ from gymnasium import spaces
 from torch import Tensor
 
 from tdmpc.envs.make import EnvSpec
-from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, resolve_task
+from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, custom_task_name, resolve_task
 from tdmpc.errors import TaskError
 
 __all__ = ["TensorStep", "TensorVectorEnv", "autoreset_mode", "is_tensor_task", "make_tensor_vector_env"]
@@ -211,7 +211,7 @@ def make_tensor_vector_env(env: str | gym.vector.VectorEnv, num_envs: int, *, se
                             f"gymnasium's JAX envs: pip install 'tdmpc[jax]'") from None
         name, steps, episodic = task.name, task.env_steps, task.episodic
     else:
-        vec, name = env, f"custom:{type(env.unwrapped).__name__}"
+        vec, name = env, custom_task_name(env)
         if vec.num_envs != num_envs:
             raise TaskError(f"the vector env has {vec.num_envs} envs, not num_envs={num_envs}")
         spec = vec.spec
