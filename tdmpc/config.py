@@ -157,9 +157,11 @@ class _Acting:
     mpc: bool = True
     """Plan with MPPI; False acts with the policy prior alone."""
     plan_horizon: Optional[int] = None
-    """Steps the planner looks ahead. None: `horizon`, as in the reference, where one field sets both. Training's
-    sub-trajectories keep `horizon`. Shorter plans trust the model's multi-step rewards less: on LunarLander-v3
-    (discrete) the 50k-step model's planner returned 16.7 over horizon 3 and 158.1 over 1 (RESULTS.md)."""
+    """Steps the planner looks ahead; training's sub-trajectories keep `horizon`. None: 1 for discrete actions,
+    else `horizon` (as in the reference, where one field sets both); config.json records the value used. Over
+    more steps a discrete plan's max over sequences picks the model's reward errors: planning over 3 steps,
+    LunarLander-v3 read 8.6 at 40k env steps, over 1 step 193.0; CartPole-v1 and Acrobot-v1 met their bars
+    sooner over 1 (RESULTS.md)."""
 
 
 @dataclass
@@ -289,8 +291,9 @@ class Config(_Hardware, _Output, _TaskSet, NetworkSettings, _Sizes, MPPIConfig, 
             max(1000, 5 * spec.episode_length) * spec.action_repeat * tasks
         updates = self.updates_per_round if self.updates_per_round is not None else \
             min(self.num_envs, MAX_DEFAULT_UPDATES) * tasks
+        plan_horizon = self.plan_horizon if self.plan_horizon is not None else 1 if spec.discrete else self.horizon
         return dataclasses.replace(self, task=spec.task, action_repeat=spec.action_repeat, seed_steps=seed_steps,
-                                   updates_per_round=updates,
+                                   updates_per_round=updates, plan_horizon=plan_horizon,
                                    episodic=spec.episodic if self.episodic is None else self.episodic)
 
     def to_dict(self) -> dict:
@@ -300,8 +303,9 @@ class Config(_Hardware, _Output, _TaskSet, NetworkSettings, _Sizes, MPPIConfig, 
 FIELD_NAMES = tuple(f.name for f in fields(Config))
 
 # Fields whose default is not what a run started before the field existed ran with: the value that reproduces
-# that run, which a resume of such a run takes (saved_config).
-AS_BEFORE_ADDED: dict[str, Any] = {"uniform_prior_coef": 0.0}
+# that run (or a function of its config giving it), which a resume of such a run takes (saved_config). A saved
+# plan_horizon of None is from before for_task filled it in: that run planned over `horizon` too.
+AS_BEFORE_ADDED: dict[str, Any] = {"uniform_prior_coef": 0.0, "plan_horizon": lambda cfg: cfg.horizon}
 
 
 def validate(cfg: Config) -> Config:

@@ -3,6 +3,7 @@ resume, the Python API, bad input, and a CartPole run that learns."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import gymnasium as gym
@@ -16,7 +17,7 @@ import tdmpc
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.config import Config, validate
-from tdmpc.envs import make_env, make_vector_env
+from tdmpc.envs import EnvSpec, make_env, make_vector_env
 from tdmpc.errors import CheckpointError, DatasetError, TaskError
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy
 from tdmpc.offline.format import open_dataset, read_episodes
@@ -112,6 +113,16 @@ def test_the_plan_horizon_sets_the_planners_length_and_training_keeps_the_horizo
     assert planner.cfg.horizon == 1
     action = planner.plan(model.latent(targets), torch.ones(6, dtype=torch.bool), eval_mode=True)
     assert torch.equal(action.argmax(-1), targets[:, 0])
+
+
+def test_a_discrete_run_plans_one_step_ahead_unless_told_otherwise():
+    """for_task fills plan_horizon in: 1 for Discrete(n) actions, `horizon` for continuous ones, a set value kept."""
+    discrete = EnvSpec(task="CartPole-v1", obs_shape=(4,), action_dim=2, episode_length=500, action_repeat=1,
+                       episodic=True, discrete=True)
+    continuous = dataclasses.replace(discrete, task="Pendulum-v1", action_dim=1, discrete=False)
+    assert Config(horizon=3).for_task(discrete).plan_horizon == 1
+    assert Config(horizon=3).for_task(continuous).plan_horizon == 3
+    assert Config(horizon=3, plan_horizon=2).for_task(discrete).plan_horizon == 2
 
 
 def test_sample_one_hot_draws_each_action_with_its_probability():
@@ -323,9 +334,11 @@ def test_cartpole_learns_within_a_minute(tmp_path):
     of the planner's own play (one update each), it holds it for 120 or more (with uniform_prior_coef's default, 1e-3, three seeds
     read 121.8, 500.0 and 140.2 at 1,500 when this was written, and 39-94 at 1,000, where coef 0 read 60-165 at
     1,000 and 67.0-101.6 at 1,500: results/discrete/cartpole_test_seeds.py and .log). Evaluations every 500 steps, 5
-    episodes each."""
+    episodes each. Those seeds planned over 3 steps, as this test does; over 1, the discrete default since, they read
+    122.8, 93.4 and 198.8 at 1,500, one under this test's bar."""
     run_dir, _ = tdmpc.fit(env="CartPole-v1", run_dir=tmp_path / "run", **{**CARTPOLE, "steps": 1500, "eval_freq": 500,
-                                                                           "eval_episodes": 5, "save_every": 1500})
+                                                                           "eval_episodes": 5, "save_every": 1500,
+                                                                           "plan_horizon": 3})
     returns = [float(r["episode_return"]) for r in read_csv(run_dir / "eval.csv")]
     assert len(returns) == 4 and returns[0] < 50, returns
     assert returns[-1] >= 100 and np.mean(returns[1:]) >= 3 * returns[0], returns

@@ -271,6 +271,24 @@ def test_resume_of_a_run_older_than_a_changed_default_keeps_what_it_ran_with(tmp
     assert saved_config(tmp_path).uniform_prior_coef == Config().uniform_prior_coef  # recorded: kept
 
 
+def test_resume_of_a_run_saved_without_a_plan_horizon_plans_over_its_horizon(tmp_path, capsys):
+    """A run's config records its plan_horizon (1 for a discrete task); one saved before, without the field or
+    with None, planned over `horizon`, and a resume keeps that even for a discrete task."""
+    from tdmpc.training.run_dir import saved_config
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest.pt").write_bytes(b"")
+    saved = Config(task="CartPole-v1", horizon=4).to_dict()
+    assert saved["plan_horizon"] is None
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert saved_config(tmp_path).plan_horizon == 4
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in saved.items() if k != "plan_horizon"}))
+    assert saved_config(tmp_path).plan_horizon == 4
+    assert "has no 'plan_horizon'" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "plan_horizon": 2}))
+    assert saved_config(tmp_path).plan_horizon == 2  # recorded: kept
+
+
 def test_explicit_bf16_on_a_cpu_that_emulates_it_warns_once(monkeypatch, capsys):
     """On AVX2-only CPUs bf16 matmuls run ~50x slower than fp32: an explicit bf16 says so, 'auto' picks fp32."""
     from tdmpc.runtime import device

@@ -92,7 +92,8 @@ def _with_added_fields(cfg: Config, raw: dict, source: Path) -> Config:
     """cfg, read from `raw`, with the fields added to Config since: the value the run ran with where the default
     differs from it (AS_BEFORE_ADDED), else the default; one line each."""
     missing = sorted(set(cfg.to_dict()) - set(raw))
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in AS_BEFORE_ADDED.items() if k in missing})
+    as_ran = [k for k in AS_BEFORE_ADDED if k in missing or (k == "plan_horizon" and raw[k] is None)]
+    cfg = dataclasses.replace(cfg, **{k: v(cfg) if callable(v := AS_BEFORE_ADDED[k]) else v for k in as_ran})
     for name in missing:
         how = "the value it ran with, not the default" if name in AS_BEFORE_ADDED else "the default"
         print(f"resume: {source} has no '{name}' (added to tdmpc since the run started); using {how}, "
