@@ -23,7 +23,7 @@ class MPPIConfig:
     """Candidates rolled out with the policy prior instead of sampled."""
     horizon: int = 3
     """Planning horizon, and the length of training sub-trajectories (tdmpc's Config.plan_horizon, when set, is the
-    planner's instead)."""
+    planner's instead: a discrete run's is 1 unless told otherwise)."""
     min_std: float = 0.05
     """Lower bound of the sampling std."""
     max_std: float = 2.0
