@@ -92,7 +92,7 @@ def _with_added_fields(cfg: Config, raw: dict, source: Path) -> Config:
     """cfg, read from `raw`, with the fields added to Config since: the value the run ran with where the default
     differs from it (AS_BEFORE_ADDED), else the default; one line each."""
     missing = sorted(set(cfg.to_dict()) - set(raw))
-    as_ran = [k for k in AS_BEFORE_ADDED if k in missing or (k == "plan_horizon" and raw[k] is None)]
+    as_ran = [k for k in AS_BEFORE_ADDED if raw.get(k) is None]  # missing, or saved as null (plan_horizon)
     cfg = dataclasses.replace(cfg, **{k: v(cfg) if callable(v := AS_BEFORE_ADDED[k]) else v for k in as_ran})
     for name in missing:
         how = "the value it ran with, not the default" if name in AS_BEFORE_ADDED else "the default"
