@@ -90,7 +90,8 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
 
 def _with_added_fields(cfg: Config, raw: dict, source: Path) -> Config:
     """cfg, read from `raw`, with the fields added to Config since: the value the run ran with where the default
-    differs from it (AS_BEFORE_ADDED), else the default; one line each."""
+    differs from it (AS_BEFORE_ADDED, also where `raw` holds null for such a field), else the default; one line
+    each for the missing ones."""
     missing = sorted(set(cfg.to_dict()) - set(raw))
     as_ran = [k for k in AS_BEFORE_ADDED if raw.get(k) is None]  # missing, or saved as null (plan_horizon)
     cfg = dataclasses.replace(cfg, **{k: v(cfg) if callable(v := AS_BEFORE_ADDED[k]) else v for k in as_ran})
