@@ -8,7 +8,8 @@ package):
                (discounted rewards until a predicted termination, then the prior's expected Q after the horizon,
                mean over every head); the first action of the best. MPPI's answer if it found the best sequence.
     mppi       agent.act(eval_mode=True): the planner as trained (slow; --no-mppi leaves it out)
-    mppi:K=V;K=V  the planner with those Config fields overridden (mppi:horizon=1;temperature=0.05)
+    mppi:K=V;K=V  the planner with those Config fields overridden (mppi:plan_horizon=1;temperature=0.05; the
+               planner looks plan_horizon steps ahead: overriding horizon moves it only where plan_horizon is unset)
 
     lookaheadH, lookaheadH-noterm, lookaheadH-blend: the same over H steps; without termination masking; scored
                by the mean of the t-step estimates G_t + gamma^t Q(z_t, a_t) for t < H and the H-step one
