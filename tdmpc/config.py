@@ -160,7 +160,7 @@ class _Acting:
     """Steps the planner looks ahead; training's sub-trajectories keep `horizon`. None: 1 for discrete actions,
     else `horizon` (as in the reference, where one field sets both); config.json records the value used. Over
     more steps a discrete plan's max over sequences picks the model's reward errors: planning over 3 steps,
-    LunarLander-v3 read 8.6 at 40k env steps, over 1 step 193.0 (220.2 at 60k); CartPole-v1 and Acrobot-v1 met
+    LunarLander-v3 read 8.6 at 40k env steps, over 1 step 193.0 (201.9 at 100k); CartPole-v1 and Acrobot-v1 met
     their bars sooner over 1 (RESULTS.md)."""
 
 
