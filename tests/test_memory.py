@@ -215,6 +215,31 @@ def test_dry_run_prints_breakdown_and_verdict(tmp_path):
     assert not (run / "checkpoints").exists()
 
 
+ESTIMATE_IMPORTS = """
+import sys, torch
+from tdmpc import memory
+from tdmpc.config import Config, validate
+from tdmpc.tasks.multitask import task_setup
+target = memory.Target("cpu", None, False, torch.bfloat16, torch.float32)
+state = validate(Config(model_size=1, device="cpu"))
+memory.estimate(state, (17,), 6, True, target)
+memory.estimate(state, (5,), 3, False, target, discrete=True)
+memory.estimate(validate(Config(model_size=1, device="cpu", obs="rgb", num_channels=8)), (9, 64, 64), 6, False, target)
+multi = Config(task="mt30", model_size=1, device="cpu")
+memory.estimate(multi, (24,), 6, False, target, tasks=task_setup(multi))
+print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+"""
+
+
+def test_the_estimate_builds_its_meta_model_without_importing_dynamo_or_sympy():
+    """Every start estimates memory on the meta device, where ops such as cat, stack, linspace and arange run
+    Python reference kernels that import torch._dynamo and sympy: more than a second of every start (and of
+    every CLI test). The model and its planning copy avoid those ops; a new one would bring the second back."""
+    r = subprocess.run([sys.executable, "-c", ESTIMATE_IMPORTS], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout
+
+
 def test_too_small_a_card_says_what_to_lower_and_exits_2(tmp_path):
     r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "800MB", "--run-dir", tmp_path / "r")
     assert r.returncode == 2, r.stdout + r.stderr

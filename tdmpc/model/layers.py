@@ -22,6 +22,18 @@ def simnorm(x: Tensor, group: int) -> Tensor:
     return torch.softmax(x.unflatten(-1, (-1, group)), dim=-1).view(shape)
 
 
+def concat(parts: list[Tensor], dim: int) -> Tensor:
+    """torch.cat by copies into one new tensor. Frozen copies are built this way because the memory estimate
+    builds them on the meta device, where cat and stack import torch._dynamo (about 1 s of every start)."""
+    shape = list(parts[0].shape)
+    shape[dim] = sum(p.shape[dim] for p in parts)
+    out, start = parts[0].new_empty(shape), 0
+    for p in parts:
+        out.narrow(dim, start, p.shape[dim]).copy_(p)
+        start += p.shape[dim]
+    return out
+
+
 def dropout(x: Tensor, p: float) -> Tensor:
     """Training-mode dropout. On the CPU, where ATen draws one random number per element
     (~6 ns each), one 64-bit draw serves four elements (16 bits each): p is rounded to a
@@ -157,7 +169,7 @@ class Ensemble(nn.Sequential):
         parameter. A foreach copy into the parameters (sync_copy) writes through the views."""
         params = [p for layer in self for p in cast(EnsembleLinear, layer).params()]
         dtypes = list(dict.fromkeys(p.dtype for p in params))
-        self._flat = [torch.cat([p.detach().reshape(self.num, -1) for p in params if p.dtype == d], 1) for d in dtypes]
+        self._flat = [concat([p.detach().reshape(self.num, -1) for p in params if p.dtype == d], 1) for d in dtypes]
         offsets = [0] * len(dtypes)
         self._layout: list[list[tuple[int, int, int, tuple[int, ...]]]] = []  # (flat, start, size, shape) per param
         for layer in self:

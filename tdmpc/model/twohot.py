@@ -30,8 +30,10 @@ class TwoHot(nn.Module):
         super().__init__()
         self.num_bins, self.vmin, self.vmax = num_bins, vmin, vmax
         self.bin_size = (vmax - vmin) / (num_bins - 1)
-        self.register_buffer("bins", torch.linspace(vmin, vmax, num_bins), persistent=False)
-        self.register_buffer("_index", torch.arange(num_bins), persistent=False)
+        # Made on the host, then moved: on the meta device (the memory estimate) linspace and arange import sympy.
+        device = torch.get_default_device()
+        self.register_buffer("bins", torch.linspace(vmin, vmax, num_bins, device="cpu").to(device), persistent=False)
+        self.register_buffer("_index", torch.arange(num_bins, device="cpu").to(device), persistent=False)
 
     def encode(self, x: Tensor) -> Tensor:
         """(...,) scalars -> (..., num_bins): weights 1 - frac and frac on the two enclosing bins."""

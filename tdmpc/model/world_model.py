@@ -25,7 +25,7 @@ from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.base import PolicyOutput as Policy
 from tdmpc.planners.categorical import one_hot_argmax
 from tdmpc.model.fused import ln_act
-from tdmpc.model.layers import (Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, StackedLayerNormAffine,
+from tdmpc.model.layers import (Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, StackedLayerNormAffine, concat,
                                 init_weights, mlp)
 from tdmpc.runtime.device import cpu_fast_paths
 from tdmpc.model.twohot import TwoHot
@@ -122,7 +122,9 @@ class WorldModel(nn.Module):
             raise ValueError("multi-task models are for state observations, continuous actions and tasks without "
                              "terminations (as the reference's)")
         if dims.multitask:
-            self._task_emb = nn.Embedding(len(dims.tasks), T, max_norm=1)
+            # Given its weight, so that torch's N(0, 1) initialisation does not run: init_weights draws it anew,
+            # and on the meta device (the memory estimate) normal_ imports torch._dynamo (a second a start).
+            self._task_emb = nn.Embedding(len(dims.tasks), T, max_norm=1, _weight=torch.empty(len(dims.tasks), T))
             masks = torch.zeros(len(dims.tasks), A)
             for i, n in enumerate(dims.action_dims):
                 masks[i, :n] = 1
@@ -423,7 +425,7 @@ def planning_copy(model: WorldModel, dtype: torch.dtype) -> WorldModel:
                 m.bias = nn.Parameter(m.bias.to(dtype), requires_grad=False)
 
     def fuse(mod_d: nn.Module, mod_r: nn.Module, name: str) -> Tensor:
-        both = torch.stack([getattr(mod_d, name), getattr(mod_r, name)])
+        both = concat([getattr(mod_d, name).unsqueeze(0), getattr(mod_r, name).unsqueeze(0)], 0)
         setattr(mod_d, name, nn.Parameter(both[0], requires_grad=False))
         setattr(mod_r, name, nn.Parameter(both[1], requires_grad=False))
         return both
