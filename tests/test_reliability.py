@@ -89,11 +89,16 @@ def test_two_trainers_or_two_resumes_of_one_run_never_both_run(tmp_path):
     assert "is in use by pid" in one_line_error(r)
     os.kill(winner.pid, signal.SIGKILL)  # its lock dies with it: stale locks never block
     winner.wait()
+    latest = run / "checkpoints" / "latest.pt"
+    written = latest.stat().st_mtime_ns
     c = start_train("--resume", run, log=tmp_path / "c.log")
     d = start_train("--resume", run, log=tmp_path / "d.log")
     wait_for(lambda: c.poll() is not None or d.poll() is not None)
     refused, going = (c, d) if c.poll() is not None else (d, c)
     assert refused.returncode == 2
+    # Stopped once it trains: a signal in its start-up, before the loop's handlers, ends it as a signal does (a
+    # Slurm job then requeues it, slurm/train.sh), with nothing to lose since its last checkpoint.
+    wait_for(lambda: latest.stat().st_mtime_ns != written)
     going.send_signal(signal.SIGTERM)
     assert going.wait(timeout=120) == 3
     steps = [int(r["env_step"]) for r in read_csv(run / "train.csv")]
