@@ -1,8 +1,9 @@
 """python -m tdmpc.reproduce --tasks cup-catch --seeds 1-3: train a grid and compare it with the published TD-MPC2 curves.
 
-Runs go to <runs-root>/<task>/seed<seed>, one after another, and are compared at the end.
+Runs go to <runs-root>/<task>/seed<seed>, one after another (--jobs N: N at a time, each with its
+share of the cores and its output in <runs-root>/<task>/seed<seed>.log), and are compared at the end.
 Rerunning the same command after an interruption skips finished runs and resumes the
-stopped one. --slurm submits the grid through slurm/sweep.sh instead; --gather only
+stopped ones. --slurm submits the grid through slurm/sweep.sh instead; --gather only
 compares. Flags after -- go to every tdmpc.train run (e.g. -- --num-envs 4). The
 comparison (results.md, results.csv, results.png) uses the published curves packaged in
 tdmpc/data (the TD-MPC2 paper's results/ folder, ICLR 2024).
@@ -17,6 +18,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -58,7 +60,12 @@ class ReproduceArgs:
     dry_run: bool = False
     """Print what would run (with --slurm: pass --dry-run to sweep.sh) and exit."""
     threads: Optional[int] = None
-    """CPU threads of every training run (--threads of tdmpc.train). None: each run's own default."""
+    """CPU threads of every training run (--threads of tdmpc.train). None: each run's own default; with
+    --jobs, the cores shared out among the runs."""
+    jobs: int = 1
+    """Training runs at once on this machine, each its own process. One run leaves most of a GPU idle, and on
+    a CPU two single-thread runs do more steps per second in all than one run on two threads; on one GPU,
+    pass --gpu-mem after -- so that each run's memory check and cap is its share of the card."""
 
 
 # --- the grid -----------------------------------------------------------------------
@@ -115,7 +122,7 @@ def check_train_args(extra: list[str], args: ReproduceArgs, task: str) -> None:
                           *extra], base_config, prog="python -m tdmpc.train")
 
 
-# --- sequential runs --------------------------------------------------------------------
+# --- the runs ---------------------------------------------------------------------------
 
 class Action(str, Enum):
     START = "start"  # nothing there yet
@@ -176,63 +183,132 @@ def set_aside(run_dir: Path) -> Path:
     return moved
 
 
-def run_child(cmd: list[str]) -> tuple[int, bool]:
-    """(exit code, whether we were asked to stop) for one training subprocess.
+@dataclass
+class Cell:
+    """One (task, seed) of the grid."""
+    number: int  # its place in the grid, for the [i/n] lines
+    task: str
+    seed: int
+    run_dir: Path
 
-    Ctrl-C reaches the child from the terminal by itself; SIGTERM and SIGUSR1 sent to us are
-    passed on. Either way the child writes its checkpoint and exits 3, and we wait for that
-    instead of killing it (which is what subprocess.run would do on KeyboardInterrupt).
+    @property
+    def name(self) -> str:
+        return f"{self.task} seed {self.seed}"
+
+    @property
+    def log(self) -> Path:
+        """Its output when several run at once: beside its run directory, which tdmpc.train wants empty."""
+        return self.run_dir.with_name(f"{self.run_dir.name}.log")
+
+
+class Runner:
+    """Training subprocesses, up to `jobs` at a time.
+
+    Ctrl-C reaches the children from the terminal by itself; SIGTERM and SIGUSR1 sent to us are passed on.
+    Either way each child writes its checkpoint and exits 3, and we wait for that instead of killing it. A
+    child that stops by itself (exit 3: someone signalled it) or refuses its input (exit 2) stops the others
+    the same way. After a stop no new run starts, and a rerun of the same command resumes.
     """
-    state: dict = {"proc": None, "stop": False}
 
-    def on_signal(signum: int, frame) -> None:
-        state["stop"] = True
-        if signum != signal.SIGINT and state["proc"] is not None:
-            state["proc"].send_signal(signum)
+    def __init__(self, jobs: int, total: int):
+        self.jobs, self.total = jobs, total
+        self.running: dict[subprocess.Popen, tuple[Cell, float]] = {}
+        self.stop, self.bad_input = False, False
+        self.stopped: list[Cell] = []
+        self.failed: list[Cell] = []
 
-    old = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS}
-    try:
-        state["proc"] = subprocess.Popen(cmd)
-        rc = state["proc"].wait()
-    finally:
-        for s, handler in old.items():
-            signal.signal(s, handler)
-    return rc, state["stop"]
+    def on_signal(self, signum: int, frame) -> None:
+        self.stop = True
+        if signum != signal.SIGINT:
+            for proc in self.running:
+                proc.send_signal(signum)
+
+    def _stop_others(self) -> None:
+        if not self.stop:
+            self.stop = True
+            for proc in self.running:
+                proc.send_signal(signal.SIGTERM)
+
+    def launch(self, cell: Cell, cmd: list[str]) -> None:
+        print(f"  {shlex.join(cmd)}", flush=True)
+        if self.jobs == 1:  # the run speaks to the terminal itself
+            proc = subprocess.Popen(cmd)
+        else:
+            print(f"  output: {cell.log}", flush=True)
+            cell.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(cell.log, "a") as log:  # appended to: a resumed run's output follows its first
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.running[proc] = (cell, time.monotonic())
+
+    def wait(self, until_free: bool) -> None:
+        """Reap finished children until a slot is free (until_free) or none runs."""
+        while self.running and (len(self.running) >= self.jobs or not until_free):
+            done = [p for p in self.running if p.poll() is not None]
+            if not done:
+                time.sleep(0.2)
+                continue
+            for proc in done:
+                cell, started = self.running.pop(proc)
+                self._finished(cell, proc.returncode, (time.monotonic() - started) / 60)
+
+    def _finished(self, cell: Cell, rc: int, minutes: float) -> None:
+        where = f"[{cell.number}/{self.total}] {cell.name}"
+        if rc == EXIT_REQUEUE or self.stop:
+            self.stopped.append(cell)
+            self._stop_others()
+        elif rc == EXIT_BAD_INPUT:  # tdmpc.train printed why; the other runs would fail the same way
+            self.bad_input = True
+            print(f"{where}: refused its input (exit 2){f'; see {cell.log}' if self.jobs > 1 else ''}",
+                  file=sys.stderr)
+            self._stop_others()
+        elif rc != EXIT_OK:
+            self.failed.append(cell)
+            print(f"{where}: failed with exit code {rc}{f' (see {cell.log})' if self.jobs > 1 else ''}; going on "
+                  f"with the rest", file=sys.stderr)
+        elif self.jobs > 1:
+            print(f"{where}: finished in {minutes:.1f} min", flush=True)
 
 
 def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: list[str]) -> int:
-    cells = [(task, seed, args.runs_root / task / f"seed{seed}") for task in tasks for seed in seeds]
-    failed = []
-    for i, (task, seed, run_dir) in enumerate(cells, 1):
-        action = decide(run_dir, task, seed, args.steps)
-        cmd = train_command(action, run_dir, task, seed, args.steps, args.cfg, extra)
-        print(f"[{i}/{len(cells)}] {task} seed {seed}: {action.value} {run_dir}", flush=True)
-        if action is Action.SKIP:
-            continue
-        if args.dry_run:
-            print(f"  {shlex.join(cmd)}")
-            continue
-        if action is Action.RESTART:
-            print(f"  no checkpoint there; set the leftovers aside as {set_aside(run_dir)}")
-        print(f"  {shlex.join(cmd)}", flush=True)
-        rc, stopped = run_child(cmd)
-        if rc == EXIT_REQUEUE or stopped:
-            print(f"stopped during {task} seed {seed}: rerun the same command to continue (finished runs are "
-                  f"skipped, this one resumes)", file=sys.stderr)
-            return EXIT_REQUEUE
-        if rc == EXIT_BAD_INPUT:  # tdmpc.train printed why; the other runs would fail the same way
-            return EXIT_BAD_INPUT
-        if rc != EXIT_OK:
-            failed.append(f"{task} seed {seed}")
-            print(f"  {task} seed {seed} failed with exit code {rc}; going on with the rest", file=sys.stderr)
+    cells = [Cell(i, task, seed, args.runs_root / task / f"seed{seed}")
+             for i, (task, seed) in enumerate(((t, s) for t in tasks for s in seeds), 1)]
+    runner = Runner(args.jobs, len(cells))
+    old = {s: signal.signal(s, runner.on_signal) for s in STOP_SIGNALS}
+    try:
+        for cell in cells:
+            runner.wait(until_free=True)
+            if runner.stop:
+                break
+            action = decide(cell.run_dir, cell.task, cell.seed, args.steps)
+            cmd = train_command(action, cell.run_dir, cell.task, cell.seed, args.steps, args.cfg, extra)
+            print(f"[{cell.number}/{len(cells)}] {cell.name}: {action.value} {cell.run_dir}", flush=True)
+            if action is Action.SKIP:
+                continue
+            if args.dry_run:
+                print(f"  {shlex.join(cmd)}")
+                continue
+            if action is Action.RESTART:
+                print(f"  no checkpoint there; set the leftovers aside as {set_aside(cell.run_dir)}")
+            runner.launch(cell, cmd)
+        runner.wait(until_free=False)
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+    if runner.bad_input:
+        return EXIT_BAD_INPUT
+    if runner.stopped or runner.stop:
+        during = f" during {', '.join(c.name for c in runner.stopped)}" if runner.stopped else ""
+        print(f"stopped{during}: rerun the same command to continue (finished runs are skipped, stopped ones "
+              f"resume)", file=sys.stderr)
+        return EXIT_REQUEUE
     if args.dry_run:
         return EXIT_OK
-    done = [d for _, _, d in cells if last_eval_step(d) is not None]
+    done = [c.run_dir for c in cells if last_eval_step(c.run_dir) is not None]
     if done:
         gather(done, args.out or args.runs_root, args.at, args.bar)
-    if failed:
-        print(f"error: {len(failed)} run(s) failed: {', '.join(failed)}; rerun the command to retry them",
-              file=sys.stderr)
+    if runner.failed:
+        print(f"error: {len(runner.failed)} run(s) failed: {', '.join(c.name for c in runner.failed)}; rerun the "
+              f"command to retry them", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_OK
 
@@ -281,17 +357,26 @@ def _main(args: ReproduceArgs, extra: list[str]) -> int:
     if not 0 < args.bar <= 10 or args.at <= 0:
         raise BadInput("--bar must be in (0, 10] and --at > 0")
     if args.gather is not None:
-        if args.slurm or extra:
-            raise BadInput("--gather only compares; it takes no --slurm and no train arguments after --")
+        if args.slurm or extra or args.jobs != 1:
+            raise BadInput("--gather only compares; it takes no --slurm, no --jobs and no train arguments after --")
         gather(find_runs(args.gather or (args.runs_root,)), args.out or args.runs_root, args.at, args.bar)
         return EXIT_OK
     tasks, seeds = parse_tasks(args.tasks), parse_seeds(args.seeds)
     if args.steps <= 0:
         raise BadInput(f"--steps {args.steps}: must be > 0")
-    if args.threads is not None:
-        if args.threads < 1:
-            raise BadInput(f"--threads must be >= 1, got {args.threads}")
-        extra = ["--threads", str(args.threads), *extra]
+    if args.jobs < 1:
+        raise BadInput(f"--jobs must be >= 1, got {args.jobs}")
+    if args.jobs > 1 and args.slurm:
+        raise BadInput("--jobs runs here; with --slurm, Slurm runs the array's elements side by side itself")
+    threads = args.threads
+    if threads is None and args.jobs > 1 and "--threads" not in extra:  # all at once, each seeing an idle machine
+        threads = max(1, (os.cpu_count() or 1) // args.jobs)
+        print(f"--jobs {args.jobs}: each run gets --threads {threads} of the {os.cpu_count()} cores; pass --threads "
+              f"to choose", flush=True)
+    if threads is not None:
+        if threads < 1:
+            raise BadInput(f"--threads must be >= 1, got {threads}")
+        extra = ["--threads", str(threads), *extra]
     for task in tasks:  # a typo in the last task should not wait for the first runs to finish
         resolve_task(task)
     check_train_args(extra, args, tasks[0])

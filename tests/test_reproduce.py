@@ -5,7 +5,11 @@ No training: run directories are written by hand, and the sequential runner driv
 
 import csv
 import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -170,6 +174,14 @@ if not flag("--resume"):
         f.write("env_step,episodes,episode_return,episode_return_std,episode_length,eval_seconds,elapsed\n")
 if not flag("--resume") and flag("--seed") == os.environ.get("FAKE_STOP_SEED"):
     sys.exit(3)  # stopped by a signal before the end
+if os.environ.get("FAKE_SECONDS"):  # a run that takes a while: says when it runs, and stops on SIGTERM
+    import signal, time
+    events = lambda what: open(os.environ["FAKE_EVENTS"], "a").write(f"{what} {run.name}\n")
+    signal.signal(signal.SIGTERM, lambda *_: (events("stopped"), sys.exit(3)))
+    print(f"training {run.name} with --threads {flag('--threads')}", flush=True)
+    events("start")
+    time.sleep(float(os.environ["FAKE_SECONDS"]))
+    events("end")
 with open(run / "eval.csv", "a") as f:
     f.write(f"{flag('--steps')},2,-300,1,200,1,10\n")
 '''
@@ -203,6 +215,62 @@ def test_runner_stops_on_exit_3_and_a_rerun_resumes_and_skips(tmp_path, monkeypa
     assert main(cmd) == 0  # everything finished: nothing runs again
     assert len(log.read_text().splitlines()) == 3
     assert capsys.readouterr().out.count(": skip ") == 2
+
+
+def _fake_trainer(tmp_path, monkeypatch, seconds: float) -> Path:
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(reproduce, "TRAIN", [sys.executable, str(script)])
+    monkeypatch.setenv("FAKE_LOG", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setenv("FAKE_EVENTS", str(tmp_path / "events.txt"))
+    monkeypatch.setenv("FAKE_SECONDS", str(seconds))
+    return tmp_path / "events.txt"
+
+
+def test_jobs_run_side_by_side_each_with_its_log_and_share_of_the_cores(tmp_path, monkeypatch, capsys):
+    events = _fake_trainer(tmp_path, monkeypatch, 1.5)
+    root = tmp_path / "runs"
+    cmd = ["--tasks", "Pendulum-v1", "--seeds", "1-3", "--steps", "400", "--runs-root", str(root)]
+
+    assert main([*cmd, "--jobs", "2"]) == 0
+    seq = events.read_text().split()[::2]
+    assert seq[:2] == ["start", "start"], events.read_text()  # two at once, then the third
+    share = max(1, (os.cpu_count() or 1) // 2)
+    for seed in (1, 2, 3):
+        assert (root / f"Pendulum-v1/seed{seed}.log").read_text() == f"training seed{seed} with --threads {share}\n"
+    out = capsys.readouterr().out
+    assert f"each run gets --threads {share}" in out and out.count("finished in") == 3
+    assert [r["seeds"] for r in read_rows(root / "results.csv")] == ["3"]  # gathered once all had finished
+
+    events.unlink()  # one at a time (the default): each ends before the next starts
+    assert main([*cmd[:-1], str(tmp_path / "seq")]) == 0
+    assert events.read_text().split()[::2] == ["start", "end"] * 3
+
+
+def test_a_sigterm_stops_every_running_job_and_a_rerun_resumes_them(tmp_path, monkeypatch):
+    events = _fake_trainer(tmp_path, monkeypatch, 60)
+    root = tmp_path / "runs"
+    cmd = [sys.executable, "-c", "import sys; from tdmpc import reproduce; reproduce.TRAIN = sys.argv[1:3]; "
+           "sys.exit(reproduce.main(sys.argv[3:]))", *reproduce.TRAIN, "--tasks", "Pendulum-v1", "--seeds", "1-3",
+           "--steps", "400", "--runs-root", str(root), "--jobs", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while (events.read_text().count("start") if events.exists() else 0) < 2:
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert events.read_text().split()[::2][2:] == ["stopped", "stopped"]  # both got it; seed 3 never began
+    assert "stopped during Pendulum-v1 seed 1, Pendulum-v1 seed 2" in err or \
+        "stopped during Pendulum-v1 seed 2, Pendulum-v1 seed 1" in err, err
+    assert not (root / "Pendulum-v1/seed3").exists()
+
+    monkeypatch.setenv("FAKE_SECONDS", "0")
+    assert main(cmd[5:]) == 0
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert sorted(c[1] for c in calls[2:4]) == [str(root / "Pendulum-v1/seed1"), str(root / "Pendulum-v1/seed2")]
+    assert all(c[0] == "--resume" for c in calls[2:4]) and "--run-dir" in calls[4]
 
 
 def test_dry_run_prints_the_plan(tmp_path, capsys):
@@ -246,6 +314,8 @@ def test_seed_lists_and_ranges():
     ["--tasks", "cup-catch", "--steps", "0"],
     ["--tasks", "cup-catch,walker-wlak"],
     ["--gather", "--slurm"],
+    ["--tasks", "cup-catch", "--jobs", "0"],
+    ["--tasks", "cup-catch", "--jobs", "2", "--slurm"],
 ])
 def test_bad_input_is_one_line_exit_2(argv, tmp_path, capsys):
     assert main([*argv, "--runs-root", str(tmp_path)] if "--" not in argv else argv) == 2
