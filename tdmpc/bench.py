@@ -93,6 +93,10 @@ class BenchArgs:
     """Planning samples for every agent (None: Config's, 512)."""
     e2e_envs: tuple[int, ...] = (1,)
     """Env counts of the end-to-end measurement (one update per env step)."""
+    e2e_procs: tuple[int, ...] = ()
+    """For each N given: the end-to-end measurement (1 env) in N processes at once, each with its share of the
+    CPU threads, timed from one barrier. How many training runs one machine (or one GPU) holds before their
+    total agent steps/s stops growing: the --jobs to give tdmpc.reproduce."""
     gpu_mem: Optional[str] = None
     """On CUDA: cap the allocator at this size (16GiB: the A4000's card), as tdmpc.train --gpu-mem does; the
     end-to-end rows report their peak memory beside the memory estimate."""
@@ -336,9 +340,11 @@ def rss_mb() -> float:
 
 
 def bench_training(task: str, device: torch.device, agent_steps: int, warmup_steps: int, small: bool,
-                   threads: int, num_envs: int = 1, gpu_mem: str | None = None, profile: bool = False) -> dict:
+                   threads: int, num_envs: int = 1, gpu_mem: str | None = None, profile: bool = False,
+                   start: Any = None) -> dict:
     """Agent steps/s of the real training loop (num_envs envs, 1 update per env step) and RSS over the run; on
-    CUDA the peak memory beside the estimate, and with `profile` the GPU's busy fraction over 20 more steps."""
+    CUDA the peak memory beside the estimate, and with `profile` the GPU's busy fraction over 20 more steps.
+    `start`: a barrier of several processes, waited on before the timed steps (bench_processes)."""
     from tdmpc.envs import make_env
     from tdmpc.training.setup import trainer_for
 
@@ -363,6 +369,9 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
         while c.env_step < cfg.seed_steps + settle * R:  # seeding, pretraining updates, settling
             trainer.step()
         gc.collect()
+        if start is not None:
+            sync(device)
+            start.wait(timeout=1800)
         rss0, t0, s0 = rss_mb(), time.perf_counter(), c.env_step
         samples = []
         while c.env_step < cfg.steps:
@@ -391,6 +400,51 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
                         trainer.step()
                 out["gpu_busy"] = gpu_busy(more_steps, device)
         trainer.close()
+    return out
+
+
+def _e2e_process(task: str, device: str, agent_steps: int, warmup_steps: int, small: bool, threads: int,
+                 overrides: dict, gpu_mem: str | None, start: Any, results: Any) -> None:
+    """One process of bench_processes (spawned: a fresh interpreter, as a separate run would be)."""
+    torch.set_num_threads(threads)
+    OVERRIDES.update(overrides)
+    results.put(bench_training(task, torch.device(device), agent_steps, warmup_steps, small, threads,
+                               gpu_mem=gpu_mem, start=start))
+
+
+def bench_processes(task: str, device: torch.device, counts: tuple[int, ...], agent_steps: int, warmup_steps: int,
+                    threads: int, gpu_mem: str | None = None, small: bool = False) -> dict:
+    """--e2e-procs: for each N, N training loops (1 env each) in N processes, with threads // N CPU threads
+    each, timed from one barrier after their warm-up. Each does the same steps, so they end close together and
+    the sum of their rates is the machine's total over the shared window."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("spawn")  # CUDA cannot be forked
+    out: dict[int, dict] = {}
+    for n in counts:
+        share = max(1, threads // n)
+        start, results = ctx.Barrier(n), ctx.Queue()
+        procs = [ctx.Process(target=_e2e_process, daemon=True,
+                             args=(task, str(device), agent_steps, warmup_steps, small, share, dict(OVERRIDES),
+                                   gpu_mem, start, results)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        each: list[dict] = []
+        while len(each) < n:
+            try:
+                each.append(results.get(timeout=1))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    for p in procs:
+                        p.terminate()
+                    raise RuntimeError(f"--e2e-procs {n}: a measuring process failed (exit codes "
+                                       f"{[p.exitcode for p in procs]})") from None
+        for p in procs:
+            p.join()
+        rates = sorted(e["agent_steps_per_s"] for e in each)
+        out[n] = {"threads_each": share, "agent_steps_per_s_each": rates, "agent_steps_per_s_total": sum(rates),
+                  "runs": each}
     return out
 
 
@@ -497,6 +551,13 @@ def print_table(r: dict) -> None:
         overlap = ", updates beside the env step" if e.get("config", {}).get("overlap_updates") else ""
         print(f"end to end ({e['task']}, {n} env(s), 1 update per env step{overlap}): {e['agent_steps_per_s']:.1f} "
               f"agent steps/s over {e['agent_steps']} steps{mem}{busy}")
+    procs = r.get("end_to_end_by_procs", {})
+    one = procs.get(1, procs.get("1", {})).get("agent_steps_per_s_total")
+    for n, p in procs.items():
+        than_one = f" ({p['agent_steps_per_s_total'] / one:.2f}x one process)" if one and int(n) != 1 else ""
+        print(f"end to end, {n} process(es) at once ({p['threads_each']} thread(s) each, 1 env, 1 update per env "
+              f"step): {p['agent_steps_per_s_total']:.1f} agent steps/s in all{than_one}; each "
+              f"{', '.join(f'{x:.1f}' for x in p['agent_steps_per_s_each'])}")
     o = r.get("offline")
     if o:
         print(f"offline, size {o['model_size']}, {o['rows']:,} rows ({o['file_mb']:.0f} MB on disk): update B=256 "
@@ -576,6 +637,10 @@ def main(argv: list[str] | None = None) -> int:
                               threads=threads, num_envs=n, gpu_mem=args.gpu_mem, profile=args.profile)
             for n in args.e2e_envs}
         result["end_to_end"] = next(iter(result["end_to_end_by_envs"].values()))
+    if e2e and args.e2e_procs:
+        print("benchmarking training processes side by side...", file=sys.stderr)
+        result["end_to_end_by_procs"] = bench_processes(task, device, args.e2e_procs, e2e, warmup, threads,
+                                                        args.gpu_mem)
     rss = args.rss_steps if args.rss_steps is not None else (2000 if args.quick else 20_000)
     if rss:
         result["rss"] = bench_training(task, device, rss, warmup_steps=warmup, small=True, threads=threads)

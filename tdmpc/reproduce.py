@@ -63,9 +63,10 @@ class ReproduceArgs:
     """CPU threads of every training run (--threads of tdmpc.train). None: each run's own default; with
     --jobs, the cores shared out among the runs."""
     jobs: int = 1
-    """Training runs at once on this machine, each its own process. One run leaves most of a GPU idle, and on
-    a CPU two single-thread runs do more steps per second in all than one run on two threads; on one GPU,
-    pass --gpu-mem after -- so that each run's memory check and cap is its share of the card."""
+    """Training runs at once on this machine, each its own process: one run's small kernels leave a GPU gaps,
+    and on a 2-core CPU two single-thread runs did 13% more steps/s in all than one on two threads
+    (BENCHMARKS.md; python -m tdmpc.bench --e2e-procs measures it). On one GPU, pass --gpu-mem after -- so
+    that each run's memory check and cap is its share of the card."""
 
 
 # --- the grid -----------------------------------------------------------------------

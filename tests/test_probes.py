@@ -11,6 +11,7 @@ import sys
 import textwrap
 
 import numpy as np
+import torch
 import pytest
 
 from helpers import TINY, one_line_error, read_csv, run_module, run_train, tiny_json
@@ -306,6 +307,19 @@ def test_bench_quick_writes_its_json_and_table(tmp_path):
     (model,) = result["models"]
     assert model["model_size"] == 1 and result["end_to_end"]["agent_steps"] >= 3 and result["peak"]["fp32"]["peak"] > 0
     assert "plan" in r.stdout and f"wrote {out}" in r.stdout
+
+
+def test_bench_processes_time_n_training_loops_from_one_barrier_with_their_share_of_threads():
+    """--e2e-procs: N spawned processes, each with threads // N threads, each timed over the same window."""
+    from tdmpc.bench import bench_processes
+
+    out = bench_processes("Pendulum-v1", torch.device("cpu"), (1, 2), agent_steps=5, warmup_steps=5, threads=2,
+                          small=True)
+    assert sorted(out) == [1, 2]
+    for n, p in out.items():
+        assert p["threads_each"] == 2 // n and len(p["runs"]) == len(p["agent_steps_per_s_each"]) == n
+        assert all(r["agent_steps"] >= 5 and r["small_model"] for r in p["runs"])
+        assert p["agent_steps_per_s_total"] == pytest.approx(sum(r["agent_steps_per_s"] for r in p["runs"]))
 
 
 # --- found by the probe of 2026-11-26: user paths and values checked before any work ---------------------
