@@ -329,6 +329,7 @@ def cartpole_run(tmp_path_factory):
                                                          "eval_episodes": 0, "save_every": 100})
 
 
+@pytest.mark.slow  # half a minute of learning: CI's slow step (.ci/run), with the other learning runs
 def test_cartpole_learns_within_a_minute(tmp_path):
     """Random play balances the pole for 10-25 steps; after 500 seed steps, 500 updates on them and 1,000 steps
     of the planner's own play (one update each), it holds it for 120 or more (with uniform_prior_coef's default, 1e-3, three seeds

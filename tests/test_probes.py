@@ -309,6 +309,7 @@ def test_bench_quick_writes_its_json_and_table(tmp_path):
     assert "plan" in r.stdout and f"wrote {out}" in r.stdout
 
 
+@pytest.mark.slow  # three spawned interpreters: CI's slow step (.ci/run), with bench --quick
 def test_bench_processes_time_n_training_loops_from_one_barrier_with_their_share_of_threads():
     """--e2e-procs: N spawned processes, each with threads // N threads, each timed over the same window."""
     from tdmpc.bench import bench_processes

@@ -42,6 +42,7 @@ def wait_for(predicate, timeout: float = 120.0) -> None:
 
 # --- 1. the fused kernels' build lock ----------------------------------------------------------------
 
+@pytest.mark.slow  # builds the fused kernels from scratch (a C++ compile): CI's slow step (.ci/run)
 @pytest.mark.skipif(sys.platform != "linux", reason="the fused kernels are built on Linux only")
 def test_a_build_lock_held_by_a_killed_process_never_blocks_the_next(tmp_path):
     """A process killed (SIGKILL) while it holds the kernel build lock leaves nothing that makes the
@@ -263,7 +264,7 @@ def test_a_read_only_disk_is_one_line_and_evaluate_prints_before_its_report(tmp_
 
 # --- 5. kill -9 at any moment ----------------------------------------------------------------------
 
-@pytest.mark.slow  # a minute of random kills; the default suite kills at each phase on purpose (below)
+@pytest.mark.slow  # a minute of random kills: CI's slow step (.ci/run), with the kills at each phase (below)
 def test_kill_9_at_random_moments_then_resume_twenty_times(tmp_path):
     """Killed in start-up, seeding, updates, evaluation or a checkpoint write, each time the run resumes
     from its last complete checkpoint; at the end it finishes with every step logged once."""
@@ -295,6 +296,7 @@ KILL_PHASES = ["startup:1", "write-text:1", "seeding:60", "write:2", "update:40"
                "write:1"]
 
 
+@pytest.mark.slow  # nine starts of a run (40 s): CI's slow step (.ci/run), with the random kills above
 def test_kill_9_in_each_phase_then_auto_resume(tmp_path):
     """Killed (SIGKILL, by the process itself) in start-up, seeding, an update, an evaluation and both halves of
     a checkpoint write, each at a point it is shown to have reached; each time --auto-resume starts or continues
@@ -356,7 +358,8 @@ NAN_ENV = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("env,field", [("Spiky-v0", "observation"), ("SpikyReward-v0", "reward")])
+@pytest.mark.parametrize("env,field", [("Spiky-v0", "observation"),
+                                       pytest.param("SpikyReward-v0", "reward", marks=pytest.mark.slow)])  # (CI: both)
 def test_nonfinite_data_from_an_env_is_named_at_its_source_or_dropped(tmp_path, env, field):
     (tmp_path / "spiky.py").write_text(NAN_ENV)
     env_vars = _env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
