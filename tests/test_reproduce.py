@@ -228,7 +228,7 @@ def _fake_trainer(tmp_path, monkeypatch, seconds: float) -> Path:
 
 
 def test_jobs_run_side_by_side_each_with_its_log_and_share_of_the_cores(tmp_path, monkeypatch, capsys):
-    events = _fake_trainer(tmp_path, monkeypatch, 1.5)
+    events = _fake_trainer(tmp_path, monkeypatch, 3)  # long enough that the second starts before the first ends
     root = tmp_path / "runs"
     cmd = ["--tasks", "Pendulum-v1", "--seeds", "1-3", "--steps", "400", "--runs-root", str(root)]
 
@@ -243,6 +243,7 @@ def test_jobs_run_side_by_side_each_with_its_log_and_share_of_the_cores(tmp_path
     assert [r["seeds"] for r in read_rows(root / "results.csv")] == ["3"]  # gathered once all had finished
 
     events.unlink()  # one at a time (the default): each ends before the next starts
+    monkeypatch.setenv("FAKE_SECONDS", "0.2")
     assert main([*cmd[:-1], str(tmp_path / "seq")]) == 0
     assert events.read_text().split()[::2] == ["start", "end"] * 3
 
