@@ -254,7 +254,7 @@ class Runner:
 
     def _finished(self, cell: Cell, rc: int, minutes: float) -> None:
         where = f"[{cell.number}/{self.total}] {cell.name}"
-        if rc == EXIT_REQUEUE or self.stop:
+        if rc == EXIT_REQUEUE or (self.stop and rc != EXIT_OK):  # a run that finished as the stop came is done
             self.stopped.append(cell)
             self._stop_others()
         elif rc == EXIT_BAD_INPUT:  # tdmpc.train printed why; the other runs would fail the same way
