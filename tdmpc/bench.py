@@ -24,6 +24,7 @@ from typing import Any, Callable, Literal, Optional
 
 import numpy as np
 import torch
+from torch.autograd import DeviceType
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
@@ -228,16 +229,38 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
 
 def _cuda_kernels(prof: Any) -> list:
     """The kernel launches a torch.profiler run recorded on the GPU (copies and memsets left out)."""
-    from torch.autograd import DeviceType
     return [e for e in prof.events() if e.device_type == DeviceType.CUDA
             and not e.name.startswith(("Memcpy", "Memset", "[memory]"))]
 
 
+def kernels_by_op(events: Any) -> Counter[str]:
+    """GPU kernels per ATen op that launched them (the innermost op, named as KernelCounter names it), from a
+    torch.profiler run with CPU and CUDA activities: the profiler links each kernel to the op that launched it."""
+    by_op: Counter[str] = Counter()
+    for e in events:
+        launched = [k for k in e.kernels if not k.name.startswith(("Memcpy", "Memset"))]
+        if e.device_type == DeviceType.CPU and launched:
+            by_op[e.name.removeprefix("aten::")] += len(launched)
+    return by_op
+
+
+def count_differences(gpu: Counter[str], cpu: Counter[str]) -> dict[str, int]:
+    """Per op, the GPU's kernels less the CPU count's, where they differ: where the CPU count must learn."""
+    return {op: gpu[op] - cpu[op] for op in sorted(gpu.keys() | cpu.keys()) if gpu[op] != cpu[op]}
+
+
 def profile_kernels(size: int, device: torch.device) -> dict:
     """Kernels of one plan() (1 env) and one update() (batch 256) as the GPU ran them (torch.profiler, CUPTI),
-    with CUDA graphs off and on, to set beside tdmpc.bench --kernels (counted on the CPU)."""
+    with CUDA graphs off and on. Graphs off, each kernel is set beside the op that launched it, and the ops'
+    counts beside tdmpc.bench --kernels's, counted here on the CPU along CUDA's code path: `differences`."""
     from torch.profiler import ProfilerActivity, profile
 
+    from tdmpc.report.kernel_counts import counting_agent, plan_kernels, update_kernels
+    from tdmpc.runtime.device import cuda_code_path
+
+    with cuda_code_path():
+        cpu = {"plan": plan_kernels(counting_agent(size, compile=False), 1, False),
+               "update": update_kernels(size, compiled=False)[1]}
     out: dict = {}
     for graphs in (False, True):
         agent = make_agent(size, device, "auto", cuda_graphs=graphs)
@@ -247,13 +270,17 @@ def profile_kernels(size: int, device: torch.device) -> dict:
             for _ in range(cuda_graphs.WARMUP + 2):
                 fn()
             sync(device)
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
                 fn()
                 sync(device)
             kernels = _cuda_kernels(prof)
-            out[f"{name}_graphs_{'on' if graphs else 'off'}"] = {
+            row = out[f"{name}_graphs_{'on' if graphs else 'off'}"] = {
                 "kernels": len(kernels), "kernel_us": sum(e.device_time for e in kernels),
-                "by_name": dict(Counter(e.name[:120] for e in kernels).most_common())}  # beside the CPU count
+                "by_name": dict(Counter(e.name[:120] for e in kernels).most_common())}
+            if not graphs:  # a graph's replay launches its kernels from no op
+                by_op = kernels_by_op(prof.events())
+                row.update(by_op=dict(by_op.most_common()), unattributed=len(kernels) - sum(by_op.values()),
+                           cpu_count=sum(cpu[name].values()), differences=count_differences(by_op, cpu[name]))
     return out
 
 
@@ -543,7 +570,11 @@ def print_table(r: dict) -> None:
             print(f"batched planning N={n} vs N=1 (actions/s): {ratios}")
     for m in r["models"]:
         for name, k in m.get("gpu_kernels", {}).items():
-            print(f"size {m['model_size']} {name}: {k['kernels']} kernels on the GPU, {k['kernel_us'] / 1e3:.2f} ms of kernels")
+            beside = (f"; the CPU count {k['cpu_count']}, differing in "
+                      f"{', '.join(f'{op} {d:+d}' for op, d in k['differences'].items()) or 'no op'}"
+                      if "cpu_count" in k else "")
+            print(f"size {m['model_size']} {name}: {k['kernels']} kernels on the GPU, {k['kernel_us'] / 1e3:.2f} ms of "
+                  f"kernels{beside}")
     for n, e in r.get("end_to_end_by_envs", {}).items():
         mem = (f"; peak {e['peak_allocated_gib']:.2f} GiB allocated, {e['peak_reserved_gib']:.2f} reserved, estimate "
                f"{e['estimate_gib']:.2f}" if "peak_allocated_gib" in e else "")

@@ -1,5 +1,7 @@
 """The counters behind `python -m tdmpc.bench --kernels`: kernels per call and transfers per training step."""
 
+from collections import Counter
+
 import numpy as np
 import torch
 from torch import nn
@@ -122,3 +124,28 @@ def test_the_categorical_planner_launches_about_as_many_kernels_as_mppi():
         continuous = sum(plan_kernels(counting_agent(5, False), 1, False).values())
         discrete = sum(plan_kernels(counting_agent(5, False, discrete=True), 1, False).values())
     assert abs(discrete - continuous) <= 40, (continuous, discrete)
+
+
+def test_gpu_kernels_are_set_beside_the_op_that_launched_them_and_the_cpu_count():
+    """bench --profile on CUDA: the profiler's kernels per launching op, and where they differ from the CPU count.
+    Here with the profiler's own event objects on the CPU (no kernels) and stand-ins for CUDA's."""
+    from types import SimpleNamespace as NS
+
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    from tdmpc.bench import count_differences, kernels_by_op
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(4, 4) @ torch.ones(4, 4)
+    assert any(e.name == "aten::mm" for e in prof.events()) and kernels_by_op(prof.events()) == Counter()
+    cpu, cuda = DeviceType.CPU, DeviceType.CUDA
+    events = [NS(device_type=cpu, name="aten::native_layer_norm_backward", kernels=[NS(name="grad_input"),
+                                                                                    NS(name="gamma_beta")]),
+              NS(device_type=cpu, name="aten::mm", kernels=[NS(name="sm90_gemm"), NS(name="Memset (Device)")]),
+              NS(device_type=cpu, name="aten::linear", kernels=[]),  # composite: its addmm launched the kernel
+              NS(device_type=cuda, name="sm90_gemm", kernels=[])]
+    by_op = kernels_by_op(events)
+    assert by_op == Counter({"native_layer_norm_backward": 2, "mm": 1})
+    assert count_differences(by_op, Counter({"native_layer_norm_backward": 1, "mm": 1, "topk": 1})) == {
+        "native_layer_norm_backward": 1, "topk": -1}
