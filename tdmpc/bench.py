@@ -93,7 +93,8 @@ class BenchArgs:
     num_samples: Optional[int] = None
     """Planning samples for every agent (None: Config's, 512)."""
     e2e_envs: tuple[int, ...] = (1,)
-    """Env counts of the end-to-end measurement (one update per env step)."""
+    """Env counts of the end-to-end measurement (one update per env step); none given: none (--e2e-procs
+    alone)."""
     e2e_procs: tuple[int, ...] = ()
     """For each N given: the end-to-end measurement (1 env) in N processes at once, each with its share of the
     CPU threads, timed from one barrier. How many training runs one machine (or one GPU) holds before their
@@ -252,15 +253,19 @@ def count_differences(gpu: Counter[str], cpu: Counter[str]) -> dict[str, int]:
 def profile_kernels(size: int, device: torch.device) -> dict:
     """Kernels of one plan() (1 env) and one update() (batch 256) as the GPU ran them (torch.profiler, CUPTI),
     with CUDA graphs off and on. Graphs off, each kernel is set beside the op that launched it, and the ops'
-    counts beside tdmpc.bench --kernels's, counted here on the CPU along CUDA's code path: `differences`."""
+    counts beside tdmpc.bench --kernels's, counted here on the CPU along CUDA's code path: `differences` (for
+    plan() they include act()'s own few ops around the planner, which the CPU count leaves out; without
+    --compile, --horizon and --num-samples, whose agents the CPU count does not build)."""
     from torch.profiler import ProfilerActivity, profile
 
     from tdmpc.report.kernel_counts import counting_agent, plan_kernels, update_kernels
     from tdmpc.runtime.device import cuda_code_path
 
-    with cuda_code_path():
-        cpu = {"plan": plan_kernels(counting_agent(size, compile=False), 1, False),
-               "update": update_kernels(size, compiled=False)[1]}
+    cpu: dict[str, Counter[str]] = {}
+    if not {"compile", "horizon", "num_samples"} & OVERRIDES.keys():  # else not the agent the CPU count builds
+        with cuda_code_path():
+            cpu = {"plan": plan_kernels(counting_agent(size, compile=False), 1, False),
+                   "update": update_kernels(size, compiled=False)[1]}
     out: dict = {}
     for graphs in (False, True):
         agent = make_agent(size, device, "auto", cuda_graphs=graphs)
@@ -277,7 +282,7 @@ def profile_kernels(size: int, device: torch.device) -> dict:
             row = out[f"{name}_graphs_{'on' if graphs else 'off'}"] = {
                 "kernels": len(kernels), "kernel_us": sum(e.device_time for e in kernels),
                 "by_name": dict(Counter(e.name[:120] for e in kernels).most_common())}
-            if not graphs:  # a graph's replay launches its kernels from no op
+            if not graphs and cpu:  # a graph's replay launches its kernels from no op
                 by_op = kernels_by_op(prof.events())
                 row.update(by_op=dict(by_op.most_common()), unattributed=len(kernels) - sum(by_op.values()),
                            cpu_count=sum(cpu[name].values()), differences=count_differences(by_op, cpu[name]))
@@ -662,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     e2e = args.e2e_steps if args.e2e_steps is not None else (60 if args.quick else 300)
     warmup = args.warmup_steps or (200 if args.quick else 1000)
     threads = torch.get_num_threads()  # the training loop's too (its own default would re-read the load)
-    if e2e:
+    if e2e and args.e2e_envs:
         result["end_to_end_by_envs"] = {
             n: bench_training(task, device, max(e2e, 20 * n), warmup_steps=max(warmup, 2 * n), small=False,
                               threads=threads, num_envs=n, gpu_mem=args.gpu_mem, profile=args.profile)

@@ -240,6 +240,14 @@ class Runner:
             with open(cell.log, "a") as log:  # appended to: a resumed run's output follows its first
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         self.running[proc] = (cell, time.monotonic())
+        if self.stop:  # a signal came while it started, before on_signal could see it
+            proc.send_signal(signal.SIGTERM)
+
+    def stop_all(self) -> None:
+        """Stop every running run (each checkpoints) and wait for them: an error here must not leave them
+        training unwatched."""
+        self._stop_others()
+        self.wait(until_free=False)
 
     def wait(self, until_free: bool) -> None:
         """Reap finished children until a slot is free (until_free) or none runs."""
@@ -273,14 +281,14 @@ class Runner:
 def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: list[str]) -> int:
     cells = [Cell(i, task, seed, args.runs_root / task / f"seed{seed}")
              for i, (task, seed) in enumerate(((t, s) for t in tasks for s in seeds), 1)]
+    actions = [decide(c.run_dir, c.task, c.seed, args.steps) for c in cells]  # a folder in the way: before any run
     runner = Runner(args.jobs, len(cells))
     old = {s: signal.signal(s, runner.on_signal) for s in STOP_SIGNALS}
     try:
-        for cell in cells:
+        for cell, action in zip(cells, actions):
             runner.wait(until_free=True)
             if runner.stop:
                 break
-            action = decide(cell.run_dir, cell.task, cell.seed, args.steps)
             cmd = train_command(action, cell.run_dir, cell.task, cell.seed, args.steps, args.cfg, extra)
             print(f"[{cell.number}/{len(cells)}] {cell.name}: {action.value} {cell.run_dir}", flush=True)
             if action is Action.SKIP:
@@ -292,6 +300,9 @@ def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: lis
                 print(f"  no checkpoint there; set the leftovers aside as {set_aside(cell.run_dir)}")
             runner.launch(cell, cmd)
         runner.wait(until_free=False)
+    except BaseException:
+        runner.stop_all()
+        raise
     finally:
         for s, handler in old.items():
             signal.signal(s, handler)
@@ -370,10 +381,12 @@ def _main(args: ReproduceArgs, extra: list[str]) -> int:
     if args.jobs > 1 and args.slurm:
         raise BadInput("--jobs runs here; with --slurm, Slurm runs the array's elements side by side itself")
     threads = args.threads
-    if threads is None and args.jobs > 1 and "--threads" not in extra:  # all at once, each seeing an idle machine
-        threads = max(1, (os.cpu_count() or 1) // args.jobs)
-        print(f"--jobs {args.jobs}: each run gets --threads {threads} of the {os.cpu_count()} cores; pass --threads "
-              f"to choose", flush=True)
+    if threads is None and args.jobs > 1 and not any(a.split("=")[0] == "--threads" for a in extra):
+        # All start at once, each seeing an idle machine: give each its share of the cores this process may use.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = max(1, cores // args.jobs)
+        print(f"--jobs {args.jobs}: each run gets --threads {threads} of the {cores} cores; pass --threads to "
+              f"choose", flush=True)
     if threads is not None:
         if threads < 1:
             raise BadInput(f"--threads must be >= 1, got {threads}")

@@ -235,7 +235,7 @@ def test_jobs_run_side_by_side_each_with_its_log_and_share_of_the_cores(tmp_path
     assert main([*cmd, "--jobs", "2"]) == 0
     seq = events.read_text().split()[::2]
     assert seq[:2] == ["start", "start"], events.read_text()  # two at once, then the third
-    share = max(1, (os.cpu_count() or 1) // 2)
+    share = max(1, len(os.sched_getaffinity(0)) // 2)
     for seed in (1, 2, 3):
         assert (root / f"Pendulum-v1/seed{seed}.log").read_text() == f"training seed{seed} with --threads {share}\n"
     out = capsys.readouterr().out
@@ -272,6 +272,17 @@ def test_a_sigterm_stops_every_running_job_and_a_rerun_resumes_them(tmp_path, mo
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert sorted(c[1] for c in calls[2:4]) == [str(root / "Pendulum-v1/seed1"), str(root / "Pendulum-v1/seed2")]
     assert all(c[0] == "--resume" for c in calls[2:4]) and "--run-dir" in calls[4]
+
+
+def test_a_folder_in_the_way_of_a_later_run_is_refused_before_any_run_starts(tmp_path, monkeypatch, capsys):
+    """With --jobs the first runs would be training while a later cell is decided: every cell is decided first."""
+    _fake_trainer(tmp_path, monkeypatch, 0)
+    root = tmp_path / "runs"
+    fake_run(root / "Pendulum-v1/seed2", "cup-catch", 2, [])
+    assert main(["--tasks", "Pendulum-v1", "--seeds", "1-2", "--steps", "400", "--runs-root", str(root),
+                 "--jobs", "2"]) == 2
+    assert "holds a run of cup-catch seed 2" in capsys.readouterr().err
+    assert not (tmp_path / "calls.jsonl").exists() and not (root / "Pendulum-v1/seed1").exists()
 
 
 def test_dry_run_prints_the_plan(tmp_path, capsys):

@@ -25,6 +25,7 @@ def simnorm(x: Tensor, group: int) -> Tensor:
 def concat(parts: list[Tensor], dim: int) -> Tensor:
     """torch.cat by copies into one new tensor. Frozen copies are built this way because the memory estimate
     builds them on the meta device, where cat and stack import torch._dynamo (about 1 s of every start)."""
+    assert len({(p.dtype, p.device) for p in parts}) == 1, "concat copies into the first part's dtype and device"
     shape = list(parts[0].shape)
     shape[dim] = sum(p.shape[dim] for p in parts)
     out, start = parts[0].new_empty(shape), 0
