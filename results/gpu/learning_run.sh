@@ -4,15 +4,16 @@
 # carried (../shared/tools/device_bundle.sh). Every call packs what there is into $OUT (learning.tar.gz).
 #
 #   STAGE=start (call 1): measure how many runs at once give each run what rate (bench --e2e-procs, with CUDA
-#     MPS where it starts, else time-sliced), choose the most runs that can each reach 100k before DEADLINE_ALL,
-#     start the grid in the background (setsid: it outlives the call while the machine is held) with
-#     tdmpc.reproduce --jobs, then poll until this call's DEADLINE.
+#     MPS where it starts, else time-sliced), choose the way that finishes the most pending runs before
+#     DEADLINE_ALL and keep only those runs, start them in the background with tdmpc.reproduce --jobs (setsid:
+#     it outlives the call while the machine is held), then poll until this call's DEADLINE.
 #   STAGE=poll (calls 2..., at once: the machine goes back 30 s after a call ends): poll until DEADLINE.
 #
-# A run's checkpoints (68 MiB at model size 5: weights, target Qs and Adam's moments, learning/dry-run-16GiB.txt) cannot come back (64 MiB travels
-# in, 16 MiB per file out), so a run cut off by the lease is lost but for its CSVs: hence only runs that can
-# finish are started. Finished runs come back as CSVs and logs; commit them under results/gpu/learning/runs/
-# and the next GPU session's grid skips them (reproduce sees their evaluation at 100k).
+# A run's checkpoint (68 MiB at model size 5: weights, target Qs and Adam's moments; learning/dry-run-16GiB.txt)
+# can neither come back (16 MiB per file) nor travel in again (64 MiB in all), so a run cut off by the lease is
+# lost but for its CSVs: hence only runs that can finish are started. Finished runs come back as CSVs and logs;
+# commit them under results/gpu/learning/runs/ and the next lease's grid skips them (reproduce sees their
+# evaluation at 100k).
 set -u
 STAGE=${STAGE:-start}; DEADLINE=${DEADLINE:-560}; T0=$SECONDS
 DEADLINE_ALL=${DEADLINE_ALL:-720}  # seconds of runs this lease can still give, counted from this call's start
@@ -45,34 +46,51 @@ if [ "$STAGE" = start ]; then
   { nvidia-smi; python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
     nproc; } > $O/machine.txt 2>&1
   mkdir -p runs && cp -r $R/results/gpu/learning/runs/. runs/ 2>/dev/null  # finished in an earlier lease
-  # Per-run rate alone and side by side, time-sliced; then with MPS (kernels of several processes at once).
-  B="python3 -m tdmpc.bench --device $DEVICE --task walker-walk --sizes 5 --envs 1 $BENCH_STEPS
+  # Per-run rate alone and side by side, time-sliced; then with MPS (kernels of several processes at once; a
+  # user-space daemon: no device setting changes).
+  B="python3 -m tdmpc.bench --device $DEVICE --task walker-walk --sizes 5 --envs 1 --e2e-envs $BENCH_STEPS
      --rss-steps 0 --offline-updates 0 --no-compare-plain"
-  timeout 200 $B --e2e-procs $PROBE --out $O/procs.json > $O/procs.log 2>&1
+  timeout 240 $B --e2e-procs $PROBE --out $O/procs.json > $O/procs.log 2>&1
   if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d 2>> $O/mps.log &&
      timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" 2>> $O/mps.log; then
-    timeout 120 $B --e2e-procs ${PROBE##* } --out $O/procs-mps.json > $O/procs-mps.log 2>&1
+    timeout 150 $B --e2e-procs ${PROBE##* } --out $O/procs-mps.json > $O/procs-mps.log 2>&1
   fi
-  # The most runs at once whose rate each reaches 100k env steps in the time left (50k agent steps at action
-  # repeat 2, plus about 90 s of start-up and evaluation); MPS stays on only if it was faster.
-  read -r JOBS MPS < <(python3 - "$O" "$(( DEADLINE_ALL - (SECONDS - T0) ))" "$AGENT_STEPS" <<'EOF'
+  # The runs that can finish: for each way measured (N at once, MPS or not), a run takes AGENT_STEPS at its
+  # measured rate plus about 90 s of start-up and evaluation, and N run per round; take the way that finishes
+  # the most of the grid's pending runs in the time left (fewer at once on a tie), and start only those runs.
+  ALL_TASKS=$TASKS ALL_SEEDS=$SEEDS
+  read -r JOBS MPS TASKS SEEDS < <(python3 - "$O" "$(( DEADLINE_ALL - (SECONDS - T0) ))" "$AGENT_STEPS" "$STEPS" \
+                                   "$TASKS" "$SEEDS" runs <<'EOF'
 import json, sys
 from pathlib import Path
-out, seconds, steps = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+from tdmpc.reproduce import last_eval_step, parse_seeds, parse_tasks
+out, seconds, agent_steps, steps = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+tasks, seeds, root = parse_tasks(sys.argv[5]), parse_seeds(sys.argv[6]), Path(sys.argv[7])
+pending = [(t, s) for t in tasks for s in seeds if (last_eval_step(root / t / f"seed{s}") or -1) < steps]
 rates = {}  # (mps, n) -> per-run agent steps/s (the slowest run's)
 for mps, name in ((0, "procs.json"), (1, "procs-mps.json")):
     if (out / name).is_file():
         for n, p in json.loads((out / name).read_text()).get("end_to_end_by_procs", {}).items():
             rates[mps, int(n)] = min(p["agent_steps_per_s_each"])
-fits = [(n, mps) for (mps, n), r in rates.items() if steps / r + 90 <= seconds]
-n, mps = max(fits, key=lambda k: (k[0], rates[k[1], k[0]])) if fits else (1, 0)
-print(n, mps)
-json.dump({"rates": {f"{'mps' if m else 'sliced'} x{n}": r for (m, n), r in rates.items()}, "seconds_left": seconds,
-           "jobs": n, "mps": bool(mps)}, open(out / "choice.json", "w"), indent=1)
+finish = {k: min(len(pending), k[1] * int(seconds // (agent_steps / r + 90))) for k, r in rates.items()}
+mps, n = max(finish, key=lambda k: (finish[k], -k[1], rates[k])) if finish else (0, 1)
+k = max(1, finish.get((mps, n), 0))  # none can finish: one run still gives a curve up to where it stops
+n = min(n, k)
+cells = pending[:k] or [(tasks[0], seeds[0])]
+if len(seeds) == 1:
+    tasks = list(dict.fromkeys(t for t, _ in cells))
+elif len(tasks) == 1:
+    seeds = [s for _, s in cells]
+print(n, mps, ",".join(tasks), ",".join(map(str, seeds)))
+json.dump({"rates": {f"{'mps' if m else 'sliced'} x{j}": r for (m, j), r in rates.items()}, "seconds_left": seconds,
+           "finishing": {f"{'mps' if m else 'sliced'} x{j}": f for (m, j), f in finish.items()},
+           "pending": len(pending), "jobs": n, "mps": bool(mps), "tasks": tasks, "seeds": seeds},
+          open(out / "choice.json", "w"), indent=1)
 EOF
 )
+  JOBS=${JOBS:-1} MPS=${MPS:-0} TASKS=${TASKS:-$ALL_TASKS} SEEDS=${SEEDS:-$ALL_SEEDS}  # if the choice failed
   [ "$MPS" = 1 ] || { command -v nvidia-cuda-mps-control > /dev/null && echo quit | nvidia-cuda-mps-control; }
-  echo "jobs $JOBS, mps $MPS" | tee -a $O/machine.txt
+  echo "jobs $JOBS, mps $MPS, tasks $TASKS, seeds $SEEDS" | tee -a $O/machine.txt
   # shellcheck disable=SC2086  # TRAIN_FLAGS: several flags
   setsid nohup python3 -m tdmpc.reproduce --tasks "$TASKS" --seeds "$SEEDS" --cfg "$CFG" --steps "$STEPS" \
     --jobs "$JOBS" --runs-root $W/runs -- $TRAIN_FLAGS > $O/reproduce.log 2>&1 < /dev/null &
