@@ -437,8 +437,8 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
 
 def _e2e_process(task: str, device: str, agent_steps: int, warmup_steps: int, small: bool, threads: int,
                  overrides: dict, gpu_mem: str | None, start: Any, results: Any) -> None:
-    """One process of bench_processes (spawned: a fresh interpreter, as a separate run would be)."""
-    torch.set_num_threads(threads)
+    """One process of bench_processes (spawned: a fresh interpreter, as a separate run would be); the trainer
+    sets its `threads`."""
     OVERRIDES.update(overrides)
     results.put(bench_training(task, torch.device(device), agent_steps, warmup_steps, small, threads,
                                gpu_mem=gpu_mem, start=start))
@@ -588,7 +588,7 @@ def print_table(r: dict) -> None:
         print(f"end to end ({e['task']}, {n} env(s), 1 update per env step{overlap}): {e['agent_steps_per_s']:.1f} "
               f"agent steps/s over {e['agent_steps']} steps{mem}{busy}")
     procs = r.get("end_to_end_by_procs", {})
-    one = procs.get(1, procs.get("1", {})).get("agent_steps_per_s_total")
+    one = procs.get(1, {}).get("agent_steps_per_s_total")
     for n, p in procs.items():
         than_one = f" ({p['agent_steps_per_s_total'] / one:.2f}x one process)" if one and int(n) != 1 else ""
         print(f"end to end, {n} process(es) at once ({p['threads_each']} thread(s) each, 1 env, 1 update per env "
