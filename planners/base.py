@@ -50,8 +50,8 @@ class LatentModel(Protocol):
     def pi(self, z: Tensor, task: Task = None) -> PolicyOutput: ...
     # pi().action; eps: N(0, 1) draws, (..., A), whatever the prior (a categorical one makes Gumbel noise of them)
     def pi_action(self, z: Tensor, task: Task = None, eps: Optional[Tensor] = None) -> Tensor: ...
-    def prior_q(self, z: Tensor, task: Task, reduce: Literal["min", "avg"],
-                heads: Optional[Tensor] = None) -> Tensor: ...  # (..., 1): the value of z under the prior
+    # (..., 1): the value of z under the prior, from the given Q heads; eps: the prior's N(0, 1) draw for its sample
+    def prior_q(self, z: Tensor, task: Task, reduce: Literal["min", "avg"], heads: Optional[Tensor] = None,
+                eps: Optional[Tensor] = None) -> Tensor: ...
     def action_mask(self, task: Task) -> Optional[Tensor]: ...  # (..., A) ones on each task's action dims
     def decode(self, logits: Tensor) -> Tensor: ...  # logits -> (..., 1) scalars
-    def sample_heads(self, draws: int) -> Tensor: ...  # (draws, 2): indices of 2 random Q heads per draw

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .base import LatentModel
 from .mppi import LatentMPPI
+from .random import TORCH, RandomSource
 from .settings import MPPIConfig
 
 __all__ = ["CategoricalMPPI", "WARM_START", "one_hot_argmax", "sample_one_hot"]
@@ -28,8 +29,9 @@ WARM_START = 0.5  # the last plan's share of a warm-started step's probabilities
 
 class CategoricalMPPI(LatentMPPI):
     def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
-                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None):
-        super().__init__(model, cfg, num_envs, action_dim, discount, device, chunk_rows)
+                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None,
+                 random: RandomSource = TORCH):
+        super().__init__(model, cfg, num_envs, action_dim, discount, device, chunk_rows, random)
         H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, action_dim
         # Every iteration's U(0, 1) draws for the sampled candidates' steps, then the acting draw: one draw.
         self.draws = torch.zeros(cfg.iterations * H * N * (S - P) + N, **self.kw)
@@ -48,8 +50,8 @@ class CategoricalMPPI(LatentMPPI):
         self.probs[-1] = uniform
 
     def _draw(self) -> None:
-        torch.rand(self.draws.shape, out=self.draws)
-        torch.randn(self.prior_noise.shape, out=self.prior_noise)
+        self.random.uniform_("plan.uniform", self.draws)
+        self.random.normal_("plan.normal", self.prior_noise)
 
     def _sample(self, i: int, mask: Tensor | None) -> None:
         self.actions[:, :, self.cfg.num_pi_trajs:] = sample_one_hot(self.probs, self.uniform[i])

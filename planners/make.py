@@ -9,12 +9,13 @@ from torch import Tensor
 from .base import LatentModel
 from .categorical import CategoricalMPPI
 from .mppi import LatentMPPI, MPPI
+from .random import TORCH, RandomSource
 from .settings import MPPIConfig
 
 __all__ = ["make_planner"]
 
 
 def make_planner(model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int, discount: float | Tensor,
-                 device: torch.device, chunk_rows: int | None = None) -> LatentMPPI:
+                 device: torch.device, chunk_rows: int | None = None, random: RandomSource = TORCH) -> LatentMPPI:
     kind = CategoricalMPPI if model.discrete else MPPI
-    return kind(model, cfg, num_envs, action_dim, discount, device, chunk_rows)
+    return kind(model, cfg, num_envs, action_dim, discount, device, chunk_rows, random)

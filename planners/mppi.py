@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .base import LatentModel
+from .random import TORCH, RandomSource
 from .settings import MPPIConfig
 
 __all__ = ["LatentMPPI", "MPPI", "MPPIConfig"]
@@ -29,11 +30,13 @@ class LatentMPPI:
     _draw, _sample, _refit and _act."""
 
     def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
-                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None):
+                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None,
+                 random: RandomSource = TORCH):
         """discount: one for every env, or a tensor of one per task id (multi-task models).
         chunk_rows: candidates rolled out per model call. None does all N x S at once (GPUs);
-        on a CPU, chunks that fit in cache keep batched planning compute-bound."""
-        self.model, self.cfg, self.discount = model, cfg, discount
+        on a CPU, chunks that fit in cache keep batched planning compute-bound.
+        random: where every draw comes from (planners/random.py)."""
+        self.model, self.cfg, self.discount, self.random = model, cfg, discount, random
         self.chunk_envs = num_envs if chunk_rows is None else max(1, chunk_rows // cfg.num_samples)
         H, N, S, A = cfg.horizon, num_envs, cfg.num_samples, action_dim
         self.num_envs, self.action_dim = N, A
@@ -47,6 +50,7 @@ class LatentMPPI:
         self.z_final = torch.zeros(N, S, model.latent_dim, device=device, dtype=model.latent_dtype)  # after the horizon
         self._powers = torch.arange(H + 1, device=device, dtype=torch.float32).view(-1, 1, 1, 1)
         self.prior_noise: Tensor  # (H, N, num_pi_trajs, A): the policy prior's N(0, 1) draws, set by the subclass
+        self.value_noise: Tensor | None = None  # (iterations, N, S, A): the bootstrap's prior sample, if it draws one
 
     @torch.inference_mode()
     def plan(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False, task: Tensor | None = None) -> Tensor:
@@ -69,7 +73,7 @@ class LatentMPPI:
         z = z.unsqueeze(1)
         self._warm_start(first_step)
         self._draw()  # every iteration's noise and the prior's, in one draw
-        heads = m.sample_heads(c.iterations)  # (iterations, 2): every iteration's pair of Q heads
+        heads = self.random.head_pairs("plan.q_pairs", m.num_q, c.iterations, self.value.device)  # (iterations, 2)
 
         for i in range(c.iterations):
             self._sample(i, mask)  # into actions[:, :, P:]
@@ -80,7 +84,8 @@ class LatentMPPI:
                 r = None if rows is None else rows[envs]
                 mk = None if mask is None else mask[envs]
                 self._rollout(z[envs], z_part[envs], self.actions[:, envs, col:], col, envs, r, prior, mk)
-                self.value[envs] = self._value(envs, r, heads[i])
+                eps = None if self.value_noise is None else self.value_noise[i, envs]
+                self.value[envs] = self._value(envs, r, heads[i], eps)
             value = self.value.nan_to_num_(0.0)  # (N, S)
             elite_value, elite_idx = torch.topk(value, E, dim=1)
             elite_actions = self.actions.gather(
@@ -134,11 +139,11 @@ class LatentMPPI:
         self.G[envs, col:col + n] = rewards.sum(0)
         self.z_final[envs, col:col + n] = z
 
-    def _value(self, envs: slice, rows: Tensor | None, heads: Tensor) -> Tensor:
+    def _value(self, envs: slice, rows: Tensor | None, heads: Tensor, eps: Tensor | None) -> Tensor:
         """Return over the horizon plus the discounted value under the prior (2 random heads, averaged): (envs, S)."""
         m = self.model
         z = self.z_final[envs]
-        q = m.prior_q(z, rows, "avg", heads)
+        q = m.prior_q(z, rows, "avg", heads, eps=eps)
         bootstrap = self.discounts[-1, envs]
         alive = self.alive[envs] if m.episodic else 1.0
         return (self.G[envs] + bootstrap * alive * q).squeeze(-1)
@@ -148,14 +153,18 @@ class MPPI(LatentMPPI):
     """Continuous actions: candidates from a per-step Gaussian, clamped to [-1, 1], as the reference plans."""
 
     def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
-                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None):
-        super().__init__(model, cfg, num_envs, action_dim, discount, device, chunk_rows)
-        H, N, S, P, A = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, action_dim
-        # Every iteration's noise for the sampled candidates, then the policy prior's draws for its own: one draw
-        # per plan, the same values however the rollouts are chunked.
-        self.draws = torch.zeros(cfg.iterations * H * N * (S - P) * A + H * N * P * A, **self.kw)
-        self.noise = self.draws[:cfg.iterations * H * N * (S - P) * A].view(cfg.iterations, H, N, S - P, A)
-        self.prior_noise = self.draws[self.noise.numel():].view(H, N, P, A)
+                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None,
+                 random: RandomSource = TORCH):
+        super().__init__(model, cfg, num_envs, action_dim, discount, device, chunk_rows, random)
+        # Every N(0, 1) draw of a plan in one buffer, filled at once: the same values however the rollouts are
+        # chunked, and one kernel.
+        views = self.draw_views(torch.zeros(self.draw_size(cfg, num_envs, action_dim), **self.kw), cfg, num_envs,
+                                action_dim)
+        self.draws = views["all"]
+        self.noise, self.prior_noise, self.value_noise = views["noise"], views["prior"], views["value"]
+        self.action_noise = views["action"]
+        self.exponential = torch.zeros(num_envs, cfg.num_elites, **self.kw)  # Gumbel noise for the elite choice
+        H, N, A = cfg.horizon, num_envs, action_dim
         self.mean = torch.zeros(H, N, A, **self.kw)
         self.std = torch.full((H, N, A), cfg.max_std, **self.kw)
         self.prev_mean = torch.zeros(H, N, A, **self.kw)  # warm start, per environment
@@ -167,8 +176,30 @@ class MPPI(LatentMPPI):
         self.mean[-1] = 0
         self.std.fill_(self.cfg.max_std)
 
+    @staticmethod
+    def draw_size(cfg: MPPIConfig, num_envs: int, action_dim: int) -> int:
+        H, N, S, P, A, I = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, action_dim, cfg.iterations
+        return (I * H * (S - P) + H * P + I * S + 1) * N * A
+
+    @staticmethod
+    def draw_views(flat: Tensor, cfg: MPPIConfig, num_envs: int, action_dim: int) -> dict[str, Tensor]:
+        """The layout of a plan's N(0, 1) draws (`plan.normal`) in one flat tensor: `noise` (iterations, H, N,
+        S - P, A), each iteration's sampled candidates; `prior` (H, N, P, A), the policy prior's P candidates;
+        `value` (iterations, N, S, A), each iteration's prior sample at the end of the horizon (the bootstrap);
+        `action` (N, A), training's exploration noise on the chosen action; `all`, the whole."""
+        H, N, S, P, A, I = cfg.horizon, num_envs, cfg.num_samples, cfg.num_pi_trajs, action_dim, cfg.iterations
+        views, start = {"all": flat}, 0
+        for name, shape in (("noise", (I, H, N, S - P, A)), ("prior", (H, N, P, A)), ("value", (I, N, S, A)),
+                            ("action", (N, A))):
+            n = 1
+            for d in shape:
+                n *= d
+            views[name], start = flat[start:start + n].view(shape), start + n
+        assert start == flat.numel(), "draw_size and draw_views disagree"
+        return views
+
     def _draw(self) -> None:
-        torch.randn(self.draws.shape, out=self.draws)
+        self.random.normal_("plan.normal", self.draws)
 
     def _sample(self, i: int, mask: Tensor | None) -> None:
         P = self.cfg.num_pi_trajs
@@ -185,12 +216,11 @@ class MPPI(LatentMPPI):
             self.std.mul_(mask.squeeze(1))
 
     def _act(self, score: Tensor, elite_actions: Tensor, eval_mode: bool) -> Tensor:
-        """One elite per env, sampled from the softmax weights (Gumbel-max: no host sync): its first action, with
-        the std's noise when training."""
-        gumbel = -torch.log(-torch.log(torch.rand_like(score).clamp_(1e-20, 1.0)))
-        choice = (score.log() + gumbel).argmax(1)
+        """One elite per env, sampled from the softmax weights (Gumbel-max, Gumbel noise -log E of Exp(1) draws, as
+        the reference: no host sync): its first action, with the std's noise when training."""
+        choice = (score.log() - self.random.exponential_("plan.exponential", self.exponential).log()).argmax(1)
         action = elite_actions[0].gather(1, choice.view(-1, 1, 1).expand(-1, 1, self.action_dim)).squeeze(1)
         if not eval_mode:
-            action = action + self.std[0] * torch.randn_like(action)
+            action = action + self.std[0] * self.action_noise
         self.prev_mean.copy_(self.mean)
         return action.clamp_(-1, 1)

@@ -24,6 +24,7 @@ from tdmpc.model import checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 from tdmpc.planners.make import make_planner
 from tdmpc.planners.mppi import LatentMPPI, MPPIConfig
+from tdmpc.planners.random import TORCH, RandomSource
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.compile import compiled_if
 from tdmpc.runtime.device import cpu_fast_paths, resolve_device, resolve_dtype, set_matmul_precision, set_threads
@@ -65,6 +66,7 @@ class Agent:
         self.plan_dtype = resolve_dtype(cfg.precision, device)
         self.train_dtype = resolve_dtype(cfg.train_precision, device)
         self.fp32_values = cfg.train_precision == "mixed"
+        self.random: RandomSource = TORCH  # every draw of update() and plan() (use_random)
         self.model = WorldModel(dims).to(device)
         self.model.eval()
         # Planning reads a frozen copy in the planning dtype, refreshed lazily after updates.
@@ -112,8 +114,17 @@ class Agent:
             chunk_rows = (self.cfg.plan_chunk_envs * self.cfg.num_samples if self.cfg.plan_chunk_envs else
                           CPU_PLAN_CHUNK_ROWS if cpu_fast_paths(self.device) else None)
             self._planners[key] = make_planner(self.plan_model, self.planner_cfg, num_envs, self.dims.action_dim,
-                                       self.discount, self.device, chunk_rows)
+                                               self.discount, self.device, chunk_rows, self.random)
         return self._planners[key]
+
+    def use_random(self, source: RandomSource) -> None:
+        """Take every random draw of update() and plan() from `source` (planners/random.py names them): the model's,
+        the planning copy's and every planner's. tdmpc.parity replays the reference's recorded draws through it."""
+        self.random = source
+        self.model.use_random(source)
+        self.plan_model.use_random(source)
+        for planner in self._planners.values():
+            planner.random = source
 
     def _plan_fn(self, num_envs: int, role: str, eval_mode: bool) -> Callable:
         key = (num_envs, role, eval_mode)
@@ -305,8 +316,9 @@ class Agent:
             # convolution weight gradients over H+1 frames would cost more than the launches they save.
             z_all = None if self.dims.pixels else m.encode(batch.obs, task)
         with torch.no_grad(), self._autocast():
-            next_z = m.encode(batch.obs[1:], task) if z_all is None else z_all[1:].detach()
-            next_action = m.pi(next_z, task, eps=self._noise(next_z.shape[:-1])).action
+            # The targets' frames unshifted: the reference encodes them in eval mode.
+            next_z = m.encode(batch.obs[1:], task, augment=False) if z_all is None else z_all[1:].detach()
+            next_action = m.pi(next_z, task, eps=self._noise("td_target.pi_eps", next_z.shape[:-1])).action
             values, z_in = self._values(next_z)
             with values:
                 next_q = m.prior_q(z_in, task, "min", target=True, action=next_action).squeeze(-1)
@@ -356,7 +368,7 @@ class Agent:
     def _pi_loss_eager(self, zs: Tensor, task: Tensor | None, reached: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
         cfg, m = self.cfg, self.model
         with self._autocast():
-            policy = m.pi(zs, task, eps=self._noise(zs.shape[:-1]))
+            policy = m.pi(zs, task, eps=self._noise("pi.pi_eps", zs.shape[:-1]))
             values, z_in = self._values(zs)
             with values:
                 q = m.prior_value(z_in, policy, task).float()
@@ -368,17 +380,17 @@ class Agent:
         objective = cfg.entropy_coef * bonus + q / scale
         if m.discrete and cfg.uniform_prior_coef:  # policy.log_std: the categorical's log-probabilities
             objective = objective + cfg.uniform_prior_coef * policy.log_std.mean(-1, keepdim=True)
-        if reached is not None:
+        if reached is not None and cfg.mask_policy_after_terminal:
             objective = objective * reached.unsqueeze(-1)
         loss = -(self._rho * objective.mean((1, 2))).mean()
         return loss, {"pi_entropy": policy.entropy.mean().detach(),
                       "pi_scaled_entropy": policy.scaled_entropy.mean().detach(), "pi_scale": self.scale.mean()}
 
-    def _noise(self, rows: torch.Size) -> Tensor:
+    def _noise(self, name: str, rows: torch.Size) -> Tensor:
         """N(0, 1) policy noise for batch rows (T, B): drawn for the global batch and sliced for this rank, so
         the ranks together draw what one process would."""
         T, B = rows
-        draw = torch.randn(T, B * self.shard.world, self.dims.action_dim, device=self.device)
+        draw = self.random.normal(name, (T, B * self.shard.world, self.dims.action_dim), self.device)
         return self.shard.rows(draw, B, 1)
 
     @torch.no_grad()
@@ -422,8 +434,10 @@ class Agent:
 
     def _clip_stats_eager(self, grads: list[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
         """The gradient's norm; 1.0 if it is not finite, else 0.0 (counted into `nonfinite`); and fused Adam's
-        grad_scale, max(1, norm / grad_clip_norm): clipping to grad_clip_norm, as torch's clip_grad_norm_ does
-        with 1e-6 added to the norm. Compiled (--compile), this is 2 kernels instead of 8."""
+        grad_scale, max(1, norm / grad_clip_norm): clipping to grad_clip_norm, as torch's clip_grad_norm_ does but
+        for its 1e-6 added to the norm, which moves a float32 norm above 16 by at most one ulp (1.9e-6) and one of
+        32 or more not at all (tests/test_update_parity.py holds the result to the reference's). Compiled
+        (--compile), this is 2 kernels instead of 8."""
         grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
         found_inf = (grad_norm - grad_norm).isnan().float()  # inf - inf and nan - nan are nan
         self.nonfinite.add_(found_inf)

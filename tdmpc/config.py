@@ -134,6 +134,9 @@ class _Losses:
     value (RESULTS.md, Acrobot-v1). 0: the reference's objective alone (its `discrete` branch), with which
     Acrobot-v1's prior collapsed; 1e-3 kept it soft, Acrobot-v1 at -68 to -87 from 15k to 50k env steps and
     CartPole-v1 at 500 from 17.5k (one seed each)."""
+    mask_policy_after_terminal: bool = True
+    """Episodic tasks: the policy loss leaves out the latent after a terminal step, which is not the episode's.
+    The reference has no such mask (a deliberate difference, docs/deviations.md); False: its loss."""
     task_scales: bool = False
     """Multi-task models: divide each task's Q-values in the policy loss by that task's own running 5-95%
     range, as a single-task run would, instead of by one range over all tasks (the reference's). With one

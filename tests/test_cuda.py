@@ -42,7 +42,7 @@ class CudaQuadratic:
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)
 
-    def prior_q(self, z, task, reduce, heads=None):
+    def prior_q(self, z, task, reduce, heads=None, eps=None):
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)
 
     def pi(self, z, task=None):
@@ -59,9 +59,6 @@ class CudaQuadratic:
 
     def decode(self, logits):
         return logits
-
-    def sample_heads(self, draws):
-        return torch.arange(2, device=CUDA).expand(draws, 2)
 
 
 def test_graphed_plan_follows_new_inputs():

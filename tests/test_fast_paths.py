@@ -192,10 +192,10 @@ def test_no_host_sync_in_act_and_update():
 
 
 def test_cpu_dropout_rate_is_p_in_every_16_bit_lane():
-    from tdmpc.model.layers import dropout
+    from tdmpc.planners.random import TORCH
 
     x = torch.ones(4 * 250_000)
-    y = dropout(x, 0.01)
+    y = TORCH.dropout("dropout", x, 0.01, cheap_bits=True)
     dropped = (y == 0).float().view(-1, 4)  # the four lanes of each 64-bit draw
     assert torch.allclose(dropped.mean(0), torch.full((4,), 0.01), atol=1.5e-3)
     assert abs(y.mean().item() - 1.0) < 0.01  # kept values are rescaled

@@ -42,7 +42,7 @@ class QuadraticModel:
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,))
 
-    def prior_q(self, z, task, reduce, heads=None):
+    def prior_q(self, z, task, reduce, heads=None, eps=None):
         return torch.zeros(z.shape[:-1] + (1,))
 
     def pi(self, z, task=None):
@@ -58,9 +58,6 @@ class QuadraticModel:
 
     def decode(self, logits):
         return logits
-
-    def sample_heads(self, draws):
-        return torch.arange(2).expand(draws, 2)
 
 
 def test_planner_finds_known_optimum_for_a_batch_of_envs():

@@ -56,13 +56,13 @@ def test_ensemble_subset_matches_per_head_and_costs_only_those_heads():
     assert two_flops.get_total_flops() * 5 == all_flops.get_total_flops() * 2
 
 
-def test_q_value_detach_blocks_weight_grads_but_not_input():
+def test_prior_value_detaches_the_q_weights_but_not_the_action():
     m = make(1).train()
     for p in m._Qs.parameters():
         torch.nn.init.normal_(p, std=0.05)
     z = torch.randn(4, 128)
     a = torch.randn(4, 6, requires_grad=True)
-    m.q_value(z, a, "avg", detach=True).sum().backward()
+    m.prior_value(z, m.pi(z)._replace(action=a)).sum().backward()
     assert a.grad is not None and a.grad.abs().sum() > 0
     assert all(p.grad is None for p in m._Qs.parameters())
 
@@ -96,10 +96,32 @@ def test_sample_heads_draws_two_distinct_heads_uniformly():
     cfg = Config(model_size=1, num_q=5)
     m = WorldModel(ModelDims.from_config(cfg, (4,), 2, False))
     torch.manual_seed(0)
-    heads = m.sample_heads(40_000)
+    heads = m.sample_heads("test", 40_000)
     assert heads.shape == (40_000, 2) and (heads[:, 0] != heads[:, 1]).all()
     counts = torch.bincount(heads[:, 0] * 5 + heads[:, 1], minlength=25).view(5, 5)
     assert counts.diagonal().sum() == 0
     off = counts[~torch.eye(5, dtype=torch.bool)].float()
     assert (off / 2000 - 1).abs().max() < 0.1, counts  # 2,000 expected per pair; sd ~44
-    assert m.sample_heads().shape == (2,)
+    assert m.sample_heads("test").shape == (2,)
+
+
+def test_pixel_td_targets_are_encoded_without_the_random_shift():
+    """The reference encodes the TD targets' frames in eval mode (no shift), z_0's in training mode (shifted);
+    the agent's update does the same, through encode(augment=False)."""
+    from tdmpc.agent import Agent
+    from tdmpc.buffer import Batch
+
+    cfg = Config(model_size=1, obs="rgb", num_channels=8, latent_dim=128, batch_size=4, horizon=2, device="cpu")
+    agent = Agent(cfg, ModelDims.from_config(cfg, (3, 64, 64), 2, False), 100, torch.device("cpu"))
+    m = agent.model.train()
+    frames = torch.randint(0, 256, (3, 3, 64, 64), dtype=torch.uint8)
+    unshifted = m.encode(frames, augment=False)
+    assert torch.equal(unshifted, m.eval().encode(frames))
+    assert not torch.equal(m.train().encode(frames), unshifted)  # training's shift is on by default
+    seen = []
+    encode = m.encode
+    m.encode = lambda obs, task=None, augment=True: (seen.append((tuple(obs.shape), augment)), encode(obs, task, augment))[1]
+    batch = Batch(torch.randint(0, 256, (3, 4, 3, 64, 64), dtype=torch.uint8), torch.rand(2, 4, 2) * 2 - 1,
+                  torch.randn(2, 4), torch.zeros(2, 4, dtype=torch.bool))
+    agent.update(batch)
+    assert seen == [((2, 4, 3, 64, 64), False), ((4, 3, 64, 64), True)]

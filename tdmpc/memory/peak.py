@@ -238,7 +238,8 @@ def eval_sizes(cfg: Config) -> list[int]:
 
 
 def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
-    """MPPI.__init__'s tensors (actions, every iteration's noise and the prior's; mean, std, prev_mean; value, G, alive; gamma,
+    """MPPI.__init__'s tensors (actions, every iteration's noise, the prior's, the bootstrap's and the acting noise;
+    the elite choice's Exp(1) draws; mean, std, prev_mean; value, G, alive; gamma,
     gamma^t and the powers t), and z_final in the planning dtype; CategoricalMPPI's draws are one U(0, 1) value per
     sampled candidate step and env (and one per env to act), and it keeps probs and prev_probs. A test measures what
     a planner really keeps allocated."""
@@ -249,7 +250,9 @@ def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype
     if dims.discrete:
         fp32 = 4 * (shared + iterations * H * N * (S - P) + N + 2 * H * N * A)
     else:
-        fp32 = 4 * (shared + iterations * H * N * (S - P) * A + 3 * H * N * A)
+        # the draws also hold each iteration's bootstrap sample and the acting noise; Exp(1) draws per elite
+        fp32 = 4 * (shared + iterations * H * N * (S - P) * A + 3 * H * N * A + iterations * N * S * A + N * A
+                    + N * cfg.num_elites)
     return fp32 + N * S * dims.latent_dim * _size(plan_dtype)
 
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tdmpc.model.fused import ln_act
+from tdmpc.planners.random import TORCH, RandomSource
 from tdmpc.runtime.device import cpu_fast_paths
 
 
@@ -35,19 +36,6 @@ def concat(parts: list[Tensor], dim: int) -> Tensor:
     return out
 
 
-def dropout(x: Tensor, p: float) -> Tensor:
-    """Training-mode dropout. On the CPU, where ATen draws one random number per element
-    (~6 ns each), one 64-bit draw serves four elements (16 bits each): p is rounded to a
-    multiple of 1/65536 (0.01 -> 0.0099945)."""
-    if not cpu_fast_paths(x.device):
-        return F.dropout(x, p, training=True)
-    n = x.numel()
-    bits = torch.randint(-2**63, 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64).view(torch.int16)[:n]
-    drop_below = round(p * 65536) - 32768  # int16 values are uniform on [-32768, 32767]
-    scale = 1.0 / (1.0 - (drop_below + 32768) / 65536)
-    return x * ((bits >= drop_below).view(x.shape).to(x.dtype) * scale)
-
-
 class NormedLinear(nn.Linear):
     """Linear -> (dropout) -> LayerNorm -> Mish, or -> LayerNorm -> SimNorm for latent outputs."""
 
@@ -56,11 +44,12 @@ class NormedLinear(nn.Linear):
         super().__init__(in_features, out_features)
         self.ln = nn.LayerNorm(out_features)
         self.act, self.dropout, self.simnorm_dim = act, dropout, simnorm_dim
+        self.random: RandomSource = TORCH  # WorldModel.use_random() sets the agent's
 
     def forward(self, x: Tensor) -> Tensor:
         x = F.linear(x, self.weight, self.bias)
         if self.dropout and self.training:
-            x = dropout(x, self.dropout)
+            x = self.random.dropout("dropout", x, self.dropout, cpu_fast_paths(x.device))
         return ln_act(x, self.ln.weight, self.ln.bias, self.act, group=self.simnorm_dim)
 
 
@@ -102,6 +91,7 @@ class EnsembleLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(num, out_features))
         self.ln = StackedLayerNormAffine(num, out_features) if normed else None
         self.dropout = dropout
+        self.random: RandomSource = TORCH  # WorldModel.use_random() sets the agent's
 
     def params(self) -> list[Tensor]:
         """weight, bias and (normed layers) the LayerNorm affine, each (num, ...)."""
@@ -139,7 +129,7 @@ class EnsembleLinear(nn.Module):
         if self.ln is None:
             return y
         if self.dropout and self.training:
-            y = dropout(y, self.dropout)
+            y = self.random.dropout("dropout", y, self.dropout, cpu_fast_paths(y.device))
         return ln_act(y, params[2], params[3], "mish", heads_first=True)
 
 
@@ -202,6 +192,7 @@ class ShiftAug(nn.Module):
     def __init__(self, pad: int = 3):
         super().__init__()
         self.pad = pad
+        self.random: RandomSource = TORCH  # WorldModel.use_random() sets the agent's
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.training:
@@ -212,7 +203,7 @@ class ShiftAug(nn.Module):
         arange = torch.linspace(-1.0 + eps, 1.0 - eps, h + 2 * self.pad, device=x.device, dtype=x.dtype)[:h]
         arange = arange.unsqueeze(0).repeat(h, 1).unsqueeze(2)
         base_grid = torch.cat([arange, arange.transpose(1, 0)], dim=2).unsqueeze(0).repeat(n, 1, 1, 1)
-        shift = torch.randint(0, 2 * self.pad + 1, size=(n, 1, 1, 2), device=x.device, dtype=x.dtype)
+        shift = self.random.integers("shift_aug", 2 * self.pad + 1, (n, 1, 1, 2), x.device, x.dtype)
         return F.grid_sample(x, base_grid + shift * (2.0 / (h + 2 * self.pad)), padding_mode="zeros",
                              align_corners=False)
 
@@ -229,10 +220,13 @@ class PixelEncoder(nn.Sequential):
             nn.Conv2d(num_channels, num_channels, 3, stride=1), nn.Flatten())
         self.simnorm_dim = simnorm_dim
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, augment: bool = True) -> Tensor:
+        """augment=False leaves out the random shift even in training mode (the TD targets' frames)."""
         lead = x.shape[:-3]
-        z = super().forward(x.reshape(-1, *x.shape[-3:]).to(cast(nn.Conv2d, self[2]).weight.dtype))
-        return simnorm(z, self.simnorm_dim).view(*lead, -1)
+        x = x.reshape(-1, *x.shape[-3:]).to(cast(nn.Conv2d, self[2]).weight.dtype)
+        for i, layer in enumerate(self):
+            x = x if i == 0 and not augment else layer(x)
+        return simnorm(x, self.simnorm_dim).view(*lead, -1)
 
 
 class _PixelScale(nn.Module):

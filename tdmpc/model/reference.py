@@ -228,6 +228,15 @@ def _check_reference_keys(sd: dict, dims: ModelDims, enc_prefix: str, source: st
                               + ", ".join(wrong[:3]) + (" ..." if len(wrong) > 3 else ""))
 
 
+def reference_key(key: str) -> str:
+    """A reference state-dict (or parameter) name in our model's names."""
+    for old, new in (("_encoder.state.", "_encoder."), ("_encoder.rgb.", "_encoder."), ("_Qs.params.", "_Qs."),
+                     ("_target_Qs_params.", "_target_Qs.")):
+        if key.startswith(old):
+            return new + key[len(old):]
+    return key
+
+
 def reference_to_ours(sd: dict, source: str = "checkpoint",
                       tasks: tuple[str, ...] | None = None) -> tuple[ModelDims, dict]:
     """Map a reference state dict onto our key names and infer every size from tensor shapes.
@@ -240,13 +249,8 @@ def reference_to_ours(sd: dict, source: str = "checkpoint",
     sd = _renumber_prerelease(_unflatten_old_q_layout(_clean_reference(sd, source)))
     dims, enc_prefix = _infer_dims(sd, source, tasks)
     _check_reference_keys(sd, dims, enc_prefix, source)
-    ours = {}
-    for key, value in sd.items():
-        if key.startswith("_detach_Qs_params."):
-            continue  # an alias of _Qs in the reference
-        new = key.replace(enc_prefix, "_encoder.", 1) if key.startswith(enc_prefix) else key
-        new = new.replace("_Qs.params.", "_Qs.", 1).replace("_target_Qs_params.", "_target_Qs.", 1)
-        ours[new] = value
+    ours = {reference_key(key): value for key, value in sd.items()
+            if not key.startswith("_detach_Qs_params.")}  # an alias of _Qs in the reference
     if not any(k.startswith("_target_Qs.") for k in ours):  # early releases: targets = online
         ours.update({k.replace("_Qs.", "_target_Qs.", 1): v.clone() for k, v in ours.items() if k.startswith("_Qs.")})
     return dims, ours

@@ -24,6 +24,7 @@ from tdmpc.config import SIZE_FIELDS, Config
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.base import PolicyOutput as Policy
 from tdmpc.planners.categorical import one_hot_argmax
+from tdmpc.planners.random import TORCH, RandomSource
 from tdmpc.model.fused import ln_act
 from tdmpc.model.layers import (Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, StackedLayerNormAffine, concat,
                                 init_weights, mlp)
@@ -151,6 +152,13 @@ class WorldModel(nn.Module):
         self.register_buffer("log_std_dif", torch.tensor(float(dims.log_std_max - dims.log_std_min)))
         self._fused_first_layers: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # set in planning copies
         self._fused_second_layers: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # (2, ...) stacks, likewise
+        self.random: RandomSource = TORCH
+
+    def use_random(self, source: RandomSource) -> None:
+        """Draw every random number (policy noise, Q-head pairs, dropout, the pixel shift) from `source`."""
+        for m in self.modules():
+            if hasattr(m, "random"):
+                setattr(m, "random", source)
 
     # --- the interface planners use ---------------------------------------------------
     @property
@@ -195,10 +203,14 @@ class WorldModel(nn.Module):
             return None
         return self._action_masks[torch.as_tensor(task, device=self._action_masks.device)]
 
-    def encode(self, obs: Tensor, task: Task = None) -> Tensor:
+    def encode(self, obs: Tensor, task: Task = None, augment: bool = True) -> Tensor:
+        """augment=False: pixel frames without training's random shift, as the reference encodes the TD targets'
+        (it encodes them in eval mode)."""
         if obs.is_floating_point():  # a reduced-precision planning copy takes its inputs in its dtype
             obs = obs.to(self.latent_dtype)
-        return self._encoder(obs if self.dims.pixels else self._with_task(obs, task))
+        if self.dims.pixels:
+            return self._encoder(obs, augment)
+        return self._encoder(self._with_task(obs, task))
 
     def next(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor:
         return self._dynamics(torch.cat([self._with_task(z, task), a.to(z.dtype)], dim=-1))
@@ -280,7 +292,7 @@ class WorldModel(nn.Module):
         """pi(z, task, eps).action alone: what planning reads, without the log-probs it would not use."""
         if self.dims.discrete:
             logits = self._pi(self._with_task(z, task)).float()
-            return one_hot_argmax(logits + gumbel(torch.randn_like(logits) if eps is None else eps))
+            return one_hot_argmax(logits + gumbel(self._eps(logits) if eps is None else eps))
         mean, log_std, eps, _ = self._prior(z, task, eps)
         return torch.tanh(torch.addcmul(mean, eps, log_std.exp()))
 
@@ -290,7 +302,7 @@ class WorldModel(nn.Module):
         expectation over the n actions, prior_value()); the bonus is the entropy, with nothing to squash."""
         log_probs = self._pi(self._with_task(z, task)).float().log_softmax(-1)
         probs = log_probs.exp()
-        action = one_hot_argmax(log_probs + gumbel(torch.randn_like(log_probs) if eps is None else eps))
+        action = one_hot_argmax(log_probs + gumbel(self._eps(log_probs) if eps is None else eps))
         entropy = -(probs * log_probs).sum(-1, keepdim=True)
         return Policy(action, one_hot_argmax(log_probs), log_probs, entropy, entropy, torch.zeros_like(entropy), probs)
 
@@ -300,21 +312,23 @@ class WorldModel(nn.Module):
         the gradient reaches the probabilities without a sampling estimator (the form of the reference's
         `discrete` branch and of SAC-Discrete)."""
         if not self.dims.discrete:
-            return self.q_value(z, policy.action, "avg", task, detach=True)
+            q = self.decode(self.Q(z, policy.action, task, self.sample_heads("pi.q_pair"), detach=True))
+            return q.mean(0)
         assert policy.probs is not None
-        q = self.action_values(z, task, self.sample_heads(), detach=True).mean(0)  # (..., n)
+        q = self.action_values(z, task, self.sample_heads("pi.q_pair"), detach=True).mean(0)  # (..., n)
         return (policy.probs * q).sum(-1, keepdim=True)
 
     def prior_q(self, z: Tensor, task: Task, reduce: Literal["min", "avg"], heads: Tensor | None = None,
-                target: bool = False, action: Tensor | None = None) -> Tensor:
+                eps: Tensor | None = None, target: bool = False, action: Tensor | None = None) -> Tensor:
         """The value of z under the policy prior, (..., 1), over 2 heads (random unless given): what planning
         adds after its horizon and TD targets bootstrap from. A Gaussian prior's is Q at one sample of it (`action`,
         drawn when None), as the reference's; a categorical prior's is its exact expectation over the n actions
         (SAC-Discrete's target), which spares the planner's scores and the targets a sample's noise for n Q
-        evaluations (docs/discrete.md: a sampled bootstrap let CartPole's planner drop a pole its prior held)."""
-        heads = self.sample_heads() if heads is None else heads
+        evaluations (docs/discrete.md: a sampled bootstrap let CartPole's planner drop a pole its prior held).
+        eps: the Gaussian prior's N(0, 1) draw for its sample (drawn when None and no action is given)."""
+        heads = self.sample_heads("td_target.q_pair") if heads is None else heads
         if not self.dims.discrete:
-            a = self.pi_action(z, task) if action is None else action
+            a = self.pi_action(z, task, eps) if action is None else action
             q = self.decode(self.Q(z, a, task, heads, target=target))
             return q.min(0).values if reduce == "min" else q.mean(0)
         q = self.action_values(z, task, heads, target=target)
@@ -346,7 +360,7 @@ class WorldModel(nn.Module):
         """The prior's raw mean, bounded log std and N(0, 1) draw (masked to the task's dims), and the mask."""
         mean, log_std = self._pi(self._with_task(z, task)).float().chunk(2, dim=-1)
         log_std = self.log_std_min + 0.5 * self.log_std_dif * (torch.tanh(log_std) + 1)
-        eps = torch.randn_like(mean) if eps is None else eps
+        eps = self._eps(mean) if eps is None else eps
         mask = self.action_mask(task)
         if mask is not None:
             mean, log_std, eps = mean * mask, log_std * mask, eps * mask
@@ -363,20 +377,15 @@ class WorldModel(nn.Module):
         return self.two_hot.decode(logits)
 
     # --- helpers -------------------------------------------------------------------
-    def sample_heads(self, draws: int | None = None) -> Tensor:
+    def sample_heads(self, name: str, draws: int | None = None) -> Tensor:
         """Two distinct random Q heads, chosen on the device (no host sync, CUDA-graph safe): (2,), or (draws, 2)
-        for `draws` independent pairs in one draw. Uniform over ordered pairs, as the first two of a random
-        permutation are, without a sort: the second is the first plus 1..num_q-1, modulo num_q."""
-        n, device = self.num_q, self.log_std_min.device
-        first = torch.randint(n, (draws or 1, 1), device=device)
-        heads = torch.cat([first, (first + torch.randint(1, n, (draws or 1, 1), device=device)) % n], 1)
+        for `draws` independent pairs in one draw (RandomSource.head_pairs, under `name`)."""
+        heads = self.random.head_pairs(name, self.num_q, draws or 1, self.log_std_min.device)
         return heads if draws else heads[0]
 
-    def q_value(self, z: Tensor, a: Tensor, reduce: Literal["min", "avg"], task: Task = None, target: bool = False,
-                detach: bool = False) -> Tensor:
-        """min or mean over 2 random heads, computing only those two."""
-        q = self.decode(self.Q(z, a, task, self.sample_heads(), target=target, detach=detach))
-        return q.min(0).values if reduce == "min" else q.mean(0)
+    def _eps(self, like: Tensor) -> Tensor:
+        """The prior's N(0, 1) draw where a caller gives none."""
+        return self.random.normal("pi.eps", tuple(like.shape), like.device).to(like.dtype)
 
     @torch.no_grad()
     def soft_update_targets(self, tau: float) -> None:
