@@ -12,7 +12,7 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMANDS = {"tdmpc.train", "tdmpc.evaluate", "tdmpc.dataset", "tdmpc.collect", "tdmpc.reproduce", "tdmpc.bench",
-            "tdmpc.plot", "tdmpc.slurm_scripts"}  # python -m tdmpc.<name>: imported by nothing else
+            "tdmpc.plot", "tdmpc.slurm_scripts", "tdmpc.parity"}  # python -m tdmpc.<name>: imported by nothing else
 
 
 def _modules() -> dict[str, Path]:
