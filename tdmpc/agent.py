@@ -187,8 +187,8 @@ class Agent:
 
         Integer or bool observations are converted as training converts them (to float32; pixels stay uint8).
         An observation of the wrong shape, an empty batch, a bad first_step, and NaN or inf in observations
-        given as numpy (not as tensors, which checking would read back from the device) are a one-line ValueError
-        (BadInput); values beyond 1e6 are warned about once."""
+        on the host (numpy, lists, CPU tensors; not tensors on a GPU, which checking would read back from the
+        device) are a one-line ValueError (BadInput); values beyond 1e6 are warned about once."""
         obs_t, single = self._observations(obs)
         n = obs_t.shape[0]
         first = self._first_steps(first_step, n)
@@ -242,13 +242,13 @@ class Agent:
             if x.is_complex():
                 raise BadInput(f"act() takes real float32 observations, got {x.dtype}")
             x = x.float()  # bool, integer and float64 observations, as the envs' float32 wrapper converts them
-        if not isinstance(obs, Tensor) and not pixels:  # host data, checked in numpy; a tensor is not read back
-            values = x.numpy().reshape(1 if single else len(x), -1)
-            finite = np.isfinite(values).all(1)
-            if not finite.all():
-                raise BadInput(f"act() got NaN or inf in observation {int(np.flatnonzero(~finite)[0])}: the agent "
+        if x.device.type == "cpu" and not pixels:  # host data; a tensor on a GPU is not read back
+            values = x.detach().reshape(1 if single else len(x), -1)
+            finite = torch.isfinite(values).all(1)
+            if not bool(finite.all()):
+                raise BadInput(f"act() got NaN or inf in observation {int(torch.nonzero(~finite)[0, 0])}: the agent "
                                f"cannot plan from it")
-            big = float(np.abs(values).max())
+            big = float(values.abs().max())
             if big > 1e6 and not self._warned_large:
                 self._warned_large = True
                 warnings.warn(f"act() got observation values up to {big:.3g}: far outside what the encoder was "

@@ -180,6 +180,27 @@ def test_a_reference_checkpoint_needs_its_task():
     assert agent.imported_from_reference and agent.act(np.zeros(24, np.float32)).shape == (6,)
 
 
+def test_from_checkpoint_without_a_path_is_one_line():
+    for bad in (None, 3):
+        with pytest.raises(ValueError, match=f"a checkpoint is a path to a .pt file .*not {type(bad).__name__}$"):
+            tdmpc.Agent.from_checkpoint(bad, task="walker-walk", device="cpu")  # type: ignore[arg-type]
+
+
+def test_act_refuses_nan_in_a_cpu_tensor_as_in_numpy():
+    """A torch tensor on the host is checked as numpy is (no device to read back from)."""
+    from tdmpc.errors import BadInput
+
+    agent = tdmpc.Agent.from_checkpoint(REFERENCE, task="walker-walk", device="cpu", num_samples=16, num_elites=2,
+                                        num_pi_trajs=2, iterations=1)
+    obs = torch.zeros(3, 24)
+    obs[1, 5] = float("nan")
+    with pytest.raises(BadInput, match="NaN or inf in observation 1"):
+        agent.act(obs)
+    with pytest.raises(BadInput, match="NaN or inf in observation 0"):
+        agent.act(torch.full((24,), float("inf")))
+    assert torch.isfinite(agent.act(torch.zeros(3, 24))).all()
+
+
 def test_from_checkpoint_sets_the_threads_it_is_given_and_leaves_them_otherwise():
     before = torch.get_num_threads()
     try:

@@ -27,9 +27,12 @@ OBS, ACT = 5, 2
 
 
 @pytest.fixture(autouse=True)
-def same_random_numbers(monkeypatch):
-    monkeypatch.setattr(inductor_config, "fallback_random", True)
-    torch._dynamo.reset()
+def same_random_numbers():
+    # config.patch, not monkeypatch: pytest 9.2's monkeypatch deletes an attribute it did not find in the module's
+    # __dict__ on undo, and inductor's config keeps its values elsewhere, so the second test found none.
+    with inductor_config.patch(fallback_random=True):
+        torch._dynamo.reset()
+        yield
 
 
 def make(compile: bool, kind: str, **over) -> Agent:

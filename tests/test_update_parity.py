@@ -191,3 +191,23 @@ def test_compiled_update_and_plan_match_the_reference():
     assert report.ok, _summary(report)
     report = parity.check_plan(fx)
     assert report.ok, _summary(report)
+
+
+def test_a_multitask_fixture_builds_the_agent_its_meta_and_checkpoint_describe(tmp_path):
+    """Multi-task fixtures (a later one) take their task set, task dim and episode lengths from meta.json, as
+    loading the reference's mt30 checkpoint does; here with the mt30 forward fixture's checkpoint."""
+    mt30 = Path(__file__).parent / "fixtures" / "reference-mt30-ms1"
+    ref = json.loads((mt30 / "reference_meta.json").read_text())
+    cfg = {k: ref[k] for k in ("num_bins", "vmin", "vmax", "simnorm_dim", "dropout", "log_std_min", "log_std_max",
+                               "num_q", "discount_denom", "discount_min", "discount_max")}
+    cfg.update(multitask=True, tasks=ref["tasks"], episode_lengths=ref["episode_lengths"], task_dim=ref["task_dim"],
+               model_size=1, batch_size=16, horizon=3, episodic=False)
+    fixture = tmp_path / "mt30"
+    fixture.mkdir()
+    (fixture / "meta.json").write_text(json.dumps({"cfg": cfg, "fixture": {"episodic": False}, "args": {}}))
+    shutil.copy(mt30 / "reference_checkpoint.pt", fixture / "checkpoint_before.pt")
+    for name in parity.FILES[2:]:
+        (fixture / name).touch()
+    agent, _ = parity.build_agent(parity.read_fixture(fixture))
+    assert agent.dims.tasks == tuple(ref["tasks"]) and agent.dims.task_dim == 96
+    assert torch.allclose(agent.discount, torch.tensor(ref["discounts"]))

@@ -29,13 +29,20 @@ def save(obj: dict, path: Path) -> None:
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
 
+def checkpoint_path(path: object) -> Path:
+    """A checkpoint's path, or a one-line CheckpointError for anything that is not one (None, a number...)."""
+    if not isinstance(path, (str, Path)):
+        raise CheckpointError(f"a checkpoint is a path to a .pt file (str or Path), not {type(path).__name__}")
+    return Path(path)
+
+
 def load_file(path: str | Path, mmap: bool = False) -> dict:
     """torch.load with weights_only=True, turning every failure into a one-line CheckpointError.
 
     `mmap=True` maps the tensors instead of reading them (cheap when only shapes are needed);
     it applies to zip-format files, which is what torch.save has written since torch 1.6.
     """
-    path = Path(path)
+    path = checkpoint_path(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     if path.is_dir():
@@ -142,7 +149,7 @@ def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool 
     """Our checkpoint or a reference one, as config + dims + state; `overrides` apply to the config.
 
     `mmap=True` maps the tensors rather than reading them: cheap when only the dims are needed."""
-    path, overrides = Path(path), overrides or {}
+    path, overrides = checkpoint_path(path), overrides or {}
     obj = load_file(path, mmap=mmap)
     if is_reference(obj):
         given = tuple(overrides["task_set"]) if overrides.get("task_set") else None
