@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import importlib.util
 import io
 import os
@@ -19,7 +20,7 @@ from gymnasium.utils.passive_env_checker import env_render_passive_checker
 
 from tdmpc.envs import TaskError, UnknownTaskError, env_rng_state, make_env, make_vector_env, set_env_rng_state
 
-from helpers import import_or_skip, one_line_error, run_train, skip_unless_ci
+from helpers import import_or_skip, one_line_error, read_csv, run_train, skip_unless_ci, tiny_json
 
 HAS_DMC = importlib.util.find_spec("dm_control") is not None
 NEEDS_DMC = pytest.mark.skipif(not HAS_DMC, reason="dm_control is not installed (pip install -e '.[dmc]')")
@@ -398,3 +399,16 @@ def test_a_simulator_that_is_not_installed_is_one_line_naming_the_extra(tmp_path
     line = one_line_error(r)
     assert "LunarLander-v3 needs a package that is not installed" in line and 'pip install "tdmpc[box2d]"' in line
     assert not (tmp_path / "run").exists()
+
+
+def test_lunarlander_trains_and_evaluates_with_box2d_installed(tmp_path):
+    """The Box2D extra installed (CI installs it): LunarLander-v3's 8-dim observations and 4 discrete actions train
+    (random seeding, updates, planning over the discrete default horizon) and evaluate to eval.csv."""
+    import_or_skip("Box2D", 'Box2D is not installed (pip install "tdmpc[box2d]")')
+    r = run_train("--cfg", str(tiny_json(tmp_path, task="LunarLander-v3", steps=300, seed_steps=200, eval_freq=300,
+                                         save_every=300, eval_episodes=1)), "--run-dir", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    rows = read_csv(tmp_path / "run" / "eval.csv")
+    assert [int(float(row["env_step"])) for row in rows] == [0, 300]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["plan_horizon"] == 1

@@ -150,12 +150,12 @@ def test_updates_per_round_sets_the_updates_each_round_runs(tmp_path):
     counts = {}
     for per_round in (1, 3):
         run = tmp_path / f"run{per_round}"
-        r = run_train("--cfg", str(tiny_json(tmp_path, steps=300, eval_freq=300, save_every=300)), "--run-dir",
-                      str(run), "--updates-per-round", str(per_round))
+        r = run_train("--cfg", str(tiny_json(tmp_path, steps=220, eval_freq=220, save_every=220, eval_episodes=0, log_every=20)),
+                      "--run-dir", str(run), "--updates-per-round", str(per_round))
         assert r.returncode == 0, r.stderr
         counts[per_round] = int(float(read_csv(run / "train.csv")[-1]["updates"]))
-    # 200 seeding steps (a round of pretraining updates each), then 100 agent steps with a round each
-    assert counts == {1: 300, 3: 900}, counts
+    # 200 seeding steps (a round of pretraining updates each), then 20 agent steps with a round each
+    assert counts == {1: 220, 3: 660}, counts
 
 
 def test_evaluate_no_mpc_acts_with_the_policy_prior(tmp_path, tiny_run):

@@ -149,3 +149,20 @@ def test_gpu_kernels_are_set_beside_the_op_that_launched_them_and_the_cpu_count(
     assert by_op == Counter({"native_layer_norm_backward": 2, "mm": 1})
     assert count_differences(by_op, Counter({"native_layer_norm_backward": 1, "mm": 1, "topk": 1})) == {
         "native_layer_norm_backward": 1, "topk": -1}
+
+
+def test_the_committed_kernel_counts_are_the_codes_eager_counts():
+    """results/kernels.json (what BENCHMARKS.md quotes) is rewritten by `bench --kernels`: its eager counts at model
+    size 5 must be what the code launches now, so a change that adds or removes kernels cannot leave it stale."""
+    import json
+    from pathlib import Path
+
+    from tdmpc.report.kernel_counts import counting_agent, plan_kernels, update_kernels
+    from tdmpc.runtime.device import cuda_code_path
+
+    committed = json.loads((Path(__file__).parents[1] / "results" / "kernels.json").read_text())
+    with cuda_code_path():
+        plan = sum(plan_kernels(counting_agent(5, False), 1, False).values())
+        update = sum(update_kernels(5, False)[1].values())
+    assert (plan, update) == (committed["plan_kernels_eager"], committed["update_kernels_eager"]), \
+        "rerun python -m tdmpc.bench --kernels and commit results/kernels.json"
