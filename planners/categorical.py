@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .base import LatentModel
-from .mppi import LatentMPPI
+from .mppi import MPPILoop
 from .random import TORCH, RandomSource
 from .settings import MPPIConfig
 
@@ -27,7 +27,7 @@ __all__ = ["CategoricalMPPI", "WARM_START", "one_hot_argmax", "sample_one_hot"]
 WARM_START = 0.5  # the last plan's share of a warm-started step's probabilities; the rest is uniform
 
 
-class CategoricalMPPI(LatentMPPI):
+class CategoricalMPPI(MPPILoop):
     def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
                  discount: float | Tensor, device: torch.device, chunk_rows: int | None = None,
                  random: RandomSource = TORCH):

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .base import LatentModel
 from .categorical import CategoricalMPPI
-from .mppi import LatentMPPI, MPPI
+from .mppi import MPPILoop, GaussianMPPI
 from .random import TORCH, RandomSource
 from .settings import MPPIConfig
 
@@ -16,6 +16,6 @@ __all__ = ["make_planner"]
 
 
 def make_planner(model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int, discount: float | Tensor,
-                 device: torch.device, chunk_rows: int | None = None, random: RandomSource = TORCH) -> LatentMPPI:
-    kind = CategoricalMPPI if model.discrete else MPPI
+                 device: torch.device, chunk_rows: int | None = None, random: RandomSource = TORCH) -> MPPILoop:
+    kind = CategoricalMPPI if model.discrete else GaussianMPPI
     return kind(model, cfg, num_envs, action_dim, discount, device, chunk_rows, random)

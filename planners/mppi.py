@@ -6,8 +6,8 @@ plan's distribution, shifted by one step) is kept per environment. With a multi-
 environment may be a different task: its id picks its embedding, its action mask (applied
 to the samples, the mean and the std, as the reference does) and its discount.
 
-LatentMPPI is the loop every action space shares: sample candidates, roll them out, score them, refit the
-sampling distribution to the elites' softmax weights, act. MPPI samples from a per-step Gaussian (continuous
+MPPILoop is the loop every action space shares: sample candidates, roll them out, score them, refit the
+sampling distribution to the elites' softmax weights, act. GaussianMPPI samples from a per-step Gaussian (continuous
 actions); planners/categorical.py's CategoricalMPPI from per-step categorical probabilities (discrete ones).
 """
 
@@ -22,10 +22,10 @@ from .base import LatentModel
 from .random import TORCH, RandomSource
 from .settings import MPPIConfig
 
-__all__ = ["LatentMPPI", "MPPI", "MPPIConfig"]
+__all__ = ["GaussianMPPI", "MPPILoop", "MPPIConfig"]
 
 
-class LatentMPPI:
+class MPPILoop:
     """The planning loop, whatever the action space; a subclass holds the sampling distribution: _warm_start,
     _draw, _sample, _refit and _act."""
 
@@ -149,7 +149,7 @@ class LatentMPPI:
         return (self.G[envs] + bootstrap * alive * q).squeeze(-1)
 
 
-class MPPI(LatentMPPI):
+class GaussianMPPI(MPPILoop):
     """Continuous actions: candidates from a per-step Gaussian, clamped to [-1, 1], as the reference plans."""
 
     def __init__(self, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,

@@ -17,7 +17,7 @@ Every draw is named; the names, their shapes and where they go:
 | `pi.eps` | normal | (..., A) | any other call of the prior without given noise (acting without planning) |
 | `dropout` | dropout | as its input | the Q heads' dropout after the first layer (training mode) |
 | `shift_aug` | integers | (n, 1, 1, 2) | the pixel encoder's random shift (training mode) |
-| `plan.normal` | normal_ | MPPI.draw_views | all of one plan's N(0, 1) draws, in one flat buffer |
+| `plan.normal` | normal_ | GaussianMPPI.draw_views | all of one plan's N(0, 1) draws, in one flat buffer |
 | `plan.uniform` | uniform_ | CategoricalMPPI | a discrete plan's U(0, 1) draws |
 | `plan.q_pairs` | head_pairs | (iterations, 2) | each MPPI iteration's Q heads for the value estimate |
 | `plan.exponential` | exponential_ | (N, elites) | Exp(1) draws: Gumbel noise -log(E) for the elite each env acts on |

@@ -23,7 +23,7 @@ from tdmpc.errors import BadInput, CheckpointError, TaskError
 from tdmpc.model import checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 from tdmpc.planners.make import make_planner
-from tdmpc.planners.mppi import LatentMPPI, MPPIConfig
+from tdmpc.planners.mppi import MPPILoop, MPPIConfig
 from tdmpc.planners.random import TORCH, RandomSource
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.compile import compiled_if
@@ -91,7 +91,7 @@ class Agent:
         self._rho = cfg.rho ** torch.arange(H + 1, device=device, dtype=torch.float32)
         self._quantiles = torch.tensor([0.05, 0.95], device=device)
         self.planner_cfg = MPPIConfig.from_config(cfg, dims.action_dim)
-        self._planners: dict[tuple[int, str], LatentMPPI] = {}
+        self._planners: dict[tuple[int, str], MPPILoop] = {}
         # On CUDA, plan() and update() replay as CUDA graphs (static shapes, no host syncs); not across ranks.
         self.graphs = device.type == "cuda" and cfg.cuda_graphs and shard.world == 1
         self._plan_fns: dict[tuple[int, str, bool], Callable] = {}
@@ -107,7 +107,7 @@ class Agent:
             for optim, name in ((self.optim, "world-model"), (self.pi_optim, "policy"))}
 
     # --- acting -------------------------------------------------------------------
-    def planner(self, num_envs: int, role: str = "train") -> LatentMPPI:
+    def planner(self, num_envs: int, role: str = "train") -> MPPILoop:
         """One planner per (N, role), so evaluation never disturbs the training warm start."""
         key = (num_envs, role)
         if key not in self._planners:
@@ -295,7 +295,7 @@ class Agent:
         action = m.action_input(action)  # a discrete model's stored integers as one-hot rows
         total, losses, zs, reached = self._model_loss(obs, action, reward, terminated, task)
         total.backward()
-        grad_norm, skipped = self._step(self.optim)
+        grad_norm, skipped = self._optimizer_step(self.optim)
         pi_metrics = self._update_pi(zs.detach(), task, reached)
         m.soft_update_targets(self.cfg.tau)
         m.eval()
@@ -362,7 +362,7 @@ class Agent:
         (H+1, B) weights out latents past an episode's end."""
         loss, metrics = self._pi_loss(zs, task, reached)
         loss.backward()
-        grad_norm, skipped = self._step(self.pi_optim)
+        grad_norm, skipped = self._optimizer_step(self.pi_optim)
         return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped, **metrics}
 
     def _pi_loss_eager(self, zs: Tensor, task: Tensor | None, reached: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -414,7 +414,7 @@ class Agent:
         update = torch.isfinite(value) & (n.squeeze(1) > 0)
         self.scale.lerp_(torch.where(update, value, self.scale.view(-1)).view_as(self.scale), self.cfg.tau)
 
-    def _step(self, optim: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
+    def _optimizer_step(self, optim: torch.optim.Optimizer) -> tuple[Tensor, Tensor]:
         """Clip, then step unless the gradient is non-finite, both inside fused Adam: it divides the gradients by
         `grad_scale` and skips the step on `found_inf` (_clip_stats), so no kernel rescales the gradients.
 

@@ -123,7 +123,7 @@ def test_non_finite_update_is_skipped_and_counted():
 
 @pytest.mark.parametrize("norm_scale", [0.1, 50.0])  # under the clip norm (20) and over it
 def test_step_clips_as_torch_clip_grad_norm_then_adam(norm_scale):
-    """_step clips inside fused Adam (grad_scale); the weights move as after torch's clip_grad_norm_ and Adam."""
+    """_optimizer_step clips inside fused Adam (grad_scale); the weights move as after torch's clip_grad_norm_ and Adam."""
     agent = make_agent()
     params = list(agent.model._pi.parameters())
     g = torch.Generator().manual_seed(1)
@@ -134,7 +134,7 @@ def test_step_clips_as_torch_clip_grad_norm_then_adam(norm_scale):
     plain = torch.optim.Adam(copies, lr=agent.cfg.lr, eps=1e-5)
     for p, c, x in zip(params, copies, grads):
         p.grad, c.grad = x.clone(), x.clone()
-    norm, skipped = agent._step(agent.pi_optim)
+    norm, skipped = agent._optimizer_step(agent.pi_optim)
     torch.testing.assert_close(torch.nn.utils.clip_grad_norm_(copies, agent.cfg.grad_clip_norm), norm)
     plain.step()
     assert skipped.item() == 0.0

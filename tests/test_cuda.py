@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tdmpc.planners.mppi import MPPI, MPPIConfig
+from tdmpc.planners.mppi import GaussianMPPI, MPPIConfig
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
@@ -63,7 +63,7 @@ class CudaQuadratic:
 
 def test_graphed_plan_follows_new_inputs():
     N, A = 4, 3
-    planner = MPPI(CudaQuadratic(), MPPIConfig.from_config(Config(iterations=10), A), N, A, 0.99, CUDA)
+    planner = GaussianMPPI(CudaQuadratic(), MPPIConfig.from_config(Config(iterations=10), A), N, A, 0.99, CUDA)
     graphed = CUDAGraphed(lambda o, f: planner.plan(o, f, True))
     first = torch.ones(N, dtype=torch.bool, device=CUDA)
     for _ in range(6):  # warm-up calls, the capture, then replays with fresh targets

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tdmpc.planners.mppi import MPPI, MPPIConfig
+from tdmpc.planners.mppi import GaussianMPPI, MPPIConfig
 from tdmpc.model import fused
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
@@ -152,7 +152,7 @@ def test_bf16_planning_picks_actions_close_to_fp32():
     first = torch.ones(16, dtype=torch.bool)
     actions = {}
     for dtype in (torch.float32, torch.bfloat16):
-        planner = MPPI(planning_copy(m, dtype), MPPIConfig.from_config(Config(iterations=8), 6), 16, 6, discount=0.99,
+        planner = GaussianMPPI(planning_copy(m, dtype), MPPIConfig.from_config(Config(iterations=8), 6), 16, 6, discount=0.99,
                        device=torch.device("cpu"))
         torch.manual_seed(1)
         planner.plan(obs, first, eval_mode=True)

@@ -2,7 +2,7 @@ import torch
 
 from tdmpc.planners.base import PolicyOutput
 from tdmpc.config import Config
-from tdmpc.planners.mppi import MPPI, MPPIConfig
+from tdmpc.planners.mppi import GaussianMPPI, MPPIConfig
 
 
 class QuadraticModel:
@@ -66,7 +66,7 @@ def test_planner_finds_known_optimum_for_a_batch_of_envs():
     # The returned action is an elite *sampled* from the softmax weights (as in the reference),
     # so it sits about one final std (~0.07 after 6 iterations) from the mean; 10 iterations
     # shrink that spread below the 0.1 tolerance.
-    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = GaussianMPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=0.99, device=torch.device("cpu"))
     action = planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     assert action.shape == (N, A)
     assert (action - targets).abs().max() < 0.1
@@ -75,7 +75,7 @@ def test_planner_finds_known_optimum_for_a_batch_of_envs():
 def test_reference_settings_converge_the_mean_to_the_optimum():
     N, A = 5, 4
     targets = torch.rand(N, A) * 1.6 - 0.8
-    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = GaussianMPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     assert (planner.prev_mean[0] - targets).abs().max() < 0.06
 
@@ -83,7 +83,7 @@ def test_reference_settings_converge_the_mean_to_the_optimum():
 def test_exploration_noise_only_outside_eval_mode():
     N, A = 3, 2
     targets = torch.zeros(N, A)
-    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = GaussianMPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     first = torch.ones(N, dtype=torch.bool)
     torch.manual_seed(1)
     a_eval = planner.plan(targets, first, eval_mode=True)
@@ -95,7 +95,7 @@ def test_exploration_noise_only_outside_eval_mode():
 
 def test_warm_start_shifts_by_one_step_and_resets_per_env():
     N, A, H = 3, 2, 3
-    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(horizon=H), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = GaussianMPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(horizon=H), A), N, A, discount=0.99, device=torch.device("cpu"))
     prev = torch.arange(H * N * A, dtype=torch.float32).view(H, N, A)
     planner.prev_mean.copy_(prev)
     planner._warm_start(torch.tensor([False, True, False]))
@@ -109,7 +109,7 @@ def test_warm_start_shifts_by_one_step_and_resets_per_env():
 def test_plan_saves_mean_for_next_step():
     N, A = 2, 3
     targets = torch.tensor([[0.5, -0.5, 0.2], [-0.3, 0.1, 0.7]])
-    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = GaussianMPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True)
     # every step of the horizon has the same optimum here, so the saved mean is near a* everywhere
     assert (planner.prev_mean - targets).abs().max() < 0.15
@@ -117,7 +117,7 @@ def test_plan_saves_mean_for_next_step():
 
 def test_plan_runs_in_inference_mode_with_preallocated_buffers():
     N, A = 2, 2
-    planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
+    planner = GaussianMPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"))
     ptrs = [t.data_ptr() for t in (planner.actions, planner.noise, planner.mean, planner.std, planner.prev_mean)]
     out = planner.plan(torch.zeros(N, A), torch.ones(N, dtype=torch.bool))
     assert out.is_inference()
@@ -130,7 +130,7 @@ def test_chunked_rollouts_plan_like_one_big_call():
     targets = torch.rand(N, A) * 1.6 - 0.8
     results = []
     for chunk_rows in (None, 1024):  # all envs at once, or 2 envs per model call
-        planner = MPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"),
+        planner = GaussianMPPI(QuadraticModel(A=A), MPPIConfig.from_config(Config(), A), N, A, discount=0.99, device=torch.device("cpu"),
                        chunk_rows=chunk_rows)
         torch.manual_seed(3)
         results.append(planner.plan(targets, torch.ones(N, dtype=torch.bool), eval_mode=True))
@@ -144,7 +144,7 @@ def test_each_env_plans_for_its_own_task_with_its_mask_and_discount():
     N, A = 6, 3
     model = QuadraticModel(action_dims=[1, 2, 3], A=A)
     discounts = torch.tensor([0.5, 0.9, 0.99])
-    planner = MPPI(model, MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=discounts,
+    planner = GaussianMPPI(model, MPPIConfig.from_config(Config(iterations=10), A), N, A, discount=discounts,
                    device=torch.device("cpu"), chunk_rows=1024)  # 2 envs per model call, as on a CPU
     assert planner.chunk_envs == 2
     task = torch.tensor([0, 1, 2, 2, 1, 0])

@@ -80,7 +80,7 @@ def test_a_plan_that_draws_its_noise_elsewhere_fails(monkeypatch):
     def shifted(draws, agent, eval_mode):
         out = original(draws, agent, eval_mode)
         c, A = agent.planner_cfg, agent.dims.action_dim
-        views = parity.MPPI.draw_views(out["plan.normal"][0], c, 1, A)
+        views = parity.GaussianMPPI.draw_views(out["plan.normal"][0], c, 1, A)
         views["noise"].copy_(views["noise"].roll(1, 0))
         return out
 

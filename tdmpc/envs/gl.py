@@ -2,7 +2,7 @@
 and pygame's (SDL's), for gymnasium's classic-control frames.
 
 EGL renders headless (clusters, CI), so it is the default on Linux; an explicit MUJOCO_GL (osmesa, glfw) wins.
-A machine without libEGL (the lent H200's image, 2026-11-26) fails dm_control's import inside PyOpenGL; state
+A machine without libEGL fails dm_control's import inside PyOpenGL; state
 tasks need no renderer, so with the default they run without one, said once, and only pixels and videos fail.
 """
 

@@ -6,7 +6,7 @@ first. The estimate is built from the shapes the code allocates:
 * exactly known (a CPU test checks them against the bytes really allocated):
   parameters, gradients and both Adam optimisers' states, target Qs and the planning
   copy are counted on a `meta`-device WorldModel (no memory, any model size); the
-  planners' preallocated buffers and the replay buffer follow MPPI.__init__ and
+  planners' preallocated buffers and the replay buffer follow GaussianMPPI.__init__ and
   ReplayBuffer.__init__ byte for byte.
 * modelled (formulas below, from the layer widths): activations saved for backward
   in an update, the largest plan() call's temporaries, CUDA graph pools.
@@ -33,7 +33,7 @@ N x (S - P) sampled candidates, the fused dynamics+reward first layer (2 x mlp_d
 with 2 LayerNorm/Mish temporaries, reward logits decoded in fp32; or, in the value
 step, pi and 2 Q heads on N x S latents; plus the sampled actions. Every
 (num_envs, role) pair has its own planner: training (num_envs) and evaluation (up to
-16 episodes at once, tdmpc.evaluate.MAX_PARALLEL).
+16 episodes at once, EVAL_PARALLEL: tdmpc.episodes plays that many at a time).
 
 CUDA graphs keep a private pool per captured call, sized by that call's temporaries:
 one for update() and one per planner. The budget is the card's memory less
@@ -238,7 +238,7 @@ def eval_sizes(cfg: Config) -> list[int]:
 
 
 def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
-    """MPPI.__init__'s tensors (actions, every iteration's noise, the prior's, the bootstrap's and the acting noise;
+    """GaussianMPPI.__init__'s tensors (actions, every iteration's noise, the prior's, the bootstrap's and the acting noise;
     the elite choice's Exp(1) draws; mean, std, prev_mean; value, G, alive; gamma,
     gamma^t and the powers t), and z_final in the planning dtype; CategoricalMPPI's draws are one U(0, 1) value per
     sampled candidate step and env (and one per env to act), and it keeps probs and prev_probs. A test measures what

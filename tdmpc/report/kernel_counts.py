@@ -85,13 +85,13 @@ def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str
 
 
 def _optimizer_step_kernels(agent: Agent, optim: torch.optim.Optimizer) -> Counter[str]:
-    """Agent._step's kernels but its clipping statistics, which --compile compiles (their kernels are read from
+    """Agent._optimizer_step's kernels but its clipping statistics, which --compile compiles (their kernels are read from
     the compiled update's code); run with the statistics computed beforehand."""
     stats = agent._clip_stats[optim]
     out = stats(agent.grads(optim))
     agent._clip_stats[optim] = lambda grads: out
     try:
-        return count_kernels(lambda: agent._step(optim)).counts
+        return count_kernels(lambda: agent._optimizer_step(optim)).counts
     finally:
         agent._clip_stats[optim] = stats
 

@@ -30,7 +30,7 @@ from tdmpc.config import Config
 from tdmpc.errors import BadInput
 from tdmpc.model.reference import reference_key, reference_to_ours
 from tdmpc.model.settings import NetworkSettings
-from tdmpc.planners.mppi import MPPI
+from tdmpc.planners.mppi import GaussianMPPI
 from tdmpc.planners.random import RandomSource
 
 FILES = ("meta.json", "checkpoint_before.pt", "checkpoint_after.pt", "optim_after.pt", "batch.pt", "update_io.pt",
@@ -412,12 +412,12 @@ PLAN_VALUE_RTOL, PLAN_ATOL = 2e-5, 1e-4
 
 
 def plan_draws(draws: list[dict], agent: Agent, eval_mode: bool) -> dict[str, list[Tensor]]:
-    """The reference's draws of one _plan call (one env), assembled into our planner's draws (MPPI.draw_views)."""
+    """The reference's draws of one _plan call (one env), assembled into our planner's draws (GaussianMPPI.draw_views)."""
     c, A = agent.planner_cfg, agent.dims.action_dim
     if c.horizon != agent.cfg.horizon:
         raise ParityError("the fixture plans over the training horizon; this config plans over another")
-    flat = torch.zeros(MPPI.draw_size(c, 1, A))
-    views = MPPI.draw_views(flat, c, 1, A)
+    flat = torch.zeros(GaussianMPPI.draw_size(c, 1, A))
+    views = GaussianMPPI.draw_views(flat, c, 1, A)
     by_name: dict[str, list[Tensor]] = {}
     for d in draws:
         by_name.setdefault(d["name"], []).append(d["value"])
@@ -453,7 +453,7 @@ def run_plans(fx: Fixture, precision: Literal["fp32", "bf16"] = "fp32") -> tuple
         rec.set(plan_draws(io["draws"][:int(call["num_draws"])], agent, eval_mode))
         action = agent.act(obs[0].numpy(), first_step=bool(call["t0"]), eval_mode=eval_mode)
         planner = agent.planner(1, "eval" if eval_mode else "train")
-        assert isinstance(planner, MPPI)
+        assert isinstance(planner, GaussianMPPI)
         P, E = agent.planner_cfg.num_pi_trajs, agent.planner_cfg.num_elites
         elites = torch.topk(planner.value[0], E).indices
         results.append({"action": torch.as_tensor(action), "prev_mean_out": planner.prev_mean[:, 0].clone(),
