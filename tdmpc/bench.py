@@ -29,13 +29,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
-from tdmpc.errors import parse_args
+from tdmpc.errors import BadInput, parse_args, run_cli
 from tdmpc.model import fused
 from tdmpc.runtime import cuda_graphs
 from tdmpc.runtime.files import json_text, write_text_atomic
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, validate
+from tdmpc.memory.fit import gpu_mem_bytes
 from tdmpc.runtime.device import resolve_device, resolve_dtype, set_matmul_precision, set_threads
 from tdmpc.model.world_model import ModelDims
 
@@ -623,9 +624,44 @@ def count_kernels(out: Path) -> int:
     return 0
 
 
+def check_output(path: Path, flag: str) -> None:
+    """Before anything is measured: `path` can take the results (a file, in a folder that is there or can be made,
+    and writable), else a one-line BadInput; a measurement of minutes is not lost at the end."""
+    if path.is_dir():
+        raise BadInput(f"{flag} {path} is a directory; give the file to write the results to, e.g. "
+                       f"{flag} {path / 'bench.json'}")
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        raise BadInput(f"{flag} {path}: {folder} is a file, so no folder can be made there")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise BadInput(f"{flag} {path}: {folder} is not writable")
+
+
+def check_args(args: BenchArgs) -> torch.device:
+    """Every input checked before the first measurement, each a one-line error: the output file, the device,
+    --gpu-mem. Returns the device."""
+    if args.kernels:
+        check_output(args.kernels_out, "--kernels-out")
+    elif args.tensor_envs:
+        check_output(args.tensor_envs_out, "--tensor-envs-out")
+    else:
+        check_output(args.out, "--out")
+    if args.device not in ("auto", "cpu", "cuda") and not (args.device.startswith("cuda:") and args.device[5:].isdigit()):
+        raise BadInput(f"--device {args.device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
+    if args.gpu_mem is not None:
+        gpu_mem_bytes(args.gpu_mem)
+    return resolve_device(args.device)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(BenchArgs, argv, "python -m tdmpc.bench", __doc__.splitlines()[0])
-    device = resolve_device(args.device)
+    return run_cli(lambda: _main(args))
+
+
+def _main(args: BenchArgs) -> int:
+    device = check_args(args)
     set_threads(args.threads)
     if args.kernels:
         return count_kernels(args.kernels_out)

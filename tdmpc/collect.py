@@ -18,7 +18,7 @@ import torch
 
 from tdmpc.agent import Agent
 from tdmpc.errors import EXIT_OK, BadInput, parse_args, run_cli
-from tdmpc.offline.writer import DatasetWriter
+from tdmpc.offline.writer import DatasetWriter, task_action_start
 from tdmpc.runtime.device import set_threads
 from tdmpc.envs import make_env, make_envs
 from tdmpc.envs.names import resolve_task
@@ -67,8 +67,9 @@ def collect(args: CollectArgs) -> int:
     if dims.multitask:  # obs stay padded to the model's; the file says the task's own dims
         agent.task_ids(task, 1)  # one of its set, or a one-line error
         own = ([_own_obs_dim(task)], [dims.action_dims[dims.tasks.index(task)]])
+    start = task_action_start(task, obs=cfg.obs, action_repeat=cfg.action_repeat) if dims.discrete else 0
     writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat, _source(args), *own,
-                           discrete=dims.discrete)
+                           discrete=dims.discrete, action_start=start)
     set_threads(args.threads)
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)

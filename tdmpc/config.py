@@ -74,7 +74,8 @@ class _Training:
     """Step the envs in this process (sync) or one subprocess each (async: for slow simulators)."""
     seed_steps: Optional[int] = None
     """Env steps of random actions before learning. None: max(1000, 5 x episode length) agent steps of each task
-    (a multi-task run seeds every task as a single-task run seeds its one)."""
+    (a multi-task run seeds every task as a single-task run seeds its one), or num_envs x horizon where that is
+    more (each env holds a sub-trajectory before the first update)."""
     update_every: int = 1
     """Agent steps (per env) between update rounds; 1 reproduces the reference."""
     updates_per_round: Optional[int] = None
@@ -244,7 +245,7 @@ class _Hardware:
     """Updates. bf16 autocast is 2-3x faster on bf16 CPUs but learned far worse on cartpole-swingup (RESULTS.md);
     mixed runs the Q heads, TD targets and value decoding in fp32 and the rest in bf16."""
     cuda_graphs: bool = True
-    """Capture plan() and update() as CUDA graphs on CUDA (eager everywhere else)."""
+    """Capture plan() and update() as CUDA graphs on CUDA (eager everywhere else: given there, a note says so)."""
     plan_chunk_envs: Optional[int] = None
     """Envs whose candidates one model call rolls out in plan(): fewer hold less memory and plan the same. None:
     all at once on a GPU, unless the memory estimate needs chunks for the run to fit (then the most that fit,
@@ -290,8 +291,10 @@ class Config(_Hardware, _Output, _TaskSet, NetworkSettings, _Sizes, MPPIConfig, 
     def for_task(self, spec: EnvSpec, tasks: int = 1) -> Config:
         """A copy with the task-dependent fields filled in (None: the task's value), so that config.json
         records what the run really used. tasks: how many a multi-task run trains on."""
+        # Unset: the reference's count, or more where many envs need more for each to hold a sub-trajectory before
+        # the first update (validate's floor: 4,096 envs at horizon 3 seed 12,288 env steps, not 1,000).
         seed_steps = self.seed_steps if self.seed_steps is not None else \
-            max(1000, 5 * spec.episode_length) * spec.action_repeat * tasks
+            max(1000, 5 * spec.episode_length, self.num_envs * self.horizon) * spec.action_repeat * tasks
         updates = self.updates_per_round if self.updates_per_round is not None else \
             min(self.num_envs, MAX_DEFAULT_UPDATES) * tasks
         plan_horizon = self.plan_horizon if self.plan_horizon is not None else 1 if spec.discrete else self.horizon

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from pathlib import Path
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Callable, Iterator, Optional
 
 import numpy as np
 import tyro
 
-from tdmpc.errors import ActionRangeError, DatasetError, one_line_parse_errors, run_cli
+from tdmpc.errors import EXIT_REQUEUE, ActionRangeError, DatasetError, one_line_parse_errors, run_cli
 from tdmpc.offline.format import DatasetFile, episode_blocks, open_dataset, open_h5
 
 
@@ -56,7 +59,9 @@ def describe(file: DatasetFile) -> str:
     lines = [f"{file.path}: {file.episodes:,} episodes, {file.rows:,} rows, {len(s.tasks)} task(s), "
              f"{size / 1e6:.1f} MB ({raw / max(size, 1):.1f}x compressed)",
              f"  obs {s.obs_type} {s.obs_shape} {s.obs_dtype}, action "
-             f"{f'{s.action_dim} discrete' if s.discrete else s.action_dim}, action_repeat {s.action_repeat}"]
+             f"{f'{s.action_dim} discrete' if s.discrete else s.action_dim}"
+             f"{f' (the env takes {s.action_start}..{s.action_start + s.action_dim - 1})' if s.action_start else ''}, "
+             f"action_repeat {s.action_repeat}"]
     returns = _returns(file)
     for t, name in enumerate(s.tasks):
         mine = file.episode_task == t
@@ -82,20 +87,51 @@ def _returns(file: DatasetFile) -> np.ndarray:
 
 def to_minari(path: Annotated[Path, tyro.conf.Positional], dataset_id: str, author: Optional[str] = None,
               author_email: Optional[str] = None, code_permalink: Optional[str] = None) -> int:
-    """Write a dataset file as a local Minari dataset (under $MINARI_DATASETS_PATH, default ~/.minari/datasets).
+    """Write a dataset file as a local Minari dataset (under $MINARI_DATASETS_PATH, default ~/.minari/datasets),
+    whole or not at all: SIGTERM, SIGINT or SIGUSR1 stop it with nothing written, exit 3.
 
     Args:
         path: the dataset file.
         dataset_id: Minari id, (namespace/)name-vN.
     """
-    from tdmpc.offline.minari import to_minari as export
+    from tdmpc.offline.minari import ExportStopped, to_minari as export
 
-    print(f"{export(path, dataset_id, author, author_email, code_permalink)}: written")
+    with _stop_signals() as stopped:
+        try:
+            directory = export(path, dataset_id, author, author_email, code_permalink, stop=lambda: bool(stopped))
+        except ExportStopped:
+            print(f"error: stopped by {stopped[0]} before Minari dataset {dataset_id!r} was complete: nothing was "
+                  f"written (run the command again)", file=sys.stderr)
+            return EXIT_REQUEUE
+    print(f"{directory}: written")
     unset = [f"--{k.replace('_', '-')}" for k, v in (("author", author), ("author_email", author_email),
                                                      ("code_permalink", code_permalink)) if v is None]
     if unset:
         print(f"note: {', '.join(unset)} not given; Minari recommends them for a dataset you share")
     return 0
+
+
+STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, s))
+
+
+@contextlib.contextmanager
+def _stop_signals() -> Iterator[list[str]]:
+    """SIGTERM, SIGINT or SIGUSR1 (a scheduler's) recorded, by name, in the list it gives, for the work to stop at its
+    next safe point, as training does; a second Ctrl-C stops at once (KeyboardInterrupt)."""
+    stopped: list[str] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopped.append(signal.Signals(signum).name)
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS} if main_thread else {}
+    try:
+        yield stopped
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def from_minari(source: Annotated[str, tyro.conf.Positional], out: Path, task: Optional[str] = None) -> int:

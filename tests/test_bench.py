@@ -45,3 +45,48 @@ def test_plan_flops_under_inference_mode_match_flop_counter_mode(precision):
     mlp_dim, samples, iters, horizon = agent.dims.mlp_dim, agent.cfg.num_samples, agent.cfg.iterations, agent.cfg.horizon
     # at least the dynamics' second layer, (mlp_dim x mlp_dim), for every sampled candidate and step
     assert sum(flops.values()) > 2 * 2 * samples * iters * horizon * mlp_dim * mlp_dim
+
+
+# --- the command's inputs: each a one-line error before anything is measured --------------------------------------
+
+@pytest.fixture
+def nothing_measured(monkeypatch):
+    """Any measurement fails the test: bad input must be refused before the first one (minutes of it were lost)."""
+    import tdmpc.bench
+
+    def measured(*args, **kw):
+        raise AssertionError("a measurement started before the input was checked")
+
+    for name in ("matmul_peak", "bench_model", "count_kernels", "bench_tensor_envs"):
+        monkeypatch.setattr(tdmpc.bench, name, measured)
+
+
+def _bench(capsys, *argv) -> tuple[int, str]:
+    from tdmpc.bench import main
+
+    code = main([*map(str, argv)])
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--out", "--kernels-out", "--tensor-envs-out"])
+def test_an_output_that_is_a_directory_is_refused_before_measuring(tmp_path, capsys, nothing_measured, flag):
+    mode = {"--kernels-out": ["--kernels"], "--tensor-envs-out": ["--tensor-envs"]}.get(flag, [])
+    code, err = _bench(capsys, *mode, flag, tmp_path, "--device", "cpu")
+    assert code == 2 and err.strip() == (f"error: {flag} {tmp_path} is a directory; give the file to write the "
+                                         f"results to, e.g. {flag} {tmp_path / 'bench.json'}"), err
+    (tmp_path / "file").write_text("")
+    code, err = _bench(capsys, flag, tmp_path / "file" / "bench.json", "--device", "cpu", *mode)
+    assert code == 2 and err.startswith(f"error: {flag} {tmp_path / 'file' / 'bench.json'}: ") and "\n" not in err.strip()
+
+
+def test_cuda_without_cuda_is_one_line(tmp_path, capsys, monkeypatch, nothing_measured):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, err = _bench(capsys, "--device", "cuda", "--out", tmp_path / "b.json")
+    assert code == 2 and err.strip() == "error: device 'cuda' requested but CUDA is not available here; use --device cpu"
+    code, err = _bench(capsys, "--device", "gpu", "--out", tmp_path / "b.json")
+    assert code == 2 and err.strip() == "error: --device 'gpu': use 'auto', 'cpu', 'cuda' or 'cuda:N'"
+
+
+def test_a_gpu_mem_of_zero_is_refused_before_measuring(tmp_path, capsys, nothing_measured):
+    code, err = _bench(capsys, "--device", "cpu", "--gpu-mem", "0GB", "--out", tmp_path / "b.json")
+    assert code == 2 and err.strip().startswith("error: --gpu-mem 0GB: must be more than 0"), err

@@ -123,9 +123,22 @@ def test_defaults_give_every_task_its_seed_episodes_and_every_env_step_one_updat
 
     spec = EnvSpec(task="t", obs_shape=(5,), action_dim=1, episode_length=500, action_repeat=2, episodic=False)
     cfg = Config(num_envs=num_envs).for_task(spec, tasks)
-    assert cfg.seed_steps == 5 * 500 * 2 * tasks and cfg.updates_per_round == updates
+    assert cfg.seed_steps == max(5 * 500, 3 * num_envs) * 2 * tasks and cfg.updates_per_round == updates
     given = Config(num_envs=num_envs, seed_steps=100, updates_per_round=1).for_task(spec, tasks)
     assert (given.seed_steps, given.updates_per_round) == (100, 1)
+
+
+@pytest.mark.parametrize("num_envs, tasks", [(4096, 1), (512, 3)])
+def test_unset_seed_steps_are_enough_for_many_envs(num_envs, tasks):
+    """The default seed steps give every env a sub-trajectory before the first update, as validate requires; a
+    value the user sets is kept (and still checked). docs/gpu-simulators.md's 4,096-env dry run failed on them."""
+    from tdmpc.envs import EnvSpec
+
+    spec = EnvSpec(task="t", obs_shape=(3,), action_dim=1, episode_length=200, action_repeat=1, episodic=False)
+    cfg = validate(Config(num_envs=num_envs, horizon=3).for_task(spec, tasks))
+    assert cfg.seed_steps == num_envs * 3 * tasks
+    with pytest.raises(ConfigError, match="seed_steps"):
+        validate(Config(num_envs=num_envs, horizon=3, seed_steps=1000).for_task(spec, tasks))
 
 
 @pytest.mark.parametrize("argv", [["--task-set", "finger-spin,cheetah-run"], ["--task-set", "finger-spin", "cheetah-run"]])
@@ -133,3 +146,37 @@ def test_a_task_set_is_a_task_list_however_it_is_spelled(argv):
     _, cfg, _, given = parse_cli(_Run, argv, lambda run: Config())
     assert cfg.task_set == ("finger-spin", "cheetah-run") and given == {"task_set"}
     assert len(Config(task_set=("mt30",)).task_set) == 30
+
+
+# --- CUDA-only settings on a CPU run (tdmpc.train --dry-run, in-process) -------------------------------------------
+
+def _dry_run(tmp_path, monkeypatch, capsys, *flags: str) -> tuple[int, str, str]:
+    from helpers import tiny_json
+    from tdmpc.train import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["--cfg", str(tiny_json(tmp_path)), "--device", "cpu", "--dry-run", *flags])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cuda_graphs_given_on_a_cpu_run_is_said_to_do_nothing(tmp_path, monkeypatch, capsys):
+    code, _, err = _dry_run(tmp_path, monkeypatch, capsys, "--cuda-graphs")
+    assert code == 0 and "note: --cuda-graphs does nothing on the CPU" in err, err
+    code, _, err = _dry_run(tmp_path, monkeypatch, capsys)  # the default (on) is not the user's: nothing said
+    assert code == 0 and "cuda-graphs" not in err, err
+
+
+def test_gpu_mem_on_a_cpu_run_says_what_is_true_there(tmp_path, monkeypatch, capsys):
+    """The verdict plans for the card, and says this run is not on it (it said "replay buffer on the device")."""
+    code, out, _ = _dry_run(tmp_path, monkeypatch, capsys, "--gpu-mem", "8GB")
+    verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
+    assert code == 0 and verdict.startswith("verdict: FITS a 8GB card")
+    assert "for a run on one (this run is on the CPU: all of it is host memory, and --gpu-mem caps nothing)" in verdict
+
+
+@pytest.mark.parametrize("size", ["0GB", "0", "0.0GiB"])
+def test_a_gpu_mem_of_zero_must_be_more_than_0(tmp_path, monkeypatch, capsys, size):
+    code, _, err = _dry_run(tmp_path, monkeypatch, capsys, "--gpu-mem", size)
+    assert code == 2 and err.strip() == (f"error: --gpu-mem {size}: must be more than 0 (the memory of the card to "
+                                         f"plan for: 16GB, 16000MB or 8GiB)"), err

@@ -9,6 +9,7 @@ import time
 import warnings
 from pathlib import Path
 
+import gymnasium as gym
 import h5py
 import numpy as np
 import pytest
@@ -610,3 +611,118 @@ def test_minari_import_of_a_data_collector_dataset(tmp_path, minari_root):
         np.testing.assert_allclose(ep.obs, theirs.observations, rtol=1e-6)
         np.testing.assert_allclose(ep.action, theirs.actions / 2, rtol=1e-6)
         assert len(ep.reward) == 15 and ep.truncated
+
+
+# Runs `python -m tdmpc.dataset to-minari` with batches of 2 episodes, sending itself SIGTERM as the 6th episode is
+# read (the third batch): a stop mid-export, at a point that does not depend on timing.
+_STOP_MID_EXPORT = """
+import os, signal, sys
+import tdmpc.offline.minari as m
+m.EXPORT_BATCH = 2
+read = m.read_episodes
+def episodes(path):
+    for i, ep in enumerate(read(path)):
+        if i == 5:
+            os.kill(os.getpid(), signal.SIGTERM)
+        yield ep
+m.read_episodes = episodes
+from tdmpc.dataset import main
+sys.exit(main(["to-minari", sys.argv[1], "--dataset-id", "tdmpc/stopped-v0"]))
+"""
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_stopped_minari_export_leaves_nothing_and_exits_3(tmp_path, minari_root):
+    """SIGTERM mid-export left a dataset Minari opened as complete with part of the episodes (and a rerun refused:
+    'already exists'). Now: one line, exit 3, no dataset and no partial folder; the rerun writes all of it."""
+    import minari
+
+    from tdmpc.offline.minari import from_minari
+
+    path = tmp_path / "ours.h5"
+    write(path, [make_episode(i, 4) for i in range(10)])
+    r = subprocess.run([sys.executable, "-c", _STOP_MID_EXPORT, str(path)], capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "MINARI_DATASETS_PATH": str(minari_root)})
+    assert r.returncode == 3, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: stopped by SIGTERM before Minari dataset 'tdmpc/stopped-v0' was complete: nothing was "
+                      "written (run the command again)"], r.stderr
+    with pytest.raises(FileNotFoundError):
+        minari.load_dataset("tdmpc/stopped-v0")
+    assert not (minari_root / "tdmpc" / "stopped-v0").exists()
+    assert not list(tmp_path.rglob("*partial*")) and not list(minari_root.rglob("*.h*5"))
+    assert cli_main(["to-minari", str(path), "--dataset-id", "tdmpc/stopped-v0"]) == 0
+    assert minari.load_dataset("tdmpc/stopped-v0").total_episodes == 10
+    assert from_minari("tdmpc/stopped-v0", tmp_path / "back.h5") == 10
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_minari_export_removes_the_folder_of_a_killed_one(tmp_path, minari_root, capsys):
+    from tdmpc.offline.minari import to_minari
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    left = minari_root / f".tdmpc-partial-{int(dead.stdout)}"
+    (left / "tdmpc" / "x-v0" / "data").mkdir(parents=True)
+    write(tmp_path / "ours.h5", [make_episode(i, 4) for i in range(3)])
+    assert to_minari(tmp_path / "ours.h5", "tdmpc/x-v0") == minari_root / "tdmpc" / "x-v0"
+    assert not left.exists() and f"removed {left}" in capsys.readouterr().err
+
+
+class StartsAtFive(gym.Env):
+    """Discrete(3, start=5): its actions are 5, 6, 7, each its own reward; episodes of 8 steps."""
+
+    observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+    action_space = gym.spaces.Discrete(3, start=5)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        assert int(action) in (5, 6, 7), action
+        self.t += 1
+        return np.full(2, self.t / 10, np.float32), float(action), False, False, {}
+
+
+gym.register("StartsAtFive-v0", entry_point="test_dataset:StartsAtFive", max_episode_steps=8)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_a_discrete_space_with_a_start_is_exported_to_minari_as_the_env_takes_it(tmp_path, minari_root):
+    """--save-data keeps the env's Discrete start beside the indices it stores, and to-minari exports the real
+    space and actions (it declared Discrete(3) with actions 0-2); from-minari brings back the indices and the start."""
+    import minari
+
+    import tdmpc
+    from helpers import TINY
+    from tdmpc.offline.minari import from_minari, to_minari
+
+    data = tmp_path / "five.h5"
+    tdmpc.fit(env="test_dataset:StartsAtFive-v0", **{**TINY, "task": "test_dataset:StartsAtFive-v0", "steps": 40,
+              "seed_steps": 24, "eval_episodes": 0, "eval_freq": 40, "save_every": 40, "log_every": 20,
+              "save_data": str(data)}, run_dir=tmp_path / "run")
+    file = open_dataset(data)
+    assert file.schema.discrete and file.schema.action_start == 5 and file.episodes == 5
+    to_minari(data, "tdmpc/five-v0")
+    theirs = minari.load_dataset("tdmpc/five-v0")
+    assert theirs.action_space == gym.spaces.Discrete(3, start=5)
+    for ep in theirs.iterate_episodes():
+        assert set(ep.actions.tolist()) <= {5, 6, 7}
+        np.testing.assert_array_equal(ep.actions, ep.rewards)  # each reward is the action the env took
+    assert from_minari("tdmpc/five-v0", tmp_path / "back.h5") == 5
+    back = open_dataset(tmp_path / "back.h5").files[0]
+    assert back.schema.action_start == 5
+    for mine, again in zip(read_episodes(data), read_episodes(tmp_path / "back.h5")):
+        np.testing.assert_array_equal(mine.action, again.action)
+        assert set(mine.action.tolist()) <= {0, 1, 2}
+    # tdmpc.collect keeps the start too
+    from tdmpc.collect import main as collect
+
+    assert collect(["--checkpoint", str(tmp_path / "run" / "checkpoints" / "latest.pt"), "--out",
+                    str(tmp_path / "collected.h5"), "--episodes", "2", "--device", "cpu", "--threads", "1"]) == 0
+    assert open_dataset(tmp_path / "collected.h5").schema.action_start == 5
+    # and so does converting the run's replay buffer
+    (buffer,) = (tmp_path / "run" / "checkpoints").glob("buffer_*.h5")
+    convert_buffer(buffer, tmp_path / "converted.h5", "test_dataset:StartsAtFive-v0")
+    assert open_dataset(tmp_path / "converted.h5").schema.action_start == 5

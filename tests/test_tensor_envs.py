@@ -9,6 +9,7 @@ import torch
 from gymnasium import spaces
 
 import json
+import re
 from pathlib import Path
 
 from helpers import TINY, import_or_skip, read_csv, run_module, run_train, tiny_json
@@ -341,3 +342,30 @@ def test_what_tensor_envs_do_not_do_is_refused_in_one_line(tmp_path, over, flag)
         tensor_trainer(tmp_path / "run", TorchPointEnv(), **over)
     assert f"{flag} is not supported with tensor-native envs" in str(e.value) and "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("task", ["Pendulum-v1,test_tensor_envs:TorchPoint-v0", "test_tensor_envs:TorchPoint-v0,Pendulum-v1"])
+def test_a_multi_task_run_with_a_tensor_task_is_refused_in_one_line(tmp_path, task):
+    """docs/gpu-simulators.md says so; the check fired only for a single tensor id, and such a list trained its
+    tensor task on the host path."""
+    cfg = validate(Config(**{**TINY, "task": task, "run_dir": str(tmp_path / "run")}))
+    with pytest.raises(BadInput) as e:
+        open_run(RunRequest(cfg, dry_run=True))
+    assert str(e.value).startswith("multi-task runs are not supported with tensor-native envs (test_tensor_envs:")
+    assert "\n" not in str(e.value) and not (tmp_path / "run").exists()
+
+
+def test_the_docs_list_every_refusal_for_tensor_envs():
+    """docs/gpu-simulators.md names each flag _check_tensor_run refuses (--overlap-updates was missing), and
+    multi-task runs."""
+    import inspect
+
+    from tdmpc.training import setup
+
+    docs = " ".join((Path(__file__).resolve().parent.parent / "docs" / "gpu-simulators.md").read_text().split())
+    refusals = docs[docs.index("Refused in one line for tensor envs"):][:600]
+    names = re.findall(r'"(\w+)": ', inspect.getsource(setup._check_tensor_run))
+    assert "overlap_updates" in names and len(names) >= 6
+    for name in names:
+        assert f"`--{name.replace('_', '-')}" in refusals, f"--{name.replace('_', '-')} is refused but not documented"
+    assert "multi-task runs" in refusals

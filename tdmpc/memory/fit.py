@@ -6,6 +6,7 @@ The estimate itself is tdmpc.memory.peak; this module decides what to do with it
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
@@ -14,7 +15,8 @@ import torch
 
 from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config
 from tdmpc.errors import ConfigError
-from tdmpc.memory.peak import ALLOCATOR_SLACK, SAFETY_MARGIN, MemoryEstimate, Target, detect_target, estimate
+from tdmpc.memory.peak import ALLOCATOR_SLACK, SAFETY_MARGIN, MemoryEstimate, Target, detect_target, estimate, \
+    parse_size
 from tdmpc.runtime.files import fmt_bytes
 
 if TYPE_CHECKING:
@@ -116,6 +118,12 @@ class MemoryPlan:
     applied: bool
     reachable: bool  # the ladder (or nothing) reaches a fit
     chunked_from: int | None = None  # plan_chunk_envs unset and chosen: the estimate with all envs at once
+    runs_on: str | None = None  # a card of --gpu-mem planned for a run on this other device ('cpu'): said so
+
+    def _off_card(self) -> str:
+        """What is true for a run that is not on the card planned for (a CPU run given --gpu-mem)."""
+        return (f"this run is on the {self.runs_on.upper() if self.runs_on == 'cpu' else self.runs_on}: all of it is "
+                f"host memory, and --gpu-mem caps nothing")
 
     @property
     def fits(self) -> bool:
@@ -127,6 +135,8 @@ class MemoryPlan:
             return ("verdict: no CUDA device here, so no GPU budget; the estimate above is host memory. "
                     "Plan for a card with --gpu-mem 16GB")
         where = "on the device" if self.buffer_on_device else "in pinned host memory"
+        if self.runs_on:
+            where = f"{where.replace('the device', 'the card')}, for a run on one ({self._off_card()})"
         return (f"verdict: {'FITS' if self.fits else 'DOES NOT FIT'} {t.label} ({fmt_bytes(t.capacity)}): "
                 f"estimate {fmt_bytes(e.total)}, budget {fmt_bytes(t.budget)} (the card less a "
                 f"{SAFETY_MARGIN:.0%} safety margin), headroom {1 - e.total / t.capacity:.0%}; replay buffer {where}")
@@ -257,13 +267,31 @@ def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodi
                resuming: bool = False, tasks: TaskSetup | None = None, discrete: bool = False) -> MemoryPlan:
     """The estimate for this run on this device (or a card of `gpu_mem`), with the replay buffer's place
     decided; with fit=True, lowered settings (each change printed). `plan.cfg` is the config to run."""
-    try:
-        target = detect_target(cfg, device, gpu_mem)
-    except ValueError as e:
-        raise ConfigError(f"--gpu-mem: {e}") from None
+    if gpu_mem is not None:
+        gpu_mem_bytes(gpu_mem)
+    target = detect_target(cfg, device, gpu_mem)
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
-    return assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log, tasks=tasks,
+    plan = assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log, tasks=tasks,
                   discrete=discrete)
+    if target.cuda and device is not None and device.type != "cuda":
+        plan.runs_on = device.type
+    return plan
+
+
+def gpu_mem_bytes(text: str) -> int:
+    """--gpu-mem's size in bytes; a one-line ConfigError for one that cannot be read or is not more than 0."""
+    zero = ConfigError(f"--gpu-mem {text}: must be more than 0 (the memory of the card to plan for: 16GB, 16000MB "
+                       f"or 8GiB)")
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        number = re.match(r"\s*(\d+(?:\.\d*)?)", text)
+        if number and float(number.group(1)) == 0:
+            raise zero from None
+        raise ConfigError(f"--gpu-mem: {e}") from None
+    if size <= 0:
+        raise zero
+    return size
 
 
 def buffer_storage(p: MemoryPlan, device: torch.device) -> torch.device:
@@ -292,6 +320,9 @@ def summary_line(p: MemoryPlan) -> str | None:
     if t.capacity is None or not p.fits:
         return None
     assert t.budget is not None
+    if p.runs_on:
+        return (f"memory: estimate {fmt_bytes(e.total)} for a run on {t.label} (a {fmt_bytes(t.budget)} budget, "
+                f"headroom {1 - e.total / t.capacity:.0%}); {p._off_card()}")
     return (f"memory: estimate {fmt_bytes(e.total)} of a {fmt_bytes(t.budget)} budget on {t.label}, headroom "
             f"{1 - e.total / t.capacity:.0%}; replay buffer "
             + ("on the device" if p.buffer_on_device else "in pinned host memory"))

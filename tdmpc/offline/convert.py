@@ -17,7 +17,7 @@ import numpy as np
 
 from tdmpc.buffer import BUFFER_FIELDS
 from tdmpc.offline.format import DatasetError, Episode, open_h5
-from tdmpc.offline.writer import DatasetWriter
+from tdmpc.offline.writer import DatasetWriter, action_start
 
 
 def _open_buffer(path: Path) -> h5py.File:
@@ -51,17 +51,20 @@ def episodes_from_buffer(path: str | Path) -> Iterator[Episode]:
 
 
 def _check_task(task: str, obs_type: str, obs_shape: tuple[int, ...], action_dim: int, discrete: bool,
-                buffer_path: Path) -> None:
-    """A buffer whose sizes are not the task's is refused before a dataset is labelled with that task."""
+                buffer_path: Path) -> int:
+    """A buffer whose sizes are not the task's is refused before a dataset is labelled with that task. Returns the
+    task's discrete action start (0 for other actions)."""
     from tdmpc.envs import make_env
     from tdmpc.model.checkpoint import describe_sizes
 
     env, spec = make_env(task, seed=0, obs=obs_type)
+    start = action_start(env)
     env.close()
     if (spec.obs_shape, spec.action_dim, spec.discrete) != (obs_shape, action_dim, discrete):
         raise DatasetError(f"{buffer_path} holds {describe_sizes(obs_shape, action_dim, discrete)}, but task '{task}' "
                            f"has {describe_sizes(spec.obs_shape, spec.action_dim, spec.discrete)}: name the task the "
                            f"run trained on")
+    return start
 
 
 def convert_buffer(buffer_path: str | Path, out_path: str | Path, task: str, obs_type: str | None = None,
@@ -80,8 +83,8 @@ def convert_buffer(buffer_path: str | Path, out_path: str | Path, task: str, obs
 
         action_repeat = resolve_task(task).default_action_repeat
     obs_type = obs_type or ("rgb" if obs_dtype == np.uint8 else "state")
-    _check_task(task, obs_type, tuple(obs_shape), action_dim, discrete, Path(buffer_path))
+    start = _check_task(task, obs_type, tuple(obs_shape), action_dim, discrete, Path(buffer_path))
     source = source or f"replay buffer {Path(buffer_path).resolve()}"
     with DatasetWriter(out_path, obs_shape, action_dim, [task], obs_type, action_repeat, source,
-                       discrete=discrete) as writer:
+                       discrete=discrete, action_start=start) as writer:
         return writer.commit(episodes_from_buffer(buffer_path))

@@ -24,7 +24,8 @@ from tdmpc.errors import ActionRangeError, DatasetError
 
 # Version 2 added discrete actions: an 'action_type' attribute ("continuous" or "discrete"); a discrete file's
 # 'action' rows are int32 action indices, one per row, and its 'num_actions' attribute says how many there are.
-# Version 1 files (continuous, without the attribute) are still read.
+# Version 1 files (continuous, without the attribute) are still read. A discrete file's optional 'action_start'
+# attribute (0 when absent) is the `start` of the env's Discrete space: the env's action is start + the index stored.
 FORMAT, VERSION, READABLE_VERSIONS = "tdmpc-dataset", 2, (1, 2)
 OBS_DTYPES: dict[str, np.dtype] = {"state": np.dtype(np.float32), "rgb": np.dtype(np.uint8)}
 OBS_TYPES = tuple(OBS_DTYPES)
@@ -69,6 +70,7 @@ class Schema:
     task_obs_dims: tuple[int, ...]  # per task, obs features before zero padding (pixels: channels)
     task_action_dims: tuple[int, ...]  # per task, action dims before zero padding
     discrete: bool = False  # action rows are integers 0..action_dim-1 (action_dim: the number of actions)
+    action_start: int = 0  # discrete: the env's Discrete(n, start) start; its action is start + the stored index
 
     @property
     def obs_dtype(self) -> np.dtype:
@@ -94,9 +96,12 @@ class Schema:
 
 def make_schema(where: object, obs_shape: Sequence[int], action_dim: int, tasks: Sequence[str], obs_type: str,
                 action_repeat: int, task_obs_dims: Sequence[int] | None = None,
-                task_action_dims: Sequence[int] | None = None, discrete: bool = False) -> Schema:
+                task_action_dims: Sequence[int] | None = None, discrete: bool = False,
+                action_start: int = 0) -> Schema:
     """A checked Schema; task dims default to the full dims (no padding). `where` names the file in errors.
-    discrete: action rows are integers 0..action_dim-1."""
+    discrete: action rows are integers 0..action_dim-1, the env's actions action_start.. action_start+n-1."""
+    if action_start and not discrete:
+        _fail(where, f"'action_start' is {action_start}: only discrete actions have one")
     obs_shape, tasks = tuple(int(d) for d in obs_shape), tuple(tasks)
     if obs_type not in OBS_TYPES:
         _fail(where, f"'obs_type' is {obs_type!r}, not one of {list(OBS_TYPES)}")
@@ -114,7 +119,8 @@ def make_schema(where: object, obs_shape: Sequence[int], action_dim: int, tasks:
         dims[name] = tuple(int(d) for d in given) if given is not None else (full,) * len(tasks)
         if len(dims[name]) != len(tasks) or not all(1 <= d <= full for d in dims[name]):
             _fail(where, f"'{name}' is {list(dims[name])}: one dim per task (of {len(tasks)}), each 1..{full}")
-    return Schema(obs_shape, int(action_dim), tasks, obs_type, int(action_repeat), **dims, discrete=discrete)
+    return Schema(obs_shape, int(action_dim), tasks, obs_type, int(action_repeat), **dims, discrete=discrete,
+                  action_start=int(action_start))
 
 
 def _first_nonfinite(a: np.ndarray) -> int | None:
@@ -266,7 +272,8 @@ def read_file(f: h5py.File, path: Path) -> DatasetFile:
     dims = {n: _json_list(f, n, path) if n in f.attrs else None for n in ("task_obs_dims", "task_action_dims")}
     schema = make_schema(path, f["obs"].shape[1:], _int_attr(f, "num_actions", path) if discrete else f["action"].shape[1],
                          _json_list(f, "tasks", path), _attr(f, "obs_type", path), _int_attr(f, "action_repeat", path),
-                         **dims, discrete=discrete)
+                         **dims, discrete=discrete,
+                         action_start=_int_attr(f, "action_start", path) if "action_start" in f.attrs else 0)
     rows = f["reward"].shape[0]
     for name, (shape, dtype) in schema.row_fields().items():
         ds = f[name]
@@ -347,7 +354,7 @@ def _merge(files: list[DatasetFile]) -> DatasetInfo:
     tasks: dict[str, tuple[int, int, Path]] = {}
     for file in files:
         s = file.schema
-        for name in ("obs_type", "action_repeat", "discrete"):
+        for name in ("obs_type", "action_repeat", "discrete", "action_start"):
             if (have := getattr(s, name)) != (want := getattr(first.schema, name)):
                 _fail(file.path, f"'{name}' is {have!r} but {want!r} in {first.path}")
         if s.discrete and s.action_dim != first.schema.action_dim:

@@ -3,17 +3,22 @@
 A Minari episode is ours without the row convention: observations (L+1), actions, rewards,
 terminations, truncations (L). Export keeps every array exactly (pixels unencoded, not
 JPEG) and stores our attributes and each episode's task in Minari's metadata, so that
-ours -> Minari -> ours is lossless. Import of foreign data maps Box actions onto [-1, 1]
-as tdmpc.envs' UnitActions does, and casts float observations to float32.
+ours -> Minari -> ours is lossless. Discrete actions go out as the env took them: the space is
+Discrete(n, start) with the file's action_start, the actions start + the stored index (and come back as
+indices, the start kept). Import of foreign data maps Box actions onto [-1, 1] as tdmpc.envs'
+UnitActions does, and casts float observations to float32.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 from gymnasium import spaces
@@ -35,53 +40,131 @@ def _minari():
     return minari
 
 
+class ExportStopped(Exception):
+    """to_minari's `stop()` said to stop: nothing was written (the partial dataset is removed)."""
+
+
+PARTIAL = ".tdmpc-partial"  # <datasets root>/.tdmpc-partial-<pid>: an export in progress (Minari lists no hidden folder)
+
+
 def to_minari(dataset_path: str | Path, dataset_id: str, author: str | None = None, author_email: str | None = None,
-              code_permalink: str | None = None) -> Path:
+              code_permalink: str | None = None, stop: Callable[[], bool] | None = None) -> Path:
     """Write a dataset file as the local Minari dataset `dataset_id` (under $MINARI_DATASETS_PATH, default
     ~/.minari/datasets); returns its directory. Minari's warnings about metadata left unset are silenced: our
-    datasets have no gymnasium env spec to give, and the CLI names the author fields left unset in one line."""
+    datasets have no gymnasium env spec to give, and the CLI names the author fields left unset in one line.
+
+    Whole or not at all: the dataset is built in a hidden folder of the datasets root, which Minari does not list,
+    and renamed into place at the end. `stop()`, asked between batches of episodes (and before the rename), ends the
+    export with ExportStopped, leaving nothing; so does any error. A folder left by an export that was killed
+    (its process gone) is removed by the next export."""
     minari = _minari()
-    from minari.data_collector import EpisodeBuffer
+    from minari.dataset.minari_dataset import parse_dataset_id
+    from minari.namespace import create_namespace, list_local_namespaces
+    from minari.storage import get_dataset_path
 
     path = Path(dataset_path)
     with open_h5(path) as f:
         file = read_file(f, path)
+    if not file.episodes:
+        raise DatasetError(f"{path}: holds no episode to export")
+    try:
+        namespace = parse_dataset_id(dataset_id)[0]
+    except ValueError as e:
+        raise DatasetError(f"Minari dataset {dataset_id!r}: {str(e).splitlines()[0]}") from None
+    dest = get_dataset_path(dataset_id)
+    if dest.exists():
+        raise DatasetError(f"Minari dataset {dataset_id!r} already exists ({dest}); choose another name or version")
+    root = get_dataset_path()
+    _remove_stale_partials(root)
+    partial = root / f"{PARTIAL}-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    try:
+        with _datasets_root(partial):
+            _export(minari, path, file, dataset_id, author, author_email, code_permalink, stop)
+        if stop is not None and stop():
+            raise ExportStopped(dataset_id)
+        if namespace is not None and namespace not in list_local_namespaces():
+            create_namespace(namespace)
+        if dest.exists():
+            raise DatasetError(f"Minari dataset {dataset_id!r} already exists ({dest}): made by another process "
+                               "while this export ran; choose another name or version")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(partial / dataset_id, dest)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return dest
+
+
+def _export(minari, path: Path, file, dataset_id: str, author: str | None, author_email: str | None,
+            code_permalink: str | None, stop: Callable[[], bool] | None) -> None:
+    """Every episode of `file` into a new Minari dataset `dataset_id` (under the root set now)."""
+    from minari.data_collector import EpisodeBuffer
+
     s = file.schema
     obs_space = (spaces.Box(0, 255, s.obs_shape, np.uint8) if s.obs_type == "rgb"
                  else spaces.Box(-np.inf, np.inf, s.obs_shape, np.float32))
     ours = dict(tasks=list(s.tasks), obs_type=s.obs_type, action_repeat=s.action_repeat, source=file.source,
                 task_obs_dims=list(s.task_obs_dims), task_action_dims=list(s.task_action_dims))
     dataset, episodes = None, read_episodes(path)
-    try:
-        while batch := [ep for _, ep in zip(range(EXPORT_BATCH), episodes)]:
-            buffers = [EpisodeBuffer(observations=ep.obs, actions=ep.action, rewards=ep.reward,
-                                     terminations=_last(len(ep.reward), ep.terminated),
-                                     truncations=_last(len(ep.reward), ep.truncated)) for ep in batch]
-            if dataset is None:
-                try:
-                    with warnings.catch_warnings():
-                        warnings.filterwarnings("ignore", UNSET_METADATA, UserWarning)
-                        dataset = minari.create_dataset_from_buffers(
-                            dataset_id, buffers, observation_space=obs_space,
-                            action_space=spaces.Discrete(s.action_dim) if s.discrete else
-                            spaces.Box(-1, 1, (s.action_dim,), np.float32), algorithm_name="tdmpc",
-                            author=author, author_email=author_email, code_permalink=code_permalink,
-                            description=file.source, data_format="hdf5", jpeg_encoding=False)
-                except ValueError as e:  # a malformed or existing id
-                    raise DatasetError(f"Minari dataset {dataset_id!r}: {str(e).splitlines()[0]}") from None
-            else:
-                dataset.update_dataset_from_buffer(buffers)
-            first = dataset.total_episodes - len(batch)
-            dataset.storage.update_episode_metadata([{"task": ep.task} for ep in batch],
-                                                    range(first, dataset.total_episodes))
+    while batch := [ep for _, ep in zip(range(EXPORT_BATCH), episodes)]:
+        if stop is not None and stop():
+            raise ExportStopped(dataset_id)
+        buffers = [EpisodeBuffer(observations=ep.obs, actions=ep.action + s.action_start if s.discrete else ep.action,
+                                 rewards=ep.reward,
+                                 terminations=_last(len(ep.reward), ep.terminated),
+                                 truncations=_last(len(ep.reward), ep.truncated)) for ep in batch]
         if dataset is None:
-            raise DatasetError(f"{path}: holds no episode to export")
-        dataset.storage.update_metadata({METADATA_KEY: json.dumps(ours)})
-    except BaseException:
-        if dataset is not None:  # no half-written Minari dataset left behind
-            shutil.rmtree(Path(dataset.storage.data_path).parent)
-        raise
-    return Path(dataset.storage.data_path).parent
+            try:
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", UNSET_METADATA, UserWarning)
+                    dataset = minari.create_dataset_from_buffers(
+                        dataset_id, buffers, observation_space=obs_space,
+                        action_space=spaces.Discrete(s.action_dim, start=s.action_start) if s.discrete else
+                        spaces.Box(-1, 1, (s.action_dim,), np.float32), algorithm_name="tdmpc",
+                        author=author, author_email=author_email, code_permalink=code_permalink,
+                        description=file.source, data_format="hdf5", jpeg_encoding=False)
+            except ValueError as e:  # a malformed id
+                raise DatasetError(f"Minari dataset {dataset_id!r}: {str(e).splitlines()[0]}") from None
+        else:
+            dataset.update_dataset_from_buffer(buffers)
+        first = dataset.total_episodes - len(batch)
+        dataset.storage.update_episode_metadata([{"task": ep.task} for ep in batch],
+                                                range(first, dataset.total_episodes))
+    assert dataset is not None
+    dataset.storage.update_metadata({METADATA_KEY: json.dumps(ours)})
+
+
+@contextlib.contextmanager
+def _datasets_root(root: Path) -> Iterator[None]:
+    """Minari's datasets root ($MINARI_DATASETS_PATH, which Minari reads at each call) set to `root` for a while."""
+    before = os.environ.get("MINARI_DATASETS_PATH")
+    os.environ["MINARI_DATASETS_PATH"] = str(root)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["MINARI_DATASETS_PATH"]
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = before
+
+
+def _remove_stale_partials(root: Path) -> None:
+    """The folders of exports that were killed (their process is gone), said on stderr."""
+    for stale in root.glob(f"{PARTIAL}-*"):
+        pid = stale.name.rpartition("-")[2]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"removed {stale}, left by a Minari export that was killed", file=sys.stderr)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _last(n: int, flag: bool) -> np.ndarray:
@@ -108,7 +191,7 @@ def from_minari(source: str | Path, out_path: str | Path, task: str | None = Non
     tasks = meta.get("tasks") or [task or (dataset.env_spec.id if dataset.env_spec else dataset.id)]
     if discrete:
         return _write(dataset, source, out_path, obs_space, int(act_space.n), tasks, obs_type, meta,
-                      lambda ep: np.asarray(ep.actions, np.int64) - int(act_space.start))
+                      lambda ep: np.asarray(ep.actions, np.int64) - int(act_space.start), int(act_space.start))
     low, high = act_space.low.astype(np.float64), act_space.high.astype(np.float64)
     if not (np.isfinite(low).all() and np.isfinite(high).all()):
         raise DatasetError(f"{source}: its action space {act_space} is unbounded; actions cannot be mapped to [-1, 1]")
@@ -124,9 +207,9 @@ def from_minari(source: str | Path, out_path: str | Path, task: str | None = Non
 
 
 def _write(dataset, source: str | Path, out_path: str | Path, obs_space: spaces.Box, action_dim: int, tasks: list,
-           obs_type: str, meta: dict, actions) -> int:
+           obs_type: str, meta: dict, actions, action_start: int = 0) -> int:
     """A Minari dataset's episodes into a dataset file, each episode's actions as `actions(episode)` makes them:
-    in [-1, 1], or discrete action indices from 0."""
+    in [-1, 1], or discrete action indices from 0 (the Discrete space's start kept as the file's action_start)."""
     def episodes() -> Iterator[Episode]:
         indices = dataset.episode_indices
         for ep, info in zip(dataset.iterate_episodes(indices), dataset.storage.get_episode_metadata(indices)):
@@ -137,7 +220,7 @@ def _write(dataset, source: str | Path, out_path: str | Path, obs_space: spaces.
     with DatasetWriter(out_path, obs_space.shape, action_dim, tasks, obs_type,
                        meta.get("action_repeat", 1), meta.get("source", f"minari {source}"),
                        meta.get("task_obs_dims"), meta.get("task_action_dims"),
-                       discrete=isinstance(dataset.action_space, spaces.Discrete)) as writer:
+                       discrete=isinstance(dataset.action_space, spaces.Discrete), action_start=action_start) as writer:
         return writer.commit(episodes())
 
 

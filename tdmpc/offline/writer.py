@@ -8,10 +8,11 @@ import itertools
 import json
 import shutil
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import h5py
 import numpy as np
+from gymnasium import spaces
 
 from tdmpc.runtime.files import atomic_write
 from tdmpc.offline.format import (CHUNK_BYTES, COMPRESSION, EPISODE_CHUNK, EPISODE_FIELDS, FORMAT, ROW_FIELDS, VERSION,
@@ -32,11 +33,12 @@ class DatasetWriter:
 
     def __init__(self, path: str | Path, obs_shape: Sequence[int], action_dim: int, tasks: Sequence[str],
                  obs_type: str, action_repeat: int, source: str, task_obs_dims: Sequence[int] | None = None,
-                 task_action_dims: Sequence[int] | None = None, discrete: bool = False):
-        """discrete: actions are integers 0..action_dim-1 (action_dim: the number of actions)."""
+                 task_action_dims: Sequence[int] | None = None, discrete: bool = False, action_start: int = 0):
+        """discrete: actions are integers 0..action_dim-1 (action_dim: the number of actions); action_start: the
+        `start` of the env's Discrete space (what its actions are offset by), kept for readers of the file."""
         self.path = Path(path)
         self.schema = make_schema(self.path, obs_shape, action_dim, tasks, obs_type, action_repeat,
-                                  task_obs_dims, task_action_dims, discrete)
+                                  task_obs_dims, task_action_dims, discrete, action_start)
         self.source = source
         self._lock = _lock(self.path)
         self._pending: list[Episode] = []
@@ -56,7 +58,7 @@ class DatasetWriter:
             raise
 
     def _check_extends(self, old: DatasetFile) -> None:
-        for name in ("obs_shape", "action_dim", "discrete", "obs_type", "action_repeat"):
+        for name in ("obs_shape", "action_dim", "discrete", "action_start", "obs_type", "action_repeat"):
             have, want = getattr(old.schema, name), getattr(self.schema, name)
             if have != want:
                 raise DatasetError(f"{self.path}: '{name}' is {have!r} in the file, {want!r} for the episodes "
@@ -135,7 +137,7 @@ class DatasetWriter:
                        action_repeat=s.action_repeat, source=self.source,
                        action_type="discrete" if s.discrete else "continuous")
         if s.discrete:
-            f.attrs.update(num_actions=s.action_dim)
+            f.attrs.update(num_actions=s.action_dim, action_start=s.action_start)
         if len(s.tasks) > 1:
             f.attrs.update(task_obs_dims=json.dumps(list(s.task_obs_dims)),
                            task_action_dims=json.dumps(list(s.task_action_dims)))
@@ -156,6 +158,33 @@ class DatasetWriter:
         else:
             self._pending = []
             self._lock.close()
+
+
+def action_start(env: Any) -> int:
+    """The `start` of an env's Discrete action space, on the env or a wrapper inside it (tdmpc.envs maps the agent's
+    0..n-1 onto it with a wrapper whose own space starts at 0); 0 for any other space."""
+    while env is not None:
+        space = getattr(env, "action_space", None)
+        if isinstance(space, spaces.Discrete) and int(space.start):
+            return int(space.start)
+        env = getattr(env, "env", None)
+    return 0
+
+
+def task_action_start(source: Any, **make: Any) -> int:
+    """action_start of a task: an id or a factory (one env made with `make`'s keywords, and closed), or a user's env
+    object (read as it is)."""
+    import gymnasium as gym
+
+    from tdmpc.envs import make_env
+
+    if isinstance(source, gym.Env):
+        return action_start(source)
+    env, _ = make_env(source, **make)
+    try:
+        return action_start(env)
+    finally:
+        env.close()
 
 
 def _lock(path: Path):

@@ -35,13 +35,14 @@ from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vecto
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import check_dims_match, load_file, read_checkpoint
 from tdmpc.offline.data import offline_spec, open_offline
-from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder
+from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder, task_action_start
 from tdmpc.runtime import distributed
 from tdmpc.runtime.device import cap_cuda_memory, resolve_device, set_threads
 from tdmpc.runtime.files import available_host_memory
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.model.world_model import ModelDims
 from tdmpc.tasks.multitask import TaskSetup, task_setup
+from tdmpc.tasks.sets import expand
 from tdmpc.training import speed
 from tdmpc.training.flags import TrainArgs, base_config, base_note
 from tdmpc.training.init_from import architecture_from_checkpoint, init_weights
@@ -97,10 +98,13 @@ def prepare(req: RunRequest) -> RunSetup | None:
         if not req.dry_run:
             raise
         device = None  # a dry run still estimates (for --gpu-mem, or to say there is no GPU)
+    off_cuda = cuda_only_notes(cfg, device, req.given)
     source: EnvSource = cfg.task if req.env is None else req.env
     tensor = not cfg.dataset and is_tensor_task(source)
     if tensor:
         _check_tensor_run(cfg)
+    elif not cfg.dataset and isinstance(source, str):
+        _check_no_tensor_task_among(source)
     spec, tasks = tensor_spec(source, cfg) if tensor else env_spec(source, cfg)
     if init_from:  # weights for another task's sizes or kind of action: refused now, --dry-run included
         check_dims_match(read_checkpoint(init_from, mmap=True).dims, spec.obs_shape, spec.action_dim, spec.discrete,
@@ -127,8 +131,9 @@ def prepare(req: RunRequest) -> RunSetup | None:
                                     spec.discrete))
         if host_error:
             print(f"host memory: DOES NOT FIT this machine: {host_error}")
-        if init_note:
-            print(init_note, file=sys.stderr)
+        for line in (*off_cuda, init_note):
+            if line:
+                print(line, file=sys.stderr)
     if not plan.fits:
         raise BadInput(plan.error())
     if host_error and not req.dry_run:
@@ -137,11 +142,23 @@ def prepare(req: RunRequest) -> RunSetup | None:
         return None
     assert device is not None
     cap = cap_cuda_memory(device, memory.parse_size(req.gpu_mem)) if req.gpu_mem and device.type == "cuda" else None
-    notes = [n for n in (*req.notes, memory.summary_line(plan), plan.chunk_line(), cap, init_note) if n]
+    notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note) if n]
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
                     init_from, source, source if tensor else eval_source, notes, tensor)
+
+
+def cuda_only_notes(cfg: Config, device: torch.device | None, given: frozenset[str]) -> list[str]:
+    """A line for each CUDA-only setting given explicitly (flag or keyword) to a run on another device, where it does
+    nothing: said, not refused, as a config shared between machines keeps it on."""
+    if device is None or device.type == "cuda":  # None: a dry run for a device not here, planned as asked
+        return []
+    notes = []
+    if "cuda_graphs" in given and cfg.cuda_graphs:
+        notes.append(f"note: --cuda-graphs does nothing on the {device.type.upper()}: CUDA graphs replay CUDA "
+                     f"kernels, so plan() and update() run eagerly here")
+    return notes
 
 
 def overlap_default(device: torch.device | None, tensor_envs: bool, cfg: Config) -> bool:
@@ -204,6 +221,17 @@ def _check_tensor_run(cfg: Config) -> None:
                            f"see docs/gpu-simulators.md")
 
 
+def _check_no_tensor_task_among(task: str) -> None:
+    """A multi-task run steps host envs, one copy per env: a tensor-native task in its list is refused in one line
+    (not stepped on the host behind the user's back)."""
+    tasks = expand(task)
+    if len(tasks) > 1:
+        for name in tasks:
+            if is_tensor_task(name):
+                raise BadInput(f"multi-task runs are not supported with tensor-native envs ({name} in --task {task}); "
+                               f"train it alone, see docs/gpu-simulators.md")
+
+
 def tensor_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, None]:
     """A tensor-native task's spec, read off its vector env (an id's is built with one env and closed: a GPU
     simulator's thousands are built once, by build(); a user's object is left open, to be trained on)."""
@@ -257,7 +285,8 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
                 cfg.save_data, s.spec.obs_shape, s.spec.action_dim, s.tasks.task_set if s.tasks else (cfg.task,),
                 cfg.obs, cfg.action_repeat or 1, f"tdmpc.train --save-data, run {s.run_dir}",
                 s.tasks.obs_dims if s.tasks else None, s.tasks.action_dims if s.tasks else None,
-                discrete=s.spec.discrete),
+                discrete=s.spec.discrete, action_start=task_action_start(
+                    s.env, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat) if s.spec.discrete else 0),
                 env_tasks if env_tasks is not None else np.zeros(envs.num_envs, dtype=np.int64))
             trainer = OnlineTrainer(s, agent, envs, buffer, recorder, lock, no_buffer, on_log, on_eval)
             if s.shard.main:
