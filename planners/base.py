@@ -7,24 +7,14 @@ model, else task ids broadcast against the rows of the input (one per env and ca
 
 from __future__ import annotations
 
-from typing import Literal, NamedTuple, Optional, Protocol, Union
+from typing import Literal, Optional, Protocol, Union
 
 import torch
 from torch import Tensor
 
+from tdmpc.model.policy import PolicyOutput
+
 Task = Union[Tensor, int, None]
-
-
-class PolicyOutput(NamedTuple):
-    """A Gaussian prior's (continuous actions) or a categorical one's (discrete: actions are one-hot rows)."""
-
-    action: Tensor  # sampled action in [-1, 1]; categorical: one-hot
-    mean: Tensor  # deterministic action in [-1, 1]; categorical: the most probable, one-hot
-    log_std: Tensor  # categorical: the log-probabilities
-    entropy: Tensor  # -log-prob of `action`, squash correction included: (..., 1)
-    scaled_entropy: Tensor  # the reference's entropy bonus: -(active action dims) x Gaussian log-prob, (..., 1)
-    squash_correction: Tensor  # sum of log(1 - action^2), <= 0, very negative when saturated: (..., 1); categorical: 0
-    probs: Optional[Tensor] = None  # categorical: the probabilities (..., n); None for a Gaussian
 
 
 class LatentModel(Protocol):

@@ -19,10 +19,11 @@ from torch import Tensor
 
 from .base import LatentModel
 from .mppi import MPPILoop
-from .random import TORCH, RandomSource
+from tdmpc.model.policy import one_hot_argmax
+from tdmpc.model.random import TORCH, RandomSource
 from .settings import MPPIConfig
 
-__all__ = ["CategoricalMPPI", "WARM_START", "one_hot_argmax", "sample_one_hot"]
+__all__ = ["CategoricalMPPI", "WARM_START", "sample_one_hot"]
 
 WARM_START = 0.5  # the last plan's share of a warm-started step's probabilities; the rest is uniform
 
@@ -64,11 +65,6 @@ class CategoricalMPPI(MPPILoop):
         self.prev_probs.copy_(self.probs)
         first = self.probs[0]  # (N, A)
         return one_hot_argmax(first) if eval_mode else sample_one_hot(first, self.act_draw).squeeze(-2)
-
-
-def one_hot_argmax(x: Tensor) -> Tensor:
-    """One-hot rows of x's argmax (a scatter: no host sync, unlike F.one_hot's range check)."""
-    return torch.zeros_like(x).scatter_(-1, x.argmax(-1, keepdim=True), 1.0)
 
 
 def sample_one_hot(probs: Tensor, u: Tensor) -> Tensor:

@@ -9,7 +9,7 @@ from torch import Tensor
 from .base import LatentModel
 from .categorical import CategoricalMPPI
 from .mppi import MPPILoop, GaussianMPPI
-from .random import TORCH, RandomSource
+from tdmpc.model.random import TORCH, RandomSource
 from .settings import MPPIConfig
 
 __all__ = ["make_planner"]

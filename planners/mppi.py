@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from .base import LatentModel
-from .random import TORCH, RandomSource
+from tdmpc.model.random import TORCH, RandomSource
 from .settings import MPPIConfig
 
 __all__ = ["GaussianMPPI", "MPPILoop", "MPPIConfig"]
@@ -35,7 +35,7 @@ class MPPILoop:
         """discount: one for every env, or a tensor of one per task id (multi-task models).
         chunk_rows: candidates rolled out per model call. None does all N x S at once (GPUs);
         on a CPU, chunks that fit in cache keep batched planning compute-bound.
-        random: where every draw comes from (planners/random.py)."""
+        random: where every draw comes from (tdmpc/model/random.py)."""
         self.model, self.cfg, self.discount, self.random = model, cfg, discount, random
         self.chunk_envs = num_envs if chunk_rows is None else max(1, chunk_rows // cfg.num_samples)
         H, N, S, A = cfg.horizon, num_envs, cfg.num_samples, action_dim

@@ -134,7 +134,7 @@ def test_step_clips_as_torch_clip_grad_norm_then_adam(norm_scale):
     plain = torch.optim.Adam(copies, lr=agent.cfg.lr, eps=1e-5)
     for p, c, x in zip(params, copies, grads):
         p.grad, c.grad = x.clone(), x.clone()
-    norm, skipped = agent._optimizer_step(agent.pi_optim)
+    norm, skipped = agent.learner._optimizer_step(agent.pi_optim)
     torch.testing.assert_close(torch.nn.utils.clip_grad_norm_(copies, agent.cfg.grad_clip_norm), norm)
     plain.step()
     assert skipped.item() == 0.0
@@ -154,7 +154,7 @@ def test_entropy_bonus_forms_on_a_saturated_policy():
             m._pi[-1].bias[:3] = 3.0  # means at tanh(3)
         zs = m.encode(torch.randn(4, 32, 10)).detach()
         for _ in range(30):
-            agent._update_pi(zs, None)
+            agent.learner._update_pi(zs, None)
         with torch.no_grad():
             p = m.pi(zs)
         after[bonus] = (float(p.mean.abs().mean()), float(p.log_std.mean()))
@@ -183,13 +183,13 @@ def test_the_running_scale_is_the_5_95_range_of_q_shared_or_per_task():
     q = torch.randn(64, 1, generator=g) * torch.linspace(1, 40, 64).view(-1, 1)
     task = torch.arange(64) % 2  # task 0's rows span less than task 1's; task 2 has none
     shared = make_agent()
-    shared._update_scale(q, None)
+    shared.learner._update_scale(q, None)
     assert shared.scale.item() == pytest.approx(1 + 0.01 * (_range(q) - 1), rel=1e-5)
     cfg = Config(model_size=1, precision="fp32", num_samples=64, num_elites=8, num_pi_trajs=4, iterations=2,
                  batch_size=32, task_scales=True)
     dims = ModelDims.from_config(cfg, (10,), 3, False, ("a", "b", "c"), (3, 2, 1))
     per_task = Agent(cfg, dims, episode_length=[100, 100, 100], device=CPU)
-    per_task._update_scale(q, task)
+    per_task.learner._update_scale(q, task)
     expected = [1 + 0.01 * (_range(q[task == t]) - 1) for t in (0, 1)] + [1.0]
     assert per_task.scale.tolist() == pytest.approx(expected, rel=1e-5) and expected[1] > expected[0] > 1
     batch = make_batch()

@@ -46,7 +46,7 @@ class CudaQuadratic:
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)
 
     def pi(self, z, task=None):
-        from tdmpc.planners.base import PolicyOutput
+        from tdmpc.model.policy import PolicyOutput
         a = torch.rand_like(z) * 2 - 1
         zero = torch.zeros(z.shape[:-1] + (1,), device=z.device)
         return PolicyOutput(a, a, torch.zeros_like(a), zero, zero, zero)
@@ -86,7 +86,7 @@ def test_graphed_update_learns_and_refreshes_the_planning_copy():
     batch = Batch(torch.randn(4, 64, 24, generator=g).cuda(), torch.rand(3, 64, 6, generator=g).cuda(),
                   torch.randn(3, 64, generator=g).cuda(), torch.zeros(3, 64, dtype=torch.bool).cuda())
     losses = [agent.update(batch)["total_loss"].item() for _ in range(30)]
-    assert agent._update_fn.graph is not None
+    assert agent.learner._update_fn.graph is not None
     assert losses[-1] < 0.7 * losses[0]
     obs = np.random.randn(2, 24).astype(np.float32)
     agent.act(obs, np.ones(2, dtype=bool))
@@ -124,7 +124,7 @@ def test_a_discrete_agent_plans_and_updates_as_cuda_graphs_without_host_syncs():
         action = agent.act(obs, first)
         agent.update(batch)
     assert action.dtype == np.int64 and ((action >= 0) & (action < 3)).all()
-    assert agent._update_fn.graph is not None and all(fn.graph is not None for fn in agent._plan_fns.values())
+    assert agent.learner._update_fn.graph is not None and all(fn.graph is not None for fn in agent.actor._plan_fns.values())
     with CountSyncs() as counter:
         agent.act(obs, first)
         agent.update(batch)
@@ -151,7 +151,7 @@ def test_graphed_update_matches_eager():
     for step in range(12):
         batch = fresh_batch(g)
         assert_same_losses(eager.update(batch), graphed.update(batch), step)
-    assert graphed._update_fn.graph is not None
+    assert graphed.learner._update_fn.graph is not None
 
 
 def test_cuda_graphs_capture_the_compiled_plan_and_update():
@@ -173,7 +173,7 @@ def test_cuda_graphs_capture_the_compiled_plan_and_update():
             batch = fresh_batch(g)
             assert_same_losses(eager.update(batch), compiled.update(batch), step)
             compiled.act(obs, first)
-        assert compiled._update_fn.graph is not None and compiled._plan_fns[(2, "train", False)].graph is not None
+        assert compiled.learner._update_fn.graph is not None and compiled.actor._plan_fns[(2, "train", False)].graph is not None
         with CountSyncs() as counter:
             compiled.act(obs, first)
             compiled.update(batch)

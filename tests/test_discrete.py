@@ -106,7 +106,7 @@ def test_the_plan_horizon_sets_the_planners_length_and_training_keeps_the_horizo
     H, B = 3, cfg.batch_size  # the update still learns over 3-step sub-trajectories
     agent.update(Batch(torch.randn(H + 1, B, 4), torch.randint(3, (H, B)), torch.rand(H, B),
                        torch.zeros(H, B, dtype=torch.bool)))
-    assert agent._rho.shape == (H + 1,)
+    assert agent.learner.losses.rho.shape == (H + 1,)
     # with one step to look at, the toy's planner still takes each env's first target
     targets = torch.randint(4, (6, 3))
     planner, model = _planner(6, 3, 4, plan_horizon=1)
@@ -214,7 +214,7 @@ def test_the_entropy_term_alone_drives_the_prior_towards_uniform():
         zs = torch.randn(cfg.horizon + 1, 64, agent.model.latent_dim)
         before = float(agent.model.pi(zs).entropy.mean().detach())
         for _ in range(30):
-            agent._update_pi(zs, None)
+            agent.learner._update_pi(zs, None)
         after = float(agent.model.pi(zs).entropy.mean().detach())
         assert (after > before + 0.05) if rises else abs(after - before) < 1e-6, (coef, before, after)
     assert after < np.log(3)
@@ -233,7 +233,7 @@ def test_the_uniform_term_pulls_a_collapsed_prior_back_where_the_entropy_cannot(
         zs = torch.randn(cfg.horizon + 1, 64, agent.model.latent_dim)
         before = agent.model.pi(zs).log_std[..., 1:].mean().detach()
         for _ in range(30):
-            agent._update_pi(zs, None)
+            agent.learner._update_pi(zs, None)
         lowest[coef] = float(agent.model.pi(zs).log_std[..., 1:].mean().detach() - before)  # log p's rise
     steps = 30 * cfg.lr  # Adam moves a parameter by about lr per step where a pull persists
     assert abs(lowest[0.0]) < 1e-3 * steps and lowest[1e-3] > steps, lowest

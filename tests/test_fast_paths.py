@@ -192,7 +192,7 @@ def test_no_host_sync_in_act_and_update():
 
 
 def test_cpu_dropout_rate_is_p_in_every_16_bit_lane():
-    from tdmpc.planners.random import TORCH
+    from tdmpc.model.random import TORCH
 
     x = torch.ones(4 * 250_000)
     y = TORCH.dropout("dropout", x, 0.01, cheap_bits=True)

@@ -56,9 +56,9 @@ def test_uniform_prior_coef_adds_the_mean_log_probability_to_a_discrete_prior_ob
         a.cfg.uniform_prior_coef = coef
         torch.manual_seed(2)
         a.scale.fill_(1.0)
-        losses[coef] = a._pi_loss(zs, None, None)[0]
+        losses[coef] = a.learner._pi_loss(zs, None, None)[0]
     log_probs = a.model.pi(zs).log_std  # the categorical's log-probabilities
-    expected = -(a._rho * (0.5 * log_probs.mean(-1, keepdim=True)).mean((1, 2))).mean()
+    expected = -(a.learner.losses.rho * (0.5 * log_probs.mean(-1, keepdim=True)).mean((1, 2))).mean()
     assert torch.allclose(losses[0.5] - losses[0.0], expected, atol=1e-6)
 
 
@@ -69,7 +69,7 @@ def test_task_scales_keeps_one_running_scale_per_task():
     with torch.no_grad():
         for a in (shared, per_task):  # Q values of task 1 spread over 40, task 0's over 0.1
             q = torch.cat([torch.linspace(0, 0.1, 4), torch.linspace(0, 40, 4)]).view(8, 1)
-            a._update_scale(q, torch.tensor([0] * 4 + [1] * 4))
+            a.learner._update_scale(q, torch.tensor([0] * 4 + [1] * 4))
     assert per_task.scale[0] == 1.0 and per_task.scale[1] > 1.0  # task 0's range is under 1: its scale stays
     assert shared.scale > 1.0
 
@@ -111,7 +111,7 @@ def test_cuda_graphs_apply_only_on_cuda():
     """--cuda-graphs: plan() and update() replay as CUDA graphs on CUDA, eager everywhere else (tests/test_cuda.py
     checks the capture on a GPU)."""
     a = agent(cuda_graphs=True)
-    assert not a.graphs and a._update_fn == a._update_tensors
+    assert not a.graphs and a.learner._update_fn == a.learner._update_tensors
 
 
 # --- through the command line -------------------------------------------------------------------------------------

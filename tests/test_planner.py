@@ -1,6 +1,6 @@
 import torch
 
-from tdmpc.planners.base import PolicyOutput
+from tdmpc.model.policy import PolicyOutput
 from tdmpc.config import Config
 from tdmpc.planners.mppi import GaussianMPPI, MPPIConfig
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tdmpc.agent import Agent
+from tdmpc.learner import Learner
 from tdmpc.parity import main
 from tdmpc.report import parity
 
@@ -55,7 +56,7 @@ def test_four_plans_match_the_reference():
 
 
 def test_a_scale_that_does_not_move_fails(monkeypatch):
-    monkeypatch.setattr(Agent, "_update_scale", lambda self, q, task: None)
+    monkeypatch.setattr(Learner, "_update_scale", lambda self, q, task: None)
     report = parity.check_update(parity.read_fixture(FIXTURE))
     failed = {c.name for c in report.failed()}
     assert {"update 1: pi_scale", "update 1: pi_loss", "update 3: scale after"} <= failed
@@ -179,7 +180,7 @@ def test_turning_the_policy_mask_off_gives_the_references_unmasked_loss():
         for given, key in ((reached, mask), (None, (mask, "none"))):
             torch.manual_seed(2)  # the same policy noise and Q heads
             agent.scale.fill_(1.0)
-            losses[key] = agent._pi_loss(zs, None, given)[0]
+            losses[key] = agent.learner._pi_loss(zs, None, given)[0]
     assert torch.equal(losses[False], losses[(False, "none")])  # off: as if nothing were masked
     assert not torch.allclose(losses[True], losses[(True, "none")])
 

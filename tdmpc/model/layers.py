@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tdmpc.model.fused import ln_act
-from tdmpc.planners.random import TORCH, RandomSource
+from tdmpc.model.random import TORCH, RandomSource
 from tdmpc.runtime.device import cpu_fast_paths
 
 

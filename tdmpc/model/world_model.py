@@ -22,10 +22,10 @@ from torch import Tensor, nn
 
 from tdmpc.config import SIZE_FIELDS, Config
 from tdmpc.model.settings import NetworkSettings
-from tdmpc.planners.base import PolicyOutput as Policy
-from tdmpc.planners.categorical import one_hot_argmax
-from tdmpc.planners.random import TORCH, RandomSource
 from tdmpc.model.fused import ln_act
+from tdmpc.model.policy import PolicyOutput as Policy
+from tdmpc.model.policy import one_hot_argmax
+from tdmpc.model.random import TORCH, RandomSource
 from tdmpc.model.layers import (Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, StackedLayerNormAffine, concat,
                                 init_weights, mlp)
 from tdmpc.runtime.device import cpu_fast_paths

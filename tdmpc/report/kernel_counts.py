@@ -73,10 +73,10 @@ def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str
     # What runs between the compiled graphs: measured on the eager agent once its gradients exist.
     m = agent.model
     m.train()
-    total, _, zs, reached = agent._model_loss_eager(*(batch.obs, batch.action, batch.reward, batch.terminated), None)
+    total, _, zs, reached = agent.learner._model_loss_eager(*(batch.obs, batch.action, batch.reward, batch.terminated), None)
     total.backward()
     around = _optimizer_step_kernels(agent, agent.optim)
-    loss, _ = agent._pi_loss_eager(zs.detach(), None, reached)
+    loss, _ = agent.learner._pi_loss_eager(zs.detach(), None, reached)
     loss.backward()
     around.update(_optimizer_step_kernels(agent, agent.pi_optim))
     around.update(count_kernels(lambda: m.soft_update_targets(agent.cfg.tau)).counts)
@@ -85,15 +85,15 @@ def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str
 
 
 def _optimizer_step_kernels(agent: Agent, optim: torch.optim.Optimizer) -> Counter[str]:
-    """Agent._optimizer_step's kernels but its clipping statistics, which --compile compiles (their kernels are read from
+    """Learner._optimizer_step's kernels but its clipping statistics, which --compile compiles (their kernels are read from
     the compiled update's code); run with the statistics computed beforehand."""
-    stats = agent._clip_stats[optim]
-    out = stats(agent.grads(optim))
-    agent._clip_stats[optim] = lambda grads: out
+    stats = agent.learner._clip_stats[optim]
+    out = stats(agent.learner.grads(optim))
+    agent.learner._clip_stats[optim] = lambda grads: out
     try:
-        return count_kernels(lambda: agent._optimizer_step(optim)).counts
+        return count_kernels(lambda: agent.learner._optimizer_step(optim)).counts
     finally:
-        agent._clip_stats[optim] = stats
+        agent.learner._clip_stats[optim] = stats
 
 
 def step_transfers(size: int) -> TransferCounter:

@@ -3,7 +3,7 @@
 A fixture (../shared/fixtures/reference-update-ms1/, its README) holds the reference's weights, a batch, three
 `_update` calls on it and four `_plan` calls, each with every random draw it made. The agent is built to match
 (dims from the checkpoint, settings and episodic flag from meta.json), its draws replaced by the recorded ones
-(`Recorded`, through planners/random.py's seam), and every quantity compared with a stated tolerance.
+(`Recorded`, through tdmpc/model/random.py's seam), and every quantity compared with a stated tolerance.
 
 Tolerances: the reference against itself moves by up to 1.2e-5 relative in its info values between 1 and 2
 threads (the fixture's noise floor, meta.json), float32 reordering alone. Our kernels differ more than a thread
@@ -31,7 +31,7 @@ from tdmpc.errors import BadInput
 from tdmpc.model.reference import reference_key, reference_to_ours
 from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.mppi import GaussianMPPI
-from tdmpc.planners.random import RandomSource
+from tdmpc.model.random import RandomSource
 
 FILES = ("meta.json", "checkpoint_before.pt", "checkpoint_after.pt", "optim_after.pt", "batch.pt", "update_io.pt",
          "plan_io.pt")
