@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from tdmpc.model.policy import PolicyOutput
+from tdmpc.model.random import RandomSource
 
 Task = Union[Tensor, int, None]
 
@@ -45,3 +46,16 @@ class LatentModel(Protocol):
                 eps: Optional[Tensor] = None) -> Tensor: ...
     def action_mask(self, task: Task) -> Optional[Tensor]: ...  # (..., A) ones on each task's action dims
     def decode(self, logits: Tensor) -> Tensor: ...  # logits -> (..., 1) scalars
+
+
+class Planner(Protocol):
+    """What the agent needs of a planner: plan() for N envs at once, static shapes and no host syncs (CUDA graphs
+    capture plan_graph, torch.compile traces it), and a random source it draws every number from."""
+
+    random: "RandomSource"
+
+    def plan(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False,
+             task: Optional[Tensor] = None) -> Tensor: ...  # actions (N, A), or one-hot rows for a discrete model
+
+    def plan_graph(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False,
+                   task: Optional[Tensor] = None) -> Tensor: ...  # plan() without its inference mode

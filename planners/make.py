@@ -1,21 +1,39 @@
-"""make_planner: the planner for a model's actions, MPPI (continuous) or CategoricalMPPI (discrete). Both take the
-same arguments and plan() the same way, so callers never branch on the action type."""
+"""The planners by name (Config.planner), and make_planner. A new planner is a module of its own with a class that
+satisfies base.Planner and takes PlannerFactory's arguments, plus its line in PLANNERS."""
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 from torch import Tensor
 
-from .base import LatentModel
-from .categorical import CategoricalMPPI
-from .mppi import MPPILoop, GaussianMPPI
 from tdmpc.model.random import TORCH, RandomSource
+
+from .base import LatentModel, Planner
+from .categorical import CategoricalMPPI
+from .mppi import GaussianMPPI
 from .settings import MPPIConfig
 
-__all__ = ["make_planner"]
+__all__ = ["PLANNERS", "PlannerFactory", "make_planner"]
+
+# (model, settings, num_envs, action_dim, discount, device, chunk_rows, random) -> a planner
+PlannerFactory = Callable[[LatentModel, MPPIConfig, int, int, "float | Tensor", torch.device, "int | None",
+                           RandomSource], Planner]
 
 
-def make_planner(model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int, discount: float | Tensor,
-                 device: torch.device, chunk_rows: int | None = None, random: RandomSource = TORCH) -> MPPILoop:
+def mppi(model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int, discount: float | Tensor,
+         device: torch.device, chunk_rows: int | None, random: RandomSource) -> Planner:
+    """MPPI for the model's actions: over a Gaussian (continuous) or categorical probabilities (discrete). Both
+    plan() the same way, so callers never branch on the action type."""
     kind = CategoricalMPPI if model.discrete else GaussianMPPI
     return kind(model, cfg, num_envs, action_dim, discount, device, chunk_rows, random)
+
+
+PLANNERS: dict[str, PlannerFactory] = {"mppi": mppi}
+
+
+def make_planner(name: str, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
+                 discount: float | Tensor, device: torch.device, chunk_rows: int | None = None,
+                 random: RandomSource = TORCH) -> Planner:
+    return PLANNERS[name](model, cfg, num_envs, action_dim, discount, device, chunk_rows, random)

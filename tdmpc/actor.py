@@ -19,7 +19,8 @@ from tdmpc.errors import BadInput, TaskError
 from tdmpc.model.random import TORCH, RandomSource
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
 from tdmpc.planners.make import make_planner
-from tdmpc.planners.mppi import MPPIConfig, MPPILoop
+from tdmpc.planners.base import Planner
+from tdmpc.planners.mppi import MPPIConfig
 from tdmpc.runtime.compile import compiled_if
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.device import cpu_fast_paths, resolve_dtype
@@ -41,18 +42,19 @@ class Actor:
         self.plan_model = planning_copy(model, self.plan_dtype)
         self.stale = False  # the model was updated since the planning copy was refreshed
         self.planner_cfg = MPPIConfig.from_config(cfg, dims.action_dim)
-        self._planners: dict[tuple[int, str], MPPILoop] = {}
+        self._planners: dict[tuple[int, str], Planner] = {}
         self._plan_fns: dict[tuple[int, str, bool], Callable] = {}
         self._warned_large = False  # act() said once that observations are out of range
 
-    def planner(self, num_envs: int, role: str = "train") -> MPPILoop:
+    def planner(self, num_envs: int, role: str = "train") -> Planner:
         """One planner per (N, role), so evaluation never disturbs the training warm start."""
         key = (num_envs, role)
         if key not in self._planners:
             chunk_rows = (self.cfg.plan_chunk_envs * self.cfg.num_samples if self.cfg.plan_chunk_envs else
                           CPU_PLAN_CHUNK_ROWS if cpu_fast_paths(self.device) else None)
-            self._planners[key] = make_planner(self.plan_model, self.planner_cfg, num_envs, self.dims.action_dim,
-                                               self.discount, self.device, chunk_rows, self.random)
+            self._planners[key] = make_planner(self.cfg.planner, self.plan_model, self.planner_cfg, num_envs,
+                                               self.dims.action_dim, self.discount, self.device, chunk_rows,
+                                               self.random)
         return self._planners[key]
 
     def use_random(self, source: RandomSource) -> None:

@@ -20,7 +20,8 @@ from tdmpc.learner import Learner
 from tdmpc.model import checkpoint
 from tdmpc.model.random import RandomSource
 from tdmpc.model.world_model import ModelDims, WorldModel
-from tdmpc.planners.mppi import MPPIConfig, MPPILoop
+from tdmpc.planners.base import Planner
+from tdmpc.planners.mppi import MPPIConfig
 from tdmpc.runtime.device import resolve_device, set_matmul_precision, set_threads
 from tdmpc.runtime.distributed import SINGLE, Shard
 from tdmpc.tasks.sets import reference_info
@@ -68,7 +69,7 @@ class Agent:
                       task: Tensor | None = None) -> Tensor:
         return self.actor.act_on_device(obs, first, eval_mode, role, task)
 
-    def planner(self, num_envs: int, role: str = "train") -> MPPILoop:
+    def planner(self, num_envs: int, role: str = "train") -> Planner:
         return self.actor.planner(num_envs, role)
 
     def task_ids(self, task: int | str | Sequence | np.ndarray | Tensor | None, n: int) -> Tensor | None:

@@ -130,11 +130,8 @@ class _Losses:
     the 2023 release that produced the published curves computed it: saturation lowers the bonus."""
     uniform_prior_coef: float = 1e-3
     """Discrete actions: weight of the categorical prior's mean log-probability over its n actions (the
-    cross-entropy from uniform, negated) in its objective. Unlike the entropy's, its pull does not vanish once the
-    prior has collapsed onto one action, where no gradient reaches it and the TD targets learn that one action's
-    value (RESULTS.md, Acrobot-v1). 0: the reference's objective alone (its `discrete` branch), with which
-    Acrobot-v1's prior collapsed; 1e-3 kept it soft, Acrobot-v1 at -68 to -87 from 15k to 50k env steps and
-    CartPole-v1 at 500 from 17.5k (one seed each)."""
+    cross-entropy from uniform, negated) in its objective, which keeps the prior from collapsing onto one action
+    (docs/discrete.md). 0: the reference's objective alone (its `discrete` branch)."""
     mask_policy_after_terminal: bool = True
     """Episodic tasks: the policy loss leaves out the latent after a terminal step, which is not the episode's.
     The reference has no such mask (a deliberate difference, docs/deviations.md); False: its loss."""
@@ -159,13 +156,14 @@ class _Acting:
     """How the agent acts (the planner's own settings are MPPIConfig's)."""
 
     mpc: bool = True
-    """Plan with MPPI; False acts with the policy prior alone."""
+    """Plan (with `planner`); False acts with the policy prior alone."""
+    planner: str = "mppi"
+    """The planner, by its name in tdmpc.planners.make.PLANNERS: 'mppi' (MPPI over a Gaussian for continuous
+    actions, over categorical probabilities for discrete ones, as the reference plans)."""
     plan_horizon: Optional[int] = None
-    """Steps the planner looks ahead; training's sub-trajectories keep `horizon`. None: 1 for discrete actions,
-    else `horizon` (as in the reference, where one field sets both); config.json records the value used. Over
-    more steps a discrete plan's max over sequences picks the model's reward errors: planning over 3 steps,
-    LunarLander-v3 read 8.6 at 40k env steps, over 1 step 193.0 (201.9 at 100k); CartPole-v1 and Acrobot-v1 met
-    their bars sooner over 1 (RESULTS.md)."""
+    """Steps the planner looks ahead; training's sub-trajectories keep `horizon`. None: 1 for discrete actions
+    (docs/discrete.md says why, and what that rests on), else `horizon` (as in the reference, where one field
+    sets both); config.json records the value used."""
 
 
 @dataclass
@@ -337,6 +335,10 @@ def validate(cfg: Config) -> Config:
             raise bad(name, "must be >= 0")
     if cfg.plan_horizon is not None and cfg.plan_horizon < 1:
         raise bad("plan_horizon", "must be >= 1 (or unset: horizon)")
+    from tdmpc.planners.make import PLANNERS  # noqa: PLC0415 (torch: not when a config is only read)
+
+    if cfg.planner not in PLANNERS:
+        raise bad("planner", f"not a planner: one of {', '.join(sorted(PLANNERS))}")
     if cfg.plan_chunk_envs is not None and cfg.plan_chunk_envs < 1:
         raise bad("plan_chunk_envs", "must be >= 1 (or unset: chosen from the memory estimate)")
     for name in ("lr", "grad_clip_norm", "temperature", "min_std", "max_std", "discount_denom"):

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from tdmpc.model.policy import PolicyOutput
@@ -158,3 +159,34 @@ def test_each_env_plans_for_its_own_task_with_its_mask_and_discount():
     # a perfect candidate of env e returns 0 at every step; the worst (all at -target) is discounted per task
     worst = planner.G.min(1).values.view(-1)
     assert (worst < 0).all()
+
+
+def test_a_new_planner_is_its_class_and_one_registration_line(monkeypatch):
+    """A toy planner (the policy prior's mean, no search) registered under a name and chosen by Config.planner:
+    the agent plans with it; an unknown name is one line naming the planners there are."""
+    from tdmpc.agent import Agent
+    from tdmpc.config import validate
+    from tdmpc.errors import ConfigError
+    from tdmpc.model.random import TORCH
+    from tdmpc.model.world_model import ModelDims
+    from tdmpc.planners import make
+
+    class PriorMean:
+        def __init__(self, model, cfg, num_envs, action_dim, discount, device, chunk_rows, random=TORCH):
+            self.model, self.random = model, random
+
+        def plan_graph(self, obs, first_step, eval_mode=False, task=None):
+            return self.model.pi(self.model.encode(obs, task), task).mean
+
+        plan = plan_graph
+
+    monkeypatch.setitem(make.PLANNERS, "prior-mean", PriorMean)  # the registration line
+    cfg = validate(Config(model_size=1, device="cpu", planner="prior-mean", precision="fp32"))
+    agent = Agent(cfg, ModelDims.from_config(cfg, (5,), 2, False), 100, torch.device("cpu"))
+    obs = torch.randn(3, 5)
+    with torch.no_grad():
+        expected = agent.model.pi(agent.model.encode(obs)).mean
+    assert torch.allclose(agent.act(obs), expected, atol=1e-6)
+    assert isinstance(agent.planner(3), PriorMean)
+    with pytest.raises(ConfigError, match="'planner' = 'nope': not a planner: one of mppi, prior-mean"):
+        validate(Config(planner="nope"))
