@@ -59,3 +59,5 @@ class Planner(Protocol):
 
     def plan_graph(self, obs: Tensor, first_step: Tensor, eval_mode: bool = False,
                    task: Optional[Tensor] = None) -> Tensor: ...  # plan() without its inference mode
+
+    def buffer_bytes(self) -> int: ...  # what it keeps between calls (the memory estimate builds it on "meta")

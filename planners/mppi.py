@@ -48,7 +48,8 @@ class MPPILoop:
         self.gamma = torch.full((N, 1, 1), float(discount) if not isinstance(discount, Tensor) else 0.0, **self.kw)
         self.discounts = torch.ones(H + 1, N, 1, 1, **self.kw)  # gamma^t for t = 0..H, per env
         self.z_final = torch.zeros(N, S, model.latent_dim, device=device, dtype=model.latent_dtype)  # after the horizon
-        self._powers = torch.arange(H + 1, device=device, dtype=torch.float32).view(-1, 1, 1, 1)
+        # made on the CPU and moved: arange on the meta device (the memory estimate's) imports torch._dynamo
+        self._powers = torch.arange(H + 1, device="cpu", dtype=torch.float32).view(-1, 1, 1, 1).to(device)
         self.prior_noise: Tensor  # (H, N, num_pi_trajs, A): the policy prior's N(0, 1) draws, set by the subclass
         self.value_noise: Tensor | None = None  # (iterations, N, S, A): the bootstrap's prior sample, if it draws one
 
@@ -93,6 +94,13 @@ class MPPILoop:
             score = torch.softmax(c.temperature * (elite_value - elite_value.max(1, keepdim=True).values), 1)
             self._refit(score.view(1, -1, E, 1), elite_actions, mask)
         return self._act(score, elite_actions, eval_mode)
+
+    def buffer_bytes(self) -> int:
+        """Bytes of the tensors this planner allocates, each once (views through their base; the discount is the
+        agent's). The memory estimate builds a planner on the meta device and asks it (tdmpc.memory.peak)."""
+        tensors = [t for name, t in vars(self).items() if isinstance(t, Tensor) and name != "discount"]
+        bases = {id(base): base for base in (t if t._base is None else t._base for t in tensors)}
+        return sum(base.untyped_storage().nbytes() for base in bases.values())
 
     def _warm_start(self, first_step: Tensor) -> None:
         raise NotImplementedError

@@ -82,10 +82,11 @@ class ReplayBuffer:
         self.filled = 0  # columns ever written (max over envs)
         self.transitions = 0  # transitions stored since creation
         self._valid_host = np.zeros((N, C), dtype=bool)
-        self._envs = torch.arange(N, device=self.storage)
+        # made on the CPU and moved: arange on the meta device (the memory estimate's) imports sympy
+        self._envs = torch.arange(N, device="cpu").to(self.storage)
         self._newest = torch.zeros(N, dtype=torch.long, device=self.storage)  # each env's last written row
         self.env_tasks = None if env_tasks is None else torch.as_tensor(env_tasks, dtype=torch.long, device=self.storage)
-        self._offsets = torch.arange(horizon + 1, device=self.storage)
+        self._offsets = torch.arange(horizon + 1, device="cpu").to(self.storage)
 
     @property
     def num_valid_starts(self) -> int:

@@ -4,11 +4,25 @@ termination for episodic tasks, each step weighted by rho^t) and the policy prio
 plus an entropy bonus). tdmpc.parity checks both against the reference's own numbers.
 
 Plain functions of a LossSetup: the learner (tdmpc/learner.py) compiles them (--compile) and steps the optimisers.
+
+Update activations. Under bf16 autocast on CUDA, one hidden Linear -> LayerNorm -> Mish
+element keeps 3 fp32 copies for backward (LayerNorm input, LayerNorm output kept by the
+affine multiply, Mish input) plus the next layer's autocast input (2 bytes): 14 bytes
+(16 in fp32). A Linear -> LayerNorm -> SimNorm element keeps 12 (LayerNorm input and
+output, softmax output), a logit kept by log_softmax 4, a dropout mask 1. Rows: the
+encoder sees B observations, dynamics H x B, reward/termination H x B, the Q ensemble
+num_q x H x B; each layer input is kept in the autocast dtype, and every weight is cast
+once per call (the dynamics H times). Add the sampled batch, the no-grad TD targets, the
+world model's gradients and a backward working set (2 fp32 copies of the widest
+activation). The policy update (pi, and 2 Q heads on (H+1) x B detached latents) runs
+after the world model's tensors are freed, so the larger of the two counts.
+update_activation_bytes() is that estimate (tdmpc.memory adds it to its peak).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -18,7 +32,7 @@ from torch import Tensor
 
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
-from tdmpc.model.world_model import WorldModel
+from tdmpc.model.world_model import ModelDims, WorldModel
 
 
 @dataclass
@@ -115,3 +129,55 @@ def policy_loss(s: LossSetup, zs: Tensor, task: Tensor | None, reached: Tensor |
     loss = -(s.rho * objective.mean((1, 2))).mean()
     return loss, {"pi_entropy": policy.entropy.mean().detach(),
                   "pi_scaled_entropy": policy.scaled_entropy.mean().detach()}
+
+
+# --- their memory ----------------------------------------------------------------------------------------------
+
+def _numel(module: torch.nn.Module | None) -> int:
+    return 0 if module is None else sum(p.numel() for p in module.parameters())
+
+
+def _encoder_saved(dims: ModelDims, rows: int, d: int, hid: int, sim: int) -> int:
+    """Bytes the encoder keeps for backward for `rows` observations (state MLP or pixel convs)."""
+    if dims.pixels:
+        c, side, ch = dims.obs_shape[0], dims.obs_shape[-1], dims.num_channels
+        convs, s = 0, side
+        for k, stride in ((7, 2), (5, 2), (3, 2), (3, 1)):
+            s = (s - k) // stride + 1
+            convs += ch * s * s * d  # each conv's output, kept by ReLU and the next conv
+        augment = 3 * c * (side + 6) ** 2 * 4  # padded fp32 frames, sampling grid, shifted frames
+        return rows * (c * side * side * d + convs + dims.latent_dim * 2 * 4 + augment)
+    hidden = max(dims.num_enc_layers - 1, 1) * dims.enc_dim
+    return rows * (dims.obs_shape[0] * d + hidden * hid + dims.latent_dim * sim)
+
+
+def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dtype: torch.dtype) -> int:
+    """Temporaries of one update() besides the gradients (formulas in the module docstring)."""
+    B, H = cfg.batch_size, cfg.horizon
+    L, A, M, Q, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_q, dims.num_bins
+    d = dtype.itemsize
+    hid, sim = 3 * 4 + d, 3 * 4  # bytes kept per hidden (LN -> Mish) and per SimNorm element
+    R = H * B
+    obs_bytes = math.prod(dims.obs_shape) * (1 if dims.pixels else 4)
+    batch = (H + 1) * B * obs_bytes + R * (4 * A + 4 + 1)
+    targets = R * L * 4 + 2 * R * 4  # next_z, TD targets
+    world = (_encoder_saved(dims, B if dims.pixels else (H + 1) * B, d, hid, sim)  # state: one pass (Agent)
+             + H * B * ((L + A) * d + 2 * M * hid + L * sim)  # dynamics rollout
+             + 2 * (H + 1) * B * L * 4  # the stacked latents (kept by the consistency loss) and their inputs
+             + R * ((L + A) * d + 2 * M * hid + nb * 4)  # reward head
+             + Q * R * ((L + A) * d + 2 * M * hid + M + nb * 4) + 2 * R * nb * 4  # Q ensemble, two-hot targets
+             + (R * (L * d + 2 * M * hid + 4) if dims.episodic else 0)  # termination head
+             + 2 * Q * R * M * 4)  # backward working set: gradients of the widest activation
+    if d < 4:  # autocast casts every weight at each call (no weight cache under CUDA graphs)
+        world += d * (_numel(model._encoder) + H * _numel(model._dynamics) + _numel(model._reward)
+                      + _numel(model._Qs) + _numel(model._termination))
+    # The policy update and the no-grad TD targets run while the world model's gradients are not
+    # allocated (they are counted apart, in MemoryEstimate.gradients): subtract them there.
+    wm_grads = 4 * sum(p.numel() for p in model.world_model_parameters())
+    Rp = (H + 1) * B
+    # the prior's Q: of its action, or of each of a categorical prior's A actions (its expectation)
+    policy = (Rp * (L * d + 2 * M * hid + 2 * A * 4 * 4)
+              + 2 * Rp * (A if dims.discrete else 1) * ((L + A) * d + 2 * M * hid + nb * 4)
+              + 4 * _numel(model._pi) - wm_grads)
+    no_grad = R * (_encoder_saved(dims, 1, d, hid, sim) + 2 * ((L + A) * d + 3 * M * d + nb * 4)) - wm_grads
+    return batch + targets + max(world, policy, no_grad)

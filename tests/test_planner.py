@@ -180,6 +180,9 @@ def test_a_new_planner_is_its_class_and_one_registration_line(monkeypatch):
 
         plan = plan_graph
 
+        def buffer_bytes(self):
+            return 0
+
     monkeypatch.setitem(make.PLANNERS, "prior-mean", PriorMean)  # the registration line
     cfg = validate(Config(model_size=1, device="cpu", planner="prior-mean", precision="fp32"))
     agent = Agent(cfg, ModelDims.from_config(cfg, (5,), 2, False), 100, torch.device("cpu"))

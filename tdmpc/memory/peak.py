@@ -6,27 +6,18 @@ first. The estimate is built from the shapes the code allocates:
 * exactly known (a CPU test checks them against the bytes really allocated):
   parameters, gradients and both Adam optimisers' states, target Qs and the planning
   copy are counted on a `meta`-device WorldModel (no memory, any model size); the
-  planners' preallocated buffers and the replay buffer follow GaussianMPPI.__init__ and
-  ReplayBuffer.__init__ byte for byte.
-* modelled (formulas below, from the layer widths): activations saved for backward
-  in an update, the largest plan() call's temporaries, CUDA graph pools.
+  planners and the replay buffer are built on the meta device too and report their own
+  bytes (Planner.buffer_bytes, ReplayBuffer.nbytes).
+* modelled (formulas from the layer widths): activations saved for backward in an
+  update (beside the losses, tdmpc/losses.py), the largest plan() call's temporaries
+  (below), CUDA graph pools.
 * constants: the CUDA context (CUDA_CONTEXT) and allocator slack (ALLOCATOR_SLACK).
 * cuBLAS workspaces: PyTorch allocates them per stream a matmul ran on through its caching
   allocator, so they are live tensors: the default stream's, and with CUDA graphs the one
   side stream every graph warms up and is captured on (tdmpc.runtime.cuda_graphs). Their size is
   PyTorch's default or what its environment variables set (cublas_workspace_bytes).
 
-Update activations. Under bf16 autocast on CUDA, one hidden Linear -> LayerNorm -> Mish
-element keeps 3 fp32 copies for backward (LayerNorm input, LayerNorm output kept by the
-affine multiply, Mish input) plus the next layer's autocast input (2 bytes): 14 bytes
-(16 in fp32). A Linear -> LayerNorm -> SimNorm element keeps 12 (LayerNorm input and
-output, softmax output), a logit kept by log_softmax 4, a dropout mask 1. Rows: the
-encoder sees B observations, dynamics H x B, reward/termination H x B, the Q ensemble
-num_q x H x B; each layer input is kept in the autocast dtype, and every weight is cast
-once per call (the dynamics H times). Add the sampled batch, the no-grad TD targets, the
-world model's gradients and a backward working set (2 fp32 copies of the widest
-activation). The policy update (pi, and 2 Q heads on (H+1) x B detached latents) runs
-after the world model's tensors are freed, so the larger of the two counts.
+Update activations: tdmpc/losses.py estimates them beside the losses (update_activation_bytes).
 
 Planner activations. One plan() call holds, at its peak, the inputs [z, a] of the
 N x (S - P) sampled candidates, the fused dynamics+reward first layer (2 x mlp_dim)
@@ -52,9 +43,12 @@ import torch
 from torch import nn
 
 from tdmpc.config import Config
+from tdmpc.buffer import ReplayBuffer
+from tdmpc.planners.make import make_planner
 from tdmpc.planners.settings import MPPIConfig
 from tdmpc.runtime.device import resolve_dtype
 from tdmpc.runtime.files import MiB, fmt_bytes
+from tdmpc.losses import update_activation_bytes
 from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy
 
 if TYPE_CHECKING:
@@ -214,20 +208,6 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype, device="meta").element_size()
-
-
-def _params(module: nn.Module | None) -> int:
-    return 0 if module is None else sum(p.numel() for p in module.parameters())
-
-
-def _world_model_params(model: WorldModel) -> list[nn.Parameter]:
-    """The world-model optimiser's parameters: everything learnable but the policy."""
-    pi = {id(p) for p in model._pi.parameters()}
-    return [p for p in model.parameters() if p.requires_grad and id(p) not in pi]
-
-
 def eval_sizes(cfg: Config) -> list[int]:
     """The env counts evaluation plans for: eval_episodes in groups of up to EVAL_PARALLEL."""
     sizes, left = set(), cfg.eval_episodes
@@ -238,87 +218,34 @@ def eval_sizes(cfg: Config) -> list[int]:
 
 
 def planner_buffer_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
-    """GaussianMPPI.__init__'s tensors (actions, every iteration's noise, the prior's, the bootstrap's and the acting noise;
-    the elite choice's Exp(1) draws; mean, std, prev_mean; value, G, alive; gamma,
-    gamma^t and the powers t), and z_final in the planning dtype; CategoricalMPPI's draws are one U(0, 1) value per
-    sampled candidate step and env (and one per env to act), and it keeps probs and prev_probs. A test measures what
-    a planner really keeps allocated."""
-    N, S, P, A = num_envs, cfg.num_samples, cfg.num_pi_trajs, dims.action_dim
-    planning = MPPIConfig.from_config(cfg, A)
-    H, iterations = planning.horizon, planning.iterations
-    shared = H * N * S * A + H * N * P * A + 3 * N * S + N + (H + 1) * (N + 1)
-    if dims.discrete:
-        fp32 = 4 * (shared + iterations * H * N * (S - P) + N + 2 * H * N * A)
-    else:
-        # the draws also hold each iteration's bootstrap sample and the acting noise; Exp(1) draws per elite
-        fp32 = 4 * (shared + iterations * H * N * (S - P) * A + 3 * H * N * A + iterations * N * S * A + N * A
-                    + N * cfg.num_elites)
-    return fp32 + N * S * dims.latent_dim * _size(plan_dtype)
+    """What the planner for num_envs envs keeps between calls: built on the meta device (no memory) from a planning
+    copy in the planning dtype, it reports its own bytes (MPPILoop.buffer_bytes)."""
+    meta = torch.device("meta")
+    with meta:
+        model = planning_copy(WorldModel(dims), plan_dtype)
+        discount: float | torch.Tensor = torch.ones(len(dims.tasks)) if dims.multitask else 1.0
+        planner = make_planner(cfg.planner, model, MPPIConfig.from_config(cfg, dims.action_dim), num_envs,
+                               dims.action_dim, discount, meta)
+    return planner.buffer_bytes()
 
 
 def replay_buffer_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, num_envs: int,
                         discrete: bool = False) -> int:
-    """ReplayBuffer.nbytes: N x C rows of obs (fp32 state, uint8 pixels), action (fp32 vectors, or one int32 for
-    discrete actions) and reward (fp32), terminated, first and valid (bool)."""
-    rows = (cfg.buffer_size // num_envs) * num_envs
-    return rows * _row_bytes(cfg, obs_shape, action_dim, discrete)
+    """ReplayBuffer.nbytes, of a buffer built on the meta device (no memory): its rows of obs, action, reward,
+    terminated, first and valid."""
+    return ReplayBuffer(cfg.buffer_size, num_envs, obs_shape, action_dim, cfg.horizon,
+                        torch.uint8 if cfg.obs == "rgb" else torch.float32, device="meta", discrete=discrete).nbytes
 
 
 def _row_bytes(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, discrete: bool) -> int:
     return math.prod(obs_shape) * (1 if cfg.obs == "rgb" else 4) + 4 * (1 if discrete else action_dim) + 4 + 1 + 1 + 1
 
 
-def _encoder_saved(dims: ModelDims, rows: int, d: int, hid: int, sim: int) -> int:
-    """Bytes the encoder keeps for backward for `rows` observations (state MLP or pixel convs)."""
-    if dims.pixels:
-        c, side, ch = dims.obs_shape[0], dims.obs_shape[-1], dims.num_channels
-        convs, s = 0, side
-        for k, stride in ((7, 2), (5, 2), (3, 2), (3, 1)):
-            s = (s - k) // stride + 1
-            convs += ch * s * s * d  # each conv's output, kept by ReLU and the next conv
-        augment = 3 * c * (side + 6) ** 2 * 4  # padded fp32 frames, sampling grid, shifted frames
-        return rows * (c * side * side * d + convs + dims.latent_dim * 2 * 4 + augment)
-    hidden = max(dims.num_enc_layers - 1, 1) * dims.enc_dim
-    return rows * (dims.obs_shape[0] * d + hidden * hid + dims.latent_dim * sim)
-
-
-def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dtype: torch.dtype) -> int:
-    """Temporaries of one update() besides the gradients (formulas in the module docstring)."""
-    B, H = cfg.batch_size, cfg.horizon
-    L, A, M, Q, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_q, dims.num_bins
-    d = _size(dtype)
-    hid, sim = 3 * 4 + d, 3 * 4  # bytes kept per hidden (LN -> Mish) and per SimNorm element
-    R = H * B
-    obs_bytes = math.prod(dims.obs_shape) * (1 if dims.pixels else 4)
-    batch = (H + 1) * B * obs_bytes + R * (4 * A + 4 + 1)
-    targets = R * L * 4 + 2 * R * 4  # next_z, TD targets
-    world = (_encoder_saved(dims, B if dims.pixels else (H + 1) * B, d, hid, sim)  # state: one pass (Agent)
-             + H * B * ((L + A) * d + 2 * M * hid + L * sim)  # dynamics rollout
-             + 2 * (H + 1) * B * L * 4  # the stacked latents (kept by the consistency loss) and their inputs
-             + R * ((L + A) * d + 2 * M * hid + nb * 4)  # reward head
-             + Q * R * ((L + A) * d + 2 * M * hid + M + nb * 4) + 2 * R * nb * 4  # Q ensemble, two-hot targets
-             + (R * (L * d + 2 * M * hid + 4) if dims.episodic else 0)  # termination head
-             + 2 * Q * R * M * 4)  # backward working set: gradients of the widest activation
-    if d < 4:  # autocast casts every weight at each call (no weight cache under CUDA graphs)
-        world += d * (_params(model._encoder) + H * _params(model._dynamics) + _params(model._reward)
-                      + _params(model._Qs) + _params(model._termination))
-    # The policy update and the no-grad TD targets run while the world model's gradients are not
-    # allocated (they are counted apart, in MemoryEstimate.gradients): subtract them there.
-    wm_grads = 4 * sum(p.numel() for p in _world_model_params(model))
-    Rp = (H + 1) * B
-    # the prior's Q: of its action, or of each of a categorical prior's A actions (its expectation)
-    policy = (Rp * (L * d + 2 * M * hid + 2 * A * 4 * 4)
-              + 2 * Rp * (A if dims.discrete else 1) * ((L + A) * d + 2 * M * hid + nb * 4)
-              + 4 * _params(model._pi) - wm_grads)
-    no_grad = R * (_encoder_saved(dims, 1, d, hid, sim) + 2 * ((L + A) * d + 3 * M * d + nb * 4)) - wm_grads
-    return batch + targets + max(world, policy, no_grad)
-
-
 def plan_activation_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtype: torch.dtype) -> int:
     """Temporaries of one plan() call for num_envs environments (formulas in the module docstring)."""
     N, S, P, H = num_envs, cfg.num_samples, cfg.num_pi_trajs, MPPIConfig.from_config(cfg, dims.action_dim).horizon
     L, A, M, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_bins
-    dp = _size(plan_dtype)
+    dp = plan_dtype.itemsize
     chunk = min(N, cfg.plan_chunk_envs or N)  # rollouts and values run a chunk of envs at a time
     Rp, Rs = chunk * (S - P), chunk * S
     rollout = Rp * ((L + A) * dp + 3 * 2 * M * dp + 2 * L * dp + nb * (dp + 2 * 4))
@@ -343,7 +270,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     learnable = [p for p in model.parameters() if p.requires_grad]
     envs = ([] if cfg.dataset else [num_envs]) + eval_sizes(cfg)  # one planner per (num_envs, role)
     plan_acts = [plan_activation_bytes(cfg, n, dims, target.dtype) for n in envs] if cfg.mpc else [0]
-    gradients = _nbytes(_world_model_params(model))
+    gradients = _nbytes(model.world_model_parameters())
     update = update_activation_bytes(cfg, dims, model, target.train_dtype)
     buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs, discrete)  # offline: none
     graphs = target.cuda and cfg.cuda_graphs

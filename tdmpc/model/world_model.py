@@ -396,6 +396,11 @@ class WorldModel(nn.Module):
         self._target_Qs.train(False)
         return self
 
+    def world_model_parameters(self) -> list[nn.Parameter]:
+        """The world-model optimiser's parameters: everything learnable but the policy prior's."""
+        pi = {id(p) for p in self._pi.parameters()}
+        return [p for p in self.parameters() if p.requires_grad and id(p) not in pi]
+
     @property
     def num_learnable_params(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
