@@ -16,7 +16,7 @@ README_MAX_LINES = 250
 
 def _doc_files() -> list[Path]:
     files = [ROOT / "README.md", ROOT / "BENCHMARKS.md", ROOT / "RESULTS.md"]
-    files += sorted((ROOT / "docs").glob("*.md"))
+    files += sorted((ROOT / "docs").glob("*.md")) + sorted((ROOT / "docs" / "results").glob("*.md"))
     return [f for f in files if f.is_file()]
 
 
