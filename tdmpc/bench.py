@@ -402,9 +402,10 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
         while c.env_step < cfg.seed_steps + settle * R:  # seeding, pretraining updates, settling
             trainer.step()
         gc.collect()
+        barrier_index = None  # which of the barrier's parties this process was (each gets its own)
         if start is not None:
             sync(device)
-            start.wait(timeout=1800)
+            barrier_index = start.wait(timeout=1800)
         rss0, t0, s0 = rss_mb(), time.perf_counter(), c.env_step
         samples = []
         while c.env_step < cfg.steps:
@@ -415,6 +416,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
         dt = time.perf_counter() - t0
         steps = (c.env_step - s0) // R
         out = {"task": task, "small_model": small, "num_envs": num_envs, "agent_steps": steps,
+               "threads": torch.get_num_threads(), "barrier_index": barrier_index,
                "agent_steps_per_s": steps / dt, "rss_start_mb": rss0, "rss_end_mb": rss_mb(),
                "rss_growth_mb": rss_mb() - rss0, "rss_samples_mb": samples[:: max(1, len(samples) // 20)],
                "config": {k: getattr(trainer.cfg, k) for k in ("model_size", "horizon", "num_samples", "iterations",

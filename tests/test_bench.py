@@ -90,3 +90,40 @@ def test_cuda_without_cuda_is_one_line(tmp_path, capsys, monkeypatch, nothing_me
 def test_a_gpu_mem_of_zero_is_refused_before_measuring(tmp_path, capsys, nothing_measured):
     code, err = _bench(capsys, "--device", "cpu", "--gpu-mem", "0GB", "--out", tmp_path / "b.json")
     assert code == 2 and err.strip().startswith("error: --gpu-mem 0GB: must be more than 0"), err
+
+
+@pytest.mark.slow  # spawned interpreters: CI's slow step (.ci/run)
+def test_e2e_procs_children_run_with_their_share_of_threads_and_start_from_one_barrier():
+    """Read back from the children: the threads each process's torch ran with (set by its own trainer, not the
+    parent's), and that the n of them were the n parties of one barrier (each passes it with its own index)."""
+    import torch
+
+    from tdmpc.bench import bench_processes
+
+    out = bench_processes("Pendulum-v1", torch.device("cpu"), (1, 2), agent_steps=5, warmup_steps=5, threads=2,
+                          small=True)
+    assert sorted(out) == [1, 2]
+    for n, p in out.items():
+        assert [r["threads"] for r in p["runs"]] == [2 // n] * n
+        assert sorted(r["barrier_index"] for r in p["runs"]) == list(range(n))
+        assert p["agent_steps_per_s_total"] == pytest.approx(sum(r["agent_steps_per_s"] for r in p["runs"]))
+
+
+@pytest.mark.slow  # two loops of setup per path: CI's slow step (.ci/run)
+def test_bench_tensor_envs_times_both_paths_and_counts_their_transfers(tmp_path):
+    """--tensor-envs: the training loop's env steps/s on the tensor path (a JAX env) and the numpy path, seeding and
+    acting, and the host-device copies and waits of one vector step on each (none for the tensor path's data)."""
+    import torch
+
+    from helpers import import_or_skip
+
+    import_or_skip("jax")
+    from tdmpc.bench import bench_tensor_envs
+
+    out = bench_tensor_envs(torch.device("cpu"), (2,), steps=2, threads=1)
+    rows = {r["path"]: r for r in out["rows"]}
+    assert sorted(rows) == ["numpy", "tensor"] and all(r["num_envs"] == 2 for r in rows.values())
+    for r in rows.values():
+        assert r["seeding_env_steps_per_s"] > 0 and r["acting_env_steps_per_s"] > 0
+    assert rows["tensor"]["task"] == "phys2d/Pendulum-v0" and out["steps_timed"] == 2
+    assert rows["tensor"]["host_waits_per_vector_step"] <= rows["numpy"]["host_waits_per_vector_step"]

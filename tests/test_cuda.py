@@ -213,3 +213,15 @@ def test_checkpoint_moves_between_gpu_and_cpu(tmp_path):
         assert r.returncode == 0, r.stderr
         ck = torch.load(run / "checkpoints" / "latest.pt", map_location="cpu", weights_only=True)
         assert ck["train"]["env_step"] == steps and ck["train"]["finished"]
+
+
+def test_gpu_mem_caps_a_real_runs_allocator(tmp_path):
+    """--gpu-mem in a real run on CUDA (tests/test_memory.py checks the cap on a mocked card): the run says what
+    it set, and its peak reserved memory stays under the cap."""
+    from helpers import read_csv, run_train, tiny_json
+
+    r = run_train("--cfg", tiny_json(tmp_path, device="cuda"), "--run-dir", tmp_path / "run", "--gpu-mem", "1GiB")
+    assert r.returncode == 0, r.stderr
+    assert "memory: allocator capped at 1.0 GiB" in r.stdout + r.stderr
+    peaks = [float(row["gpu_peak_reserved_gib"]) for row in read_csv(tmp_path / "run" / "train.csv")]
+    assert peaks and max(peaks) <= 1.0, peaks

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -182,3 +183,35 @@ def test_plot_title_and_group(tmp_path, tiny_run, monkeypatch):
     assert tdmpc.plot.main([*runs, "--title", "My title"]) == 0
     assert tdmpc.plot.main([*runs, "--no-group"]) == 0
     assert drawn == [(1, "My title"), (2, None)]  # the two seeds as one curve, or one curve each
+
+
+def test_dataset_convert_records_the_action_repeat_and_obs_type_it_is_given(tmp_path, tiny_run):
+    import h5py
+
+    buffer = sorted((tiny_run / "checkpoints").glob("buffer_*.h5"))[-1]
+    for name, flags, repeat in (("default.h5", [], 1), ("given.h5", ["--action-repeat", "3", "--obs-type", "state"], 3)):
+        r = run_module("tdmpc.dataset", "convert", str(buffer), "--task", "Pendulum-v1", "--out", str(tmp_path / name),
+                       *flags)
+        assert r.returncode == 0, r.stderr
+        with h5py.File(tmp_path / name) as f:
+            assert (int(f.attrs["action_repeat"]), f.attrs["obs_type"]) == (repeat, "state")
+    r = run_module("tdmpc.dataset", "convert", str(buffer), "--task", "Pendulum-v1", "--out", str(tmp_path / "x.h5"),
+                   "--obs-type", "rgb")
+    assert r.returncode == 2 and "obs='rgb' is supported for DMC tasks only" in r.stderr
+
+
+def test_to_minari_writes_the_id_author_and_code_permalink_it_is_given(tmp_path, tiny_run, monkeypatch):
+    from helpers import import_or_skip
+
+    minari = import_or_skip("minari")
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    buffer = sorted((tiny_run / "checkpoints").glob("buffer_*.h5"))[-1]
+    data = tmp_path / "d.h5"
+    assert run_module("tdmpc.dataset", "convert", str(buffer), "--task", "Pendulum-v1", "--out", str(data)).returncode == 0
+    r = run_module("tdmpc.dataset", "to-minari", str(data), "--dataset-id", "tdmpc/flags-v0", "--author", "Ada",
+                   "--author-email", "ada@example.org", "--code-permalink", "https://example.org/code",
+                   env={**os.environ, "MINARI_DATASETS_PATH": str(tmp_path / "minari")})
+    assert r.returncode == 0, r.stderr
+    meta = minari.load_dataset("tdmpc/flags-v0").storage.metadata
+    assert (meta["dataset_id"], meta["author"], meta["author_email"], meta["code_permalink"]) == \
+        ("tdmpc/flags-v0", {"Ada"}, {"ada@example.org"}, "https://example.org/code")
