@@ -334,7 +334,7 @@ def test_cartpole_learns_within_a_minute(tmp_path):
     """Random play balances the pole for 10-25 steps; after 500 seed steps, 500 updates on them and 1,000 steps
     of the planner's own play (one update each), it holds it for 100 or more (with uniform_prior_coef's default, 1e-3, three seeds
     read 121.8, 500.0 and 140.2 at 1,500 when this was written, and 39.0-66.4 at 1,000, where coef 0 read 59.8-164.8
-    at 1,000 and 67.0-101.6 at 1,500: results/discrete/cartpole_test_seeds.py and .log). Evaluations every 500 steps, 5
+    at 1,000 and 67.0-101.6 at 1,500: scripts/cartpole_test_seeds.py and results/discrete/cartpole_test_seeds.log). Evaluations every 500 steps, 5
     episodes each. Those seeds planned over 3 steps, as this test does; over 1, the discrete default since, they read
     122.8, 93.4 and 198.8 at 1,500, one under this test's bar: the default suite's learning test
     (tests/test_learning.py) checks the one-step default with a lower bar."""

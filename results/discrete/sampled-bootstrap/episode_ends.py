@@ -1,12 +1,17 @@
 """Why do CartPole episodes end? Plays the checkpoint (eval mode, as evaluation does) and reports, per episode,
-its length and the state at the end: cart position beyond 2.4 or pole angle beyond 12 degrees."""
+its length and the state at the end: cart position beyond 2.4 or pole angle beyond 12 degrees (a one-off beside
+cartpole-episode-ends.log; public API only).
+
+    python results/discrete/sampled-bootstrap/episode_ends.py CHECKPOINT EPISODES [THREADS] [prior]
+    OVER='{"temperature": 10}' python results/discrete/sampled-bootstrap/episode_ends.py ...   (Config overrides)
+"""
 import sys
 import numpy as np, torch, gymnasium as gym
-from tdmpc.agent import Agent
+import tdmpc
 torch.set_num_threads(int(sys.argv[3]) if len(sys.argv) > 3 else 1)
 import os, json
 over = json.loads(os.environ.get("OVER", "{}"))
-agent = Agent.from_checkpoint(sys.argv[1], device="cpu", mpc=len(sys.argv) <= 4 or sys.argv[4] != "prior", **over)
+agent = tdmpc.Agent.from_checkpoint(sys.argv[1], device="cpu", mpc=len(sys.argv) <= 4 or sys.argv[4] != "prior", **over)
 episodes = int(sys.argv[2])
 env = gym.make("CartPole-v1")
 ends = []

@@ -2,7 +2,8 @@
 with a checkpoint's policy prior (greedy) and prints, per episode, how it ended, how many of its last steps had
 an observation within 0.01 of the terminal one (every entry: the lander at rest), and the head's probability
 that the step ended the episode, read off the dynamics' next latent (as the planner reads it) and off the
-encoded next observation (not part of the package):
+encoded next observation (a one-off beside its logs; public API only: the world model's encode, pi, next and
+termination):
 
     python results/discrete/termination/termination_probe.py CHECKPOINT [EPISODES]
 """
@@ -27,7 +28,7 @@ for ep in range(episodes):
     while True:
         with torch.no_grad():
             z = m.encode(torch.as_tensor(obs, dtype=torch.float32)[None])
-            a = int(m._pi(z).argmax(-1))
+            a = int(m.pi(z).mean.argmax(-1))  # the prior's most probable action (one-hot `mean`)
             p_dyn.append(float(m.termination(m.next(z, torch.eye(n)[[a]]))))
         obs, r, term, trunc, _ = env.step(a)
         seen.append(obs.copy())
