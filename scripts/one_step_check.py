@@ -14,23 +14,10 @@ action_values.
 
 from __future__ import annotations
 
-import argparse
-
-import h5py
 import numpy as np
 import torch
 
-import tdmpc
-
-
-def transitions(path: str, env: int, lo: int, hi: int) -> dict[str, np.ndarray]:
-    """The buffer file's rows of one env and `idx`, the rows in [lo, hi) that follow a row of the same episode."""
-    with h5py.File(path, "r") as f:
-        rows = {k: f[k][env] for k in ("obs", "action", "reward", "first", "terminated")}
-        ptr = int(f["ptr"][env]) if "ptr" in f else -1
-    idx = np.arange(max(lo, 1), min(hi, len(rows["reward"])))
-    rows["idx"] = idx[~rows["first"][idx] & (idx != ptr)]  # row ptr: the oldest of a wrapped buffer
-    return rows
+from buffer_rows import discrete_rows
 
 
 def corr(a: np.ndarray, b: np.ndarray) -> float:
@@ -39,19 +26,8 @@ def corr(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("checkpoint")
-    p.add_argument("buffer_file")
-    p.add_argument("first_row", type=int)
-    p.add_argument("end_row", type=int)
-    p.add_argument("--env", type=int, default=0, help="which env's rows (default 0)")
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    agent = tdmpc.Agent.from_checkpoint(args.checkpoint, device="cpu")
+    args, agent, d = discrete_rows(argv, __doc__.split("\n\n")[0])
     m, n = agent.model, agent.dims.action_dim
-    if not m.discrete:
-        raise SystemExit(f"{args.checkpoint}: a continuous-action model; this check is for discrete ones")
-    d = transitions(args.buffer_file, args.env, args.first_row, args.end_row)
     obs, act, rew, idx = d["obs"], d["action"], d["reward"], d["idx"]
     eye = torch.eye(n)
     heads = torch.arange(m.num_q)
