@@ -17,7 +17,8 @@ from torch import Tensor
 from tdmpc.config import Config
 from tdmpc.errors import BadInput, TaskError
 from tdmpc.model.random import TORCH, RandomSource
-from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
+from tdmpc.model.planning_copy import planning_copy, sync_copy
+from tdmpc.model.world_model import ModelDims, WorldModel
 from tdmpc.planners.make import make_planner
 from tdmpc.planners.base import Planner
 from tdmpc.planners.mppi import MPPIConfig

@@ -19,7 +19,8 @@ from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.config import Config, validate
 from tdmpc.envs import EnvSpec, make_env, make_vector_env
 from tdmpc.errors import CheckpointError, DatasetError, TaskError
-from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy
+from tdmpc.model.planning_copy import planning_copy
+from tdmpc.model.world_model import ModelDims, WorldModel
 from tdmpc.offline.format import open_dataset, read_episodes
 from tdmpc.offline.writer import DatasetWriter
 from tdmpc.planners.categorical import WARM_START, CategoricalMPPI, sample_one_hot

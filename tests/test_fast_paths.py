@@ -10,7 +10,8 @@ from tdmpc.model import fused
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config
-from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy, sync_copy
+from tdmpc.model.planning_copy import planning_copy, sync_copy
+from tdmpc.model.world_model import ModelDims, WorldModel
 
 from helpers import skip_unless_ci
 

@@ -76,16 +76,19 @@ def test_clipping_at_the_wrong_norm_fails(norm):
 
 def test_a_plan_that_draws_its_noise_elsewhere_fails(monkeypatch):
     """The replayed draws decide the plan: shifting the sampled candidates' noise by one iteration changes it."""
-    original = parity.plan_draws
+    from tdmpc.planners.mppi import GaussianMPPI
+    from tdmpc.report.parity import plan
+
+    original = plan.plan_draws
 
     def shifted(draws, agent, eval_mode):
         out = original(draws, agent, eval_mode)
         c, A = agent.planner_cfg, agent.dims.action_dim
-        views = parity.GaussianMPPI.draw_views(out["plan.normal"][0], c, 1, A)
+        views = GaussianMPPI.draw_views(out["plan.normal"][0], c, 1, A)
         views["noise"].copy_(views["noise"].roll(1, 0))
         return out
 
-    monkeypatch.setattr(parity, "plan_draws", shifted)
+    monkeypatch.setattr(plan, "plan_draws", shifted)
     report = parity.check_plan(parity.read_fixture(FIXTURE))
     assert "plan t0: action" in {c.name for c in report.failed()}
 

@@ -40,7 +40,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch
-from torch import nn
 
 from tdmpc.config import Config
 from tdmpc.buffer import ReplayBuffer
@@ -49,7 +48,8 @@ from tdmpc.planners.settings import MPPIConfig
 from tdmpc.runtime.device import resolve_dtype
 from tdmpc.runtime.files import MiB, fmt_bytes
 from tdmpc.losses import update_activation_bytes
-from tdmpc.model.world_model import ModelDims, WorldModel, planning_copy
+from tdmpc.model.planning_copy import planning_copy
+from tdmpc.model.world_model import ModelDims, WorldModel
 
 if TYPE_CHECKING:
     from tdmpc.tasks.multitask import TaskSetup
