@@ -81,7 +81,8 @@ class ReplayBuffer:
         self.ep_step = np.full(N, -1, dtype=np.int64)  # -1: no episode started yet
         self.filled = 0  # columns ever written (max over envs)
         self.transitions = 0  # transitions stored since creation
-        self._valid_host = np.zeros((N, C), dtype=bool)
+        # (not on the meta device, where the memory estimate builds a buffer only to ask its device bytes)
+        self._valid_host = np.zeros((N, C if self.storage.type != "meta" else 0), dtype=bool)
         # made on the CPU and moved: arange on the meta device (the memory estimate's) imports sympy
         self._envs = torch.arange(N, device="cpu").to(self.storage)
         self._newest = torch.zeros(N, dtype=torch.long, device=self.storage)  # each env's last written row
