@@ -120,6 +120,7 @@ log "running: $PYTHON -m tdmpc.train ${train_args[*]}"
 # Bash runs a trap only between commands, so the trainer runs in the background and the
 # script waits for it with `wait`, which a trapped signal interrupts at once.
 got_signal=""
+started=$(date +%s)  # a checkpoint newer than this was written by this session's trainer
 forward() {  # USR1|TERM
     got_signal=$1
     log "got SIG$1; asking the trainer to write a checkpoint and stop"
@@ -161,9 +162,14 @@ case $rc in
         exit 0 ;;
     3) log "the trainer wrote a checkpoint and stopped" ;;
     *)
-        # Killed by the signal before its handlers were installed: no new checkpoint, but
-        # the run can go on from the last one (or from the start).
-        if [ -n "$got_signal" ] && [ "$rc" -gt 128 ]; then
+        # Killed by a signal (the trainer exits 3 once its handlers are set, also for a second
+        # signal): the run goes on from its last checkpoint (or from the start).
+        ckpt="$run_dir/checkpoints/latest.pt"
+        if [ -n "$got_signal" ] && [ "$rc" -gt 128 ] && [ -f "$ckpt" ] &&
+            [ "$(stat -c %Y "$ckpt" 2>/dev/null || echo 0)" -ge "$started" ]; then
+            log "the trainer was ended by a signal (exit code $rc) after SIG$got_signal, once it had" \
+                "written a checkpoint"
+        elif [ -n "$got_signal" ] && [ "$rc" -gt 128 ]; then
             log "the trainer was stopped by SIG$got_signal before it could write a checkpoint"
         else
             log "the trainer failed (exit code $rc); not requeueing. Fix the cause, then resume: TDMPC_RUN_DIR=$run_dir sbatch slurm/train.sh"

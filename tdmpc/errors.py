@@ -3,8 +3,8 @@
 0 finished, 1 a failed write (disk full or read-only: one line) or anything unexpected (with its
 traceback), 2 bad input (config, task, checkpoint, dataset, device, a damaged run file, a run
 directory in use), 3 stopped by a signal after writing a checkpoint (requeue me), 130 interrupted at once (a
-Ctrl-C outside training's loop, or a second one inside it): one line, no traceback; 141 the reader of stdout left
-(| head), quietly.
+Ctrl-C before training's loop started, or a second one while the first one's checkpoint is written): one line, no
+traceback; 141 the reader of stdout left (| head), quietly.
 """
 
 from __future__ import annotations
@@ -71,17 +71,43 @@ class DiskError(OSError):
     """A write that failed or would fail for lack of space or permission; one line with the free space."""
 
 
+class Interrupted(BaseException):
+    """A signal stopped a command at once (a second Ctrl-C, or a stop signal before a training run's loop); the
+    message is one line saying what was kept. run_cli prints it and exits with `code` (130 for Ctrl-C, else 128 + the
+    signal, as a shell reports a process the signal ended). Not a KeyboardInterrupt: nothing on the way out mistakes
+    it for a first Ctrl-C."""
+
+    def __init__(self, message: str, code: int = EXIT_INTERRUPTED):
+        super().__init__(message)
+        self.code = code
+
+
 USER_ERRORS = (ConfigError, CheckpointError, DeviceError, TaskError, DatasetError, BufferFileError, RunDirError,
                NonFiniteData, BadInput)
+
+
+_commands = 0  # run_cli bodies running in this process
+
+
+def in_command() -> bool:
+    """Whether a command's body (run_cli) runs this process, which exits when the body returns: a training run keeps
+    its stop-signal handlers from the moment it is built to that exit (tdmpc.training.trainer), where a run driven
+    from Python (tdmpc.fit) has them only while its loop runs."""
+    return _commands > 0
 
 
 def run_cli(fn: Callable[[], int]) -> int:
     """Run a command's body: a user error (or a path that cannot be used) is one line and exit 2, a failed write
     one line and exit 1, a Ctrl-C one line and exit 130."""
+    global _commands
+    _commands += 1
     try:
         return fn()
     except BrokenPipeError:
         return _stdout_closed()
+    except Interrupted as e:
+        print(f"error: {e}", file=sys.stderr)
+        return e.code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -96,6 +122,8 @@ def run_cli(fn: Callable[[], int]) -> int:
             raise
         print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    finally:
+        _commands -= 1
 
 
 @contextlib.contextmanager

@@ -24,11 +24,12 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, parse_args,
+from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, RunDirError, parse_args,
                           run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import find_runs, gather
 from tdmpc.runtime.files import shipped_dir
+from tdmpc.training.run_dir import RunDirLock
 
 TRAIN = [sys.executable, "-m", "tdmpc.train"]  # module-level so tests can swap in a fake trainer
 SET_HERE = ("--task", "--seed", "--steps", "--run-dir", "--resume", "--cfg")  # not allowed after --
@@ -147,8 +148,19 @@ def decide(run_dir: Path, task: str, seed: int, steps: int) -> Action:
     Finished means evaluated at `steps` or later (the trainer evaluates at its last step), which
     still holds when someone deleted the checkpoints to free disk. A directory with files but no
     checkpoint died before its first save; the trainer would append to its eval.csv, so it is
-    set aside rather than reused.
+    set aside rather than reused. A file where the directory (or a folder above it) goes, or a run going on
+    there (its lock is held: another tdmpc.reproduce or tdmpc.train writes it), is a one-line error.
     """
+    for path in (run_dir, *run_dir.parents):
+        if path.exists() or path.is_symlink():
+            if not path.is_dir():
+                raise BadInput(f"{path} is a file where the run directory {run_dir} goes; move it away or choose "
+                               f"another --runs-root")
+            break
+    holder = RunDirLock.held(run_dir)
+    if holder is not None:
+        raise RunDirError(f"{run_dir} is in use by {holder}: a run is going on there (another tdmpc.reproduce or "
+                          f"tdmpc.train); wait for it or stop it, or choose another --runs-root")
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return Action.START
     cfg_file = run_dir / "config.json"
@@ -177,10 +189,17 @@ def train_command(action: Action, run_dir: Path, task: str, seed: int, steps: in
 
 
 def set_aside(run_dir: Path) -> Path:
-    n = 1
-    while (moved := run_dir.with_name(f"{run_dir.name}.stale{n}")).exists():
-        n += 1
-    run_dir.rename(moved)
+    """Move a run directory left without a checkpoint to <name>.stale<n>, holding its lock meanwhile: a run that
+    started there since it was decided (it holds the lock) is a one-line RunDirError, and is never moved away."""
+    lock = RunDirLock(run_dir)
+    lock.acquire()
+    try:
+        n = 1
+        while (moved := run_dir.with_name(f"{run_dir.name}.stale{n}")).exists():
+            n += 1
+        run_dir.rename(moved)
+    finally:
+        lock.release()
     return moved
 
 
@@ -202,17 +221,25 @@ class Cell:
         return self.run_dir.with_name(f"{self.run_dir.name}.log")
 
 
+def _ignore_sigint() -> None:
+    """In a child, before it runs tdmpc.train: Ctrl-C at the terminal (which reaches the whole process group) is
+    ignored until the trainer sets its own handlers, so a child still starting up leaves no KeyboardInterrupt
+    traceback; the SIGTERM we pass on stops it instead."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class Runner:
     """Training subprocesses, up to `jobs` at a time.
 
-    Ctrl-C reaches the children from the terminal by itself; SIGTERM and SIGUSR1 sent to us are passed on.
-    Either way each child writes its checkpoint and exits 3, and we wait for that instead of killing it. A
-    child that stops by itself (exit 3: someone signalled it) or refuses its input (exit 2) stops the others
-    the same way. After a stop no new run starts, and a rerun of the same command resumes.
+    A stop signal sent to us is passed on to every child: SIGTERM and SIGUSR1 as they are, SIGINT as SIGTERM (a
+    Ctrl-C at the terminal reaches the children too, and a second SIGINT would make a child stop at once,
+    without its checkpoint). Each child writes its checkpoint and exits 3, and we wait for that instead of
+    killing it. A child that stops by itself (exit 3: someone signalled it) or refuses its input (exit 2) stops
+    the others the same way. After a stop no new run starts, and a rerun of the same command resumes.
     """
 
-    def __init__(self, jobs: int, total: int):
-        self.jobs, self.total = jobs, total
+    def __init__(self, jobs: int, total: int, steps: int):
+        self.jobs, self.total, self.steps = jobs, total, steps
         self.running: dict[subprocess.Popen, tuple[Cell, float]] = {}
         self.stop, self.bad_input = False, False
         self.stopped: list[Cell] = []
@@ -220,9 +247,8 @@ class Runner:
 
     def on_signal(self, signum: int, frame) -> None:
         self.stop = True
-        if signum != signal.SIGINT:
-            for proc in self.running:
-                proc.send_signal(signum)
+        for proc in self.running:
+            proc.send_signal(signal.SIGTERM if signum == signal.SIGINT else signum)
 
     def _stop_others(self) -> None:
         if not self.stop:
@@ -233,12 +259,12 @@ class Runner:
     def launch(self, cell: Cell, cmd: list[str]) -> None:
         print(f"  {shlex.join(cmd)}", flush=True)
         if self.jobs == 1:  # the run speaks to the terminal itself
-            proc = subprocess.Popen(cmd)
+            proc = subprocess.Popen(cmd, preexec_fn=_ignore_sigint)
         else:
             print(f"  output: {cell.log}", flush=True)
             cell.log.parent.mkdir(parents=True, exist_ok=True)
             with open(cell.log, "a") as log:  # appended to: a resumed run's output follows its first
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ignore_sigint)
         self.running[proc] = (cell, time.monotonic())
         if self.stop:  # a signal came while it started, before on_signal could see it
             proc.send_signal(signal.SIGTERM)
@@ -262,6 +288,13 @@ class Runner:
 
     def _finished(self, cell: Cell, rc: int, minutes: float) -> None:
         where = f"[{cell.number}/{self.total}] {cell.name}"
+        if rc != EXIT_OK and (last_eval_step(cell.run_dir) or -1) >= self.steps:
+            rc = EXIT_OK  # it reached its steps: finished, however its process ended (a signal on its way out)
+        if rc < 0 and self.jobs > 1:  # killed by a signal before it could say anything: its log says so
+            name = signal.Signals(-rc).name if -rc in signal.valid_signals() else f"signal {-rc}"
+            early = " in its start-up, before it trained (nothing to checkpoint yet)" if -rc in STOP_SIGNALS else ""
+            with open(cell.log, "a") as log:
+                log.write(f"tdmpc.reproduce: the run was ended by {name}{early}\n")
         if rc == EXIT_REQUEUE or (self.stop and rc != EXIT_OK):  # a run that finished as the stop came is done
             self.stopped.append(cell)
             self._stop_others()
@@ -282,7 +315,7 @@ def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: lis
     cells = [Cell(i, task, seed, args.runs_root / task / f"seed{seed}")
              for i, (task, seed) in enumerate(((t, s) for t in tasks for s in seeds), 1)]
     actions = [decide(c.run_dir, c.task, c.seed, args.steps) for c in cells]  # a folder in the way: before any run
-    runner = Runner(args.jobs, len(cells))
+    runner = Runner(args.jobs, len(cells), args.steps)
     old = {s: signal.signal(s, runner.on_signal) for s in STOP_SIGNALS}
     try:
         for cell, action in zip(cells, actions):

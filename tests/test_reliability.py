@@ -225,16 +225,34 @@ def small_disk(tmp_path):
     subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
+def _fill(disk: Path, leave: int) -> Path:
+    """A file taking all of `disk`'s free space but `leave` bytes."""
+    filler = disk / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (shutil.disk_usage(disk).free - leave))
+    return filler
+
+
 def test_a_full_disk_stops_with_one_line_and_the_last_checkpoint_intact(tmp_path, small_disk, finished_run):
+    """The tiny run's checkpoint (~0.4 MB) fits in 3 MB (no hidden margin refuses it); with 0.5 MB free it does not:
+    said up front, then refused in one line with the real need and margin, the last checkpoint kept intact."""
+    spare = copy_run(finished_run, small_disk / "spare")
+    filler = _fill(small_disk, 3_000_000)
+    r = run_train("--resume", spare, "--steps", 400)
+    assert r.returncode == 0 and "warning:" not in r.stderr, r.stderr
+    shutil.rmtree(spare)
+    filler.unlink()
     run = copy_run(finished_run, small_disk / "run")
-    filler = small_disk / "filler"
-    free = shutil.disk_usage(small_disk).free
-    with open(filler, "wb") as f:  # leave 8 MB: less than a write's 16 MB margin
-        f.write(b"\0" * (free - (8 << 20)))
+    filler = _fill(small_disk, 500_000)
     before = (run / "checkpoints" / "latest.pt").read_bytes()
     r = run_train("--resume", run, "--steps", 400)
+    warning = next(ln for ln in r.stderr.splitlines() if ln.startswith("warning: "))  # said before the run
+    assert "KB are free on" in warning and "1.0 MB more kept free as a margin" in warning, r.stderr
     line = one_line_error(r, code=1)
-    assert "not enough space to write the replay buffer" in line and "MB are free on" in line
+    assert f"not enough space to write the checkpoint of step 400 to {run / 'checkpoints' / 'latest.pt'}" in line
+    estimate = float(line.split("(latest.pt ")[1].split(" KB")[0]) * 1000
+    assert len(before) < estimate < 1.2 * len(before), line  # the checkpoint's real size, not 4x its weights
+    assert "1.0 MB more kept free as a margin; " in line and "KB are free on" in line, line
     assert f"the last good checkpoint is {run / 'checkpoints' / 'latest.pt'}" in line
     assert (run / "checkpoints" / "latest.pt").read_bytes() == before
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["buffer_0000000300.h5", "latest.pt", "previous.pt"]

@@ -174,6 +174,10 @@ if not flag("--resume"):
         f.write("env_step,episodes,episode_return,episode_return_std,episode_length,eval_seconds,elapsed\n")
 if not flag("--resume") and flag("--seed") == os.environ.get("FAKE_STOP_SEED"):
     sys.exit(3)  # stopped by a signal before the end
+if os.environ.get("FAKE_STARTUP"):  # still starting up (importing torch, say): no signal handler of its own yet
+    import time
+    open(os.environ["FAKE_EVENTS"], "a").write(f"starting {run.name}\n")
+    time.sleep(float(os.environ["FAKE_STARTUP"]))
 if os.environ.get("FAKE_SECONDS"):  # a run that takes a while: says when it runs, and stops on SIGTERM
     import signal, time
     events = lambda what: open(os.environ["FAKE_EVENTS"], "a").write(f"{what} {run.name}\n")
@@ -272,6 +276,101 @@ def test_a_sigterm_stops_every_running_job_and_a_rerun_resumes_them(tmp_path, mo
     calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
     assert sorted(c[1] for c in calls[2:4]) == [str(root / "Pendulum-v1/seed1"), str(root / "Pendulum-v1/seed2")]
     assert all(c[0] == "--resume" for c in calls[2:4]) and "--run-dir" in calls[4]
+
+
+def _start_grid(root: Path, *argv: str, **popen) -> subprocess.Popen:
+    """python -m tdmpc.reproduce with the fake trainer, as a process of its own."""
+    cmd = [sys.executable, "-c", "import sys; from tdmpc import reproduce; reproduce.TRAIN = sys.argv[1:3]; "
+           "sys.exit(reproduce.main(sys.argv[3:]))", *reproduce.TRAIN, "--tasks", "Pendulum-v1", "--seeds", "1-2",
+           "--steps", "400", "--runs-root", str(root), *argv]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _wait_for_events(events: Path, what: str, n: int, proc: subprocess.Popen) -> None:
+    deadline = time.time() + 60
+    while (events.read_text().split().count(what) if events.exists() else 0) < n:
+        assert time.time() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+
+
+def test_a_sigint_to_the_parent_alone_stops_every_job_as_sigterm_does(tmp_path, monkeypatch):
+    """kill -INT of reproduce's pid (not of its process group): each run checkpoints (the fake trainer stops on
+    the SIGTERM passed on) and the command exits 3, instead of letting the runs train to the end."""
+    events = _fake_trainer(tmp_path, monkeypatch, 60)
+    proc = _start_grid(tmp_path / "runs", "--jobs", "2")
+    _wait_for_events(events, "start", 2, proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    assert events.read_text().split()[::2][2:] == ["stopped", "stopped"], events.read_text()
+    assert "stopped during" in err and "rerun the same command" in err
+
+
+def test_ctrl_c_to_the_whole_group_leaves_one_line_in_the_log_of_a_run_still_starting(tmp_path, monkeypatch):
+    """Ctrl-C at the terminal reaches reproduce and its runs: a run still starting up (no handler of its own yet)
+    ignores it and is stopped by the SIGTERM reproduce passes on; its log says so in one line, no traceback."""
+    events = _fake_trainer(tmp_path, monkeypatch, 60)
+    monkeypatch.setenv("FAKE_STARTUP", "60")
+    root = tmp_path / "runs"
+    proc = _start_grid(root, "--jobs", "2", start_new_session=True)
+    _wait_for_events(events, "starting", 2, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 3, err
+    for seed in (1, 2):
+        log = (root / f"Pendulum-v1/seed{seed}.log").read_text()
+        assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
+        assert log.splitlines() == ["tdmpc.reproduce: the run was ended by SIGTERM in its start-up, before it "
+                                    "trained (nothing to checkpoint yet)"], log
+
+
+def test_a_live_run_is_never_set_aside_nor_written_by_a_second_reproduce(tmp_path, monkeypatch, capsys):
+    """A run going on without a checkpoint yet (its lock is held, as its trainer holds it): a second reproduce on
+    the same root refuses in one line before any run starts, and never moves it away, even when the run started
+    between the decision and the move (the move takes the lock first)."""
+    from tdmpc.training.run_dir import RunDirLock
+
+    _fake_trainer(tmp_path, monkeypatch, 0)
+    root = tmp_path / "runs"
+    live = fake_run(root / "Pendulum-v1/seed1", "Pendulum-v1", 1, [(0, -900.0)], checkpoint=False)
+    cmd = ["--tasks", "Pendulum-v1", "--seeds", "1-2", "--steps", "400", "--runs-root", str(root), "--jobs", "2"]
+    lock = RunDirLock(live)
+    lock.acquire()
+    try:
+        assert main(cmd) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and "\n" not in err and f"in use by pid {os.getpid()}" in err, err
+        lock.release()
+        decide = reproduce.decide
+
+        def decided_then_started(run_dir, *args):
+            action = decide(run_dir, *args)
+            if run_dir == live:
+                lock.acquire()
+            return action
+
+        monkeypatch.setattr(reproduce, "decide", decided_then_started)
+        assert main(cmd) == 2
+        assert f"in use by pid {os.getpid()}" in capsys.readouterr().err
+    finally:
+        lock.release()
+    assert not (tmp_path / "calls.jsonl").exists()
+    assert sorted(p.name for p in live.parent.iterdir()) == ["seed1"] and (live / "eval.csv").is_file()
+
+
+def test_a_file_where_a_run_directory_goes_is_refused_before_any_run_starts(tmp_path, monkeypatch, capsys):
+    _fake_trainer(tmp_path, monkeypatch, 0)
+    root = tmp_path / "runs"
+    (root / "Pendulum-v1").mkdir(parents=True)
+    (root / "Pendulum-v1/seed2").write_text("my notes\n")
+    (tmp_path / "other").write_text("a file where the task folder goes\n")
+    for runs_root, path in ((root, root / "Pendulum-v1/seed2"), (tmp_path / "other", tmp_path / "other")):
+        assert main(["--tasks", "Pendulum-v1", "--seeds", "1-2", "--steps", "400", "--runs-root", str(runs_root),
+                     "--jobs", "2"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: {path} is a file where the run directory") and "\n" not in err, err
+    assert not (tmp_path / "calls.jsonl").exists() and not (root / "Pendulum-v1/seed1").exists()
+    assert (root / "Pendulum-v1/seed2").read_text() == "my notes\n"
 
 
 def test_a_folder_in_the_way_of_a_later_run_is_refused_before_any_run_starts(tmp_path, monkeypatch, capsys):

@@ -114,12 +114,45 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(existing).free
 
 
-def ensure_space(path: Path, needed: int, what: str) -> None:
-    """Refuse a write that would not fit (HDF5 and torch.save fail badly on a full disk), with 5% + 16 MiB slack."""
+def write_margin(needed: int) -> int:
+    """The space kept free beside a write's estimated size: 1% of it and 1 MB, for filesystem blocks and metadata
+    and what the estimate misses. A write that would leave less is refused before it starts (HDF5 and torch.save
+    fail badly on a full disk)."""
+    return needed // 100 + 1_000_000
+
+
+def ensure_space(path: Path, needed: int, what: str, freed: int = 0, parts: str = "") -> None:
+    """Refuse a write of about `needed` bytes into path's folder that would not leave write_margin() free, in one
+    line saying the need, the margin and the free space. `freed`: bytes the write frees before it needs the space
+    (a file it replaces first); `parts`: what `needed` is made of, said in brackets."""
     free = free_bytes(path.parent)
-    if free < needed * 1.05 + 16 * MiB:
-        raise DiskError(f"not enough space to write {what} {path}: it needs about {fmt_bytes(needed, decimal=True)}, "
-                        f"{fmt_bytes(free, decimal=True)} are free on {path.parent}")
+    margin = write_margin(needed)
+    if free + freed < needed + margin:
+        less = f", less {fmt_bytes(freed, decimal=True)} it frees first" if freed else ""
+        raise DiskError(f"not enough space to write {what} {path}: it needs about {fmt_bytes(needed, decimal=True)}"
+                        f"{f' ({parts})' if parts else ''}{less}, and {fmt_bytes(margin, decimal=True)} more kept free "
+                        f"as a margin; {fmt_bytes(free, decimal=True)} are free on {path.parent}")
+
+
+def tensor_bytes(obj: Any) -> tuple[int, int]:
+    """(bytes, count) of the tensors in nested dicts, lists and tuples: what torch.save writes of them."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size(), 1
+    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, (list, tuple)) else ()
+    total, count = 0, 0
+    for item in items:
+        b, c = tensor_bytes(item)
+        total, count = total + b, count + c
+    return total, count
+
+
+def saved_size(tensor_bytes_and_count: tuple[int, int]) -> int:
+    """About the size of a torch.save file holding these tensors: each tensor's record (name, alignment) and the
+    pickled rest (config, counters) besides the data."""
+    nbytes, count = tensor_bytes_and_count
+    return nbytes + 256 * count + 32_000
 
 
 def fmt_bytes(n: float | None, decimal: bool = False) -> str:

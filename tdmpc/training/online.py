@@ -22,7 +22,7 @@ from tdmpc.envs import VectorEnvs, env_rng_state, set_env_rng_state
 from tdmpc.errors import BufferFileError, NonFiniteData, TaskError
 from tdmpc.offline.writer import EpisodeRecorder
 from tdmpc.runtime.faults import kill_point
-from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes
+from tdmpc.runtime.files import fmt_bytes, free_bytes, write_margin
 from tdmpc.training.run_dir import RunDirLock, set_aside_damaged
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
@@ -93,14 +93,31 @@ class ReplayTrainer(Trainer):
                                 f"task can terminate, train with --episodic")
 
     def warn_if_disk_short(self) -> None:
-        """A checkpoint and a full buffer, twice (old and new coexist while a write is made atomic)."""
-        params = sum(p.numel() * p.element_size() for p in self.agent.model.parameters())
-        needed = 2 * (4 * params + (self.buffer.nbytes if self.cfg.save_buffer else 0))
-        free = free_bytes(self.checkpoint_path.parent)
-        if free < needed:
-            self.logger.message(f"warning: {fmt_bytes(free, decimal=True)} are free on {self.run_dir}, and checkpoints with the "
-                                f"full replay buffer need about {fmt_bytes(needed, decimal=True)}; free some space or pass "
-                                f"--no-save-buffer")
+        """Before the run: the space its checkpoints take once the replay buffer is full, beside the free space and
+        what the run directory holds of them already (a resume). Two checkpoints are kept, each with its buffer, and
+        a third buffer is written before the oldest is removed."""
+        ckpt, buffer = self.checkpoint_bytes(), (self.buffer.nbytes + 16_000 if self.cfg.save_buffer else 0)
+        peak = 2 * ckpt + 3 * buffer
+        ckpt_dir = self.checkpoint_path.parent
+        files = {(st.st_dev, st.st_ino): st.st_size for p in (ckpt_dir.glob("*") if ckpt_dir.is_dir() else ())
+                 if p.name.endswith((".pt", ".h5")) and p.is_file() and (st := p.stat())}
+        held = sum(files.values())
+        needed = max(peak - held, 0)
+        margin = write_margin(needed)
+        free = free_bytes(ckpt_dir)
+        if free < needed + margin:
+            what = "checkpoints with the full replay buffer" if buffer else "checkpoints"
+            parts = f"2 x {fmt_bytes(ckpt, decimal=True)} for latest.pt and previous.pt" + (
+                f", 3 x {fmt_bytes(buffer, decimal=True)} for replay buffers" if buffer else "")
+            there = f", {fmt_bytes(held, decimal=True)} of it on the disk already" if held else ""
+            fix = "free some space" + (" or pass --no-save-buffer" if buffer else "")
+            self.logger.message(f"warning: {fmt_bytes(free, decimal=True)} are free on {ckpt_dir}, and {what} need "
+                                f"about {fmt_bytes(peak, decimal=True)} ({parts}{there}), and "
+                                f"{fmt_bytes(margin, decimal=True)} more kept free as a margin; {fix}")
+
+    def data_bytes(self) -> int:
+        """The replay buffer file a checkpoint writes: its filled rows, and HDF5's own records."""
+        return self.buffer.saved_bytes + 16_000 if self.cfg.save_buffer else 0
 
     def buffer_on_device(self) -> bool:
         return self.buffer.storage.type == "cuda"
@@ -109,8 +126,7 @@ class ReplayTrainer(Trainer):
         """The replay buffer under a new file name (None with --no-save-buffer)."""
         if not self.cfg.save_buffer:
             return None
-        buffer_file = f"buffer_{self.counters.env_step:010d}.h5"
-        ensure_space(ckpt_dir / buffer_file, self.buffer.saved_bytes, "the replay buffer")
+        buffer_file = f"buffer_{self.counters.env_step:010d}.h5"  # its space is checked with the checkpoint's
         self.buffer.save(ckpt_dir / buffer_file)
         return buffer_file
 
@@ -125,8 +141,8 @@ class ReplayTrainer(Trainer):
             except BufferFileError as e:
                 kept = set_aside_damaged(path)
                 raise BufferFileError(f"{e}{f'; kept as {kept.name}' if kept else ''}. Resume without it: --resume "
-                                      f"{self.run_dir} --no-buffer (weights, optimisers and counters are restored, "
-                                      f"the buffer refills by acting)") from None
+                                      f"{self.quoted_run_dir} --no-buffer (weights, optimisers and counters are "
+                                      f"restored, the buffer refills by acting)") from None
         elif self.counters.env_step >= (self.cfg.seed_steps or 0):  # no buffer to resume with: refill it first
             self.counters.refill_until = self.counters.env_step + (self.cfg.seed_steps or 0)
             why = "--no-buffer" if buffer_file else "the checkpoint holds no replay buffer (--no-save-buffer)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import shutil
 import socket
 import sys
@@ -79,11 +80,11 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
         raw = read_json(path, "the run's config") if path.is_file() else None
         cfg = from_dict(raw, source=str(path)) if raw is not None else None
     except ConfigError as e:
-        raise ConfigError(f"{e}; resume with the config the checkpoint holds: --resume {run_dir} "
-                          f"--config-from-checkpoint") from None
+        raise ConfigError(f"{e}; resume with the config the checkpoint holds: --resume "
+                          f"{shlex.quote(str(run_dir))} --config-from-checkpoint") from None
     if cfg is None:
-        raise ConfigError(f"{path} is missing; resume with the config the checkpoint holds: --resume {run_dir} "
-                          f"--config-from-checkpoint")
+        raise ConfigError(f"{path} is missing; resume with the config the checkpoint holds: --resume "
+                          f"{shlex.quote(str(run_dir))} --config-from-checkpoint")
     assert raw is not None
     return _with_added_fields(cfg, raw, path)
 
@@ -130,7 +131,12 @@ def set_aside_damaged(path: Path) -> Path | None:
 
 class RunDirLock:
     """One writer per run directory: an flock on <run_dir>/.lock, which the kernel releases when its holder
-    exits or dies (kill -9, OOM killer, node failure of a local disk), so a stale lock never blocks."""
+    exits or dies (kill -9, OOM killer, node failure of a local disk), so a stale lock never blocks.
+
+    Whoever moves or changes a run directory takes this lock first (the trainer, tdmpc.reproduce setting aside a
+    directory left without a checkpoint), so a live run is never moved away under its writer."""
+
+    TRIES = 5  # a lock held for an instant (a probe, held()) is waited for; one held longer is an error
 
     def __init__(self, run_dir: Path):
         self.path = run_dir / ".lock"
@@ -140,26 +146,55 @@ class RunDirLock:
     def acquire(self) -> None:
         import fcntl
 
-        try:
-            self.created = next((p for p in reversed([self.path.parent, *self.path.parent.parents])
-                                 if not p.exists()), None)
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            f: IO[str] = open(self.path, "a+")
-        except OSError as e:
-            raise RunDirError(f"cannot use the run directory {self.path.parent}: {e.strerror or e}") from None
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "another process"
-            f.close()
-            raise RunDirError(f"the run directory {self.path.parent} is in use by {holder}; one process writes a run "
-                              f"at a time (wait for it, stop it, or choose another --run-dir)") from None
+        for attempt in range(self.TRIES):
+            try:
+                if attempt == 0:
+                    self.created = next((p for p in reversed([self.path.parent, *self.path.parent.parents])
+                                         if not p.exists()), None)
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                f: IO[str] = open(self.path, "a+")
+            except OSError as e:
+                raise RunDirError(f"cannot use the run directory {self.path.parent}: {e.strerror or e}") from None
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.seek(0)
+                holder = f.read().strip() or "another process"
+                f.close()
+                if attempt + 1 < self.TRIES:
+                    time.sleep(0.05 * (attempt + 1))
+                    continue
+                raise RunDirError(f"the run directory {self.path.parent} is in use by {holder}; one process writes a "
+                                  f"run at a time (wait for it, stop it, or choose another --run-dir)") from None
+            if _same_file(f, self.path):
+                break
+            f.close()  # the directory was moved away (set aside) between open() and flock(): lock the new one
+        else:
+            raise RunDirError(f"the run directory {self.path.parent} keeps being moved away; is another process "
+                              f"setting it aside?")
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         f.flush()
         self.file = f
+
+    @staticmethod
+    def held(run_dir: Path) -> str | None:
+        """Who holds the lock of `run_dir` now ('pid N on HOST'), or None: a run going on there. Takes the lock for
+        an instant when it is free (acquire() waits for such an instant)."""
+        import fcntl
+
+        try:
+            f = open(run_dir / ".lock")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return f.read().strip() or "another process"
+            fcntl.flock(f, fcntl.LOCK_UN)
+            return None
 
     def release(self) -> None:
         if self.file is not None:
@@ -171,6 +206,16 @@ class RunDirLock:
         if self.file is not None and self.created is not None:
             shutil.rmtree(self.created, ignore_errors=True)
         self.release()
+
+
+def _same_file(f: IO[str], path: Path) -> bool:
+    """Whether `path` still names the open file `f`."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    own = os.fstat(f.fileno())
+    return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
 def remove_stale_temp_files(run_dir: Path) -> list[Path]:
@@ -185,8 +230,8 @@ def remove_stale_temp_files(run_dir: Path) -> list[Path]:
 def check_fresh(run_dir: Path) -> None:
     """A fresh start never takes over a directory that holds a run."""
     if checkpoint_path(run_dir).exists():
-        raise RunDirError(f"run directory {run_dir} already holds a run; continue it with --resume {run_dir} "
-                          f"or choose another --run-dir")
+        raise RunDirError(f"run directory {run_dir} already holds a run; continue it with --resume "
+                          f"{shlex.quote(str(run_dir))} or choose another --run-dir")
 
 
 def set_aside_unfinished(run_dir: Path) -> None:

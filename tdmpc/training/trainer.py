@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import shlex
 import signal
 import time
 from dataclasses import dataclass, field
@@ -25,11 +26,12 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config, save_json
 from tdmpc.envs import EnvSource, EnvSpec
 from tdmpc.episodes import EvalResult, run_episodes
-from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFiniteData, RunDirError
+from tdmpc.errors import (EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, Interrupted, NonFiniteData, RunDirError,
+                          in_command)
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime.distributed import Shard
 from tdmpc.runtime.faults import kill_point
-from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes, keep_previous
+from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes, keep_previous, saved_size, tensor_bytes
 from tdmpc.tasks.multitask import TaskSetup
 from tdmpc.training.logger import RunLogger
 from tdmpc.training.run_dir import RunDirLock, checkpoint_path, previous_checkpoint_path
@@ -99,7 +101,11 @@ class Trainer:
         self.rng = np.random.default_rng(cfg.seed)
         self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
         self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
-        self.stop_signal: int | None = None  # the signal that stopped the run (fit() then acts as it would)
+        self.stop_signal: int | None = None  # the first signal that stopped the run (fit() then acts as it would)
+        self.interrupts = 0  # Ctrl-Cs so far: the second aborts at once
+        self.looping = False  # run() has begun: a stop signal checkpoints (before it, a command stops at once)
+        self.run_ended = False  # the stop's checkpoint is written, or the run finished: nothing left to stop
+        self.old_handlers: dict[int, Any] | None = None  # the stop signals' handlers before ours, while ours are set
         self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         if setup.checkpoint is not None:
             self._restore(load_file(setup.checkpoint), no_buffer)
@@ -118,6 +124,8 @@ class Trainer:
         self.metric_count = 0
         self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
         self.last_bar = 0.0
+        if in_command():  # a stop signal in the work before the loop (a kernel build) says what it stopped
+            self.install_stop_handlers()
 
     @property
     def checkpoint_path(self) -> Path:
@@ -149,7 +157,8 @@ class Trainer:
     # --- the loop -----------------------------------------------------------------
     def run(self) -> int:
         """Train to cfg.steps. Returns an exit code: 0 finished, 3 stopped (checkpoint written), 1 out of memory."""
-        handlers = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+        self.looping = True
+        self.install_stop_handlers()
         kill_point("startup")
         try:
             try:
@@ -157,7 +166,7 @@ class Trainer:
             except NonFiniteData as e:  # the bad transition was not stored: the run is consistent
                 self.save()
                 self.logger.message(f"error: {e}; checkpoint written at step {self.counters.env_step:,} "
-                                    f"(resume with --resume {self.run_dir} --nonfinite-data drop)")
+                                    f"(resume with --resume {self.quoted_run_dir} --nonfinite-data drop)")
                 return EXIT_ERROR
             except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or an error it caused (a graph capture)
                 oom = _out_of_memory_error(e)
@@ -166,15 +175,39 @@ class Trainer:
                 what = str(oom).strip().splitlines()[0] if str(oom).strip() else "CUDA out of memory"
             return self._out_of_memory(what)  # outside the handler: the traceback's tensors are freed
         finally:
-            for s, h in handlers.items():
-                signal.signal(s, h)
-            self.close()
+            self.close()  # with our handlers still set: a second stop signal meanwhile interrupts nothing
+            self.restore_stop_handlers()
+
+    def install_stop_handlers(self) -> None:
+        """Our handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1). From run() on, a stop signal asks the run to
+        stop at the next step, after writing a checkpoint. In a command the trainer sets them as soon as it is
+        built: a stop signal in the work before its loop (the first start's build of the CPU kernels, the speed
+        check) stops the command at once, in one line that says what there is to go on from (exit 128 + the
+        signal: 130 for Ctrl-C), instead of a false 'interrupted again', or no word at all."""
+        if self.old_handlers is None:
+            self.old_handlers = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+
+    def restore_stop_handlers(self) -> None:
+        """The handlers from before run(). In a command, which exits once run() returns, SIGTERM and SIGUSR1 (and
+        SIGINT too after a signal's stop) stay with the ended run, which ignores them: a stop signal on the way out
+        (a scheduler's TERM after its USR1, a SIGTERM passed on beside a Ctrl-C, one that came as the run finished)
+        finds nothing left to stop, instead of killing the process (exit 143) once its work is done."""
+        if self.old_handlers is None:
+            return
+        self.run_ended = self.run_ended or self.looping
+        for s, h in self.old_handlers.items():
+            kept = in_command() and self.looping and (s != signal.SIGINT or self.stop_signal is not None)
+            signal.signal(s, _after_the_run if kept else h)
+        self.old_handlers = None
 
     def close(self) -> None:
         """Close the logs and the data, and release the run directory."""
+        kill_point("shutdown")
         self.logger.close()
         self.close_data()
         self.lock.release()
+        if not self.looping:  # driven by hand (a benchmark), never run(): the signals are the caller's again
+            self.restore_stop_handlers()
 
     def _loop(self) -> int:
         cfg, c = self.cfg, self.counters
@@ -189,13 +222,19 @@ class Trainer:
             if c.env_step >= c.next_log:
                 self._log()
             if c.env_step >= c.next_save and self.stop_reason is None:
-                self.save()
-                c.next_save = next_multiple(c.env_step, cfg.save_every)
+                # An evaluation due at this step runs first, so that the checkpoint records it as done: a resume
+                # from it never evaluates (and logs) this step again.
+                if c.env_step >= c.next_eval and not self.evaluate():
+                    break
+                if self.stop_reason is None:
+                    self.save()
+                    c.next_save = next_multiple(c.env_step, cfg.save_every)
             self.progress()
         if self.stop_reason is not None:
             self.save()
+            self.run_ended = True
             self.logger.message(f"stopped by {self.stop_reason} at step {c.env_step:,}; checkpoint written. "
-                                f"Resume with: python -m tdmpc.train --resume {self.run_dir}")
+                                f"Resume with: python -m tdmpc.train --resume {self.quoted_run_dir}")
             return EXIT_REQUEUE
         if c.last_eval != c.env_step and not self.evaluate():
             self.save()
@@ -262,6 +301,7 @@ class Trainer:
         self.logger.eval(rows, video)
         c.next_eval = next_multiple(c.env_step, cfg.eval_freq)
         c.last_eval = c.env_step
+        kill_point("evaluated")
         self.rate_mark = (time.time(), c.env_step, c.updates)  # keep eval time out of the step rate
         self._callback(self.on_eval, rows[-1], "on_eval")
         self.shard.barrier()
@@ -322,10 +362,37 @@ class Trainer:
             self.stop_reason = f"the {name} callback"
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.stop_reason = f"signal {signal.Signals(signum).name}"
-        self.stop_signal = signum
-        if signum == signal.SIGINT:  # a second Ctrl-C aborts at once
-            signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.run_ended:  # the stop's checkpoint is written, or the run finished: nothing left to stop
+            return
+        if not self.looping:  # a command's run before its loop: nothing trained yet, so stop at once
+            raise self._stopped_at_once(signum)
+        if signum == signal.SIGINT:
+            self.interrupts += 1
+            if self.interrupts > 1:  # a second Ctrl-C aborts at once
+                raise self._stopped_at_once(signum)
+        if self.stop_signal is None:  # a later signal of another kind (a forwarded SIGTERM) changes nothing
+            self.stop_reason = f"signal {signal.Signals(signum).name}"
+            self.stop_signal = signum
+
+    def _stopped_at_once(self, signum: int) -> BaseException:
+        """A second Ctrl-C, or a stop signal before a command's loop: KeyboardInterrupt for Python callers
+        (tdmpc.fit); in a command, its one line saying what there is to go on from (exit 128 + the signal)."""
+        if not in_command():
+            return KeyboardInterrupt()
+        if self.checkpoint_path.is_file():
+            how = f"{self.last_checkpoint()} (resume with --resume {self.quoted_run_dir})"
+        else:
+            how = "no checkpoint was written yet (the same command starts the run afresh)"
+        if not self.looping:
+            what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+            return Interrupted(f"{what} before training started, so at once: nothing was trained; {how}",
+                               128 + signum)
+        return Interrupted(f"interrupted again, so stopped at once without a new checkpoint; {how}")
+
+    @property
+    def quoted_run_dir(self) -> str:
+        """The run directory as a shell word, for the commands that messages suggest."""
+        return shlex.quote(str(self.run_dir))
 
     def _out_of_memory(self, what: str) -> int:
         """Free what can be freed, write a checkpoint, set the estimate beside the real peak, advise."""
@@ -347,7 +414,7 @@ class Trainer:
             self.buffer_on_device(), self.device, self.spec.discrete)
         self.logger.message(f"error: out of device memory in {self.doing} at step {c.env_step:,} ({what}); {saved}.\n"
                             f"{estimate}\nadvice: resume with lower settings: python -m tdmpc.train --resume "
-                            f"{self.run_dir} {flags} (--dry-run shows the breakdown)")
+                            f"{self.quoted_run_dir} {flags} (--dry-run shows the breakdown)")
         return EXIT_ERROR
 
     def buffer_on_device(self) -> bool:
@@ -363,13 +430,12 @@ class Trainer:
             return
         ckpt_dir = self.checkpoint_path.parent
         try:
+            self._ensure_checkpoint_space()
             extra = self.save_data(ckpt_dir)
             rng: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": self.rng.bit_generator.state,
                                    **extra.pop("rng", {})}
             if self.device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state(self.device)
-            state_bytes = sum(t.numel() * t.element_size() for t in self.agent.model.state_dict().values())
-            ensure_space(self.checkpoint_path, 4 * state_bytes, "the checkpoint")  # weights and Adam states
             previous = previous_checkpoint_path(self.run_dir)
             if self.checkpoint_path.is_file():  # the last checkpoint becomes the one to fall back to
                 keep_previous(self.checkpoint_path, previous)
@@ -382,6 +448,31 @@ class Trainer:
         for old in ckpt_dir.glob("buffer_*.h5"):  # the buffers of latest.pt and previous.pt stay
             if old.name not in (extra.get("buffer_file"), keep):
                 old.unlink()
+
+    def _ensure_checkpoint_space(self) -> None:
+        """Refuse a checkpoint that would not fit before anything of it is written (ensure_space), in one line with
+        the real need: the data file (a replay buffer) is written first, then replacing previous.pt frees it, then
+        latest.pt is written."""
+        ckpt, data = saved_size(tensor_bytes(self.agent.state_dict())), self.data_bytes()
+        latest, previous = self.checkpoint_path, previous_checkpoint_path(self.run_dir)
+        freed = 0
+        if latest.is_file() and previous.is_file() and previous.stat().st_nlink == 1:
+            freed = min(previous.stat().st_size, ckpt)
+        parts = f"latest.pt {fmt_bytes(ckpt, decimal=True)}, its replay buffer {fmt_bytes(data, decimal=True)}"
+        ensure_space(latest, ckpt + data, f"the checkpoint of step {self.counters.env_step:,} to", freed,
+                     parts if data else "")
+
+    def data_bytes(self) -> int:
+        """About what save_data() writes (a replay buffer file)."""
+        return 0
+
+    def checkpoint_bytes(self) -> int:
+        """About the size of latest.pt once training has begun: weights, the optimisers' two Adam moments per
+        trained parameter, the rest."""
+        moments = sum(2 * p.numel() * p.element_size() for optim in (self.agent.optim, self.agent.pi_optim)
+                      for group in optim.param_groups for p in group["params"])
+        nbytes, count = tensor_bytes(self.agent.model.state_dict())
+        return saved_size((nbytes + moments, 3 * count))
 
     def last_checkpoint(self) -> str:
         """Where the run can be taken up again, for an error message."""
@@ -400,6 +491,10 @@ class Trainer:
             torch.cuda.set_rng_state(rng["cuda"], self.device)
         self.rng.bit_generator.state = rng["numpy"]
         self.restore_data(obj, no_buffer)
+
+
+def _after_the_run(signum: int, frame: Any) -> None:
+    """A command's stop signal after its run ended (Trainer.restore_stop_handlers): nothing left to stop."""
 
 
 def _out_of_memory_error(e: BaseException | None) -> BaseException | None:
