@@ -12,6 +12,7 @@ tdmpc.fit(...) uses too: `run_dir, agent = tdmpc.fit(env="Pendulum-v1", steps=20
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def _main(argv: list[str]) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:  # a second Ctrl-C: the first asked for a checkpoint, this one stops at once
         print(f"error: interrupted again, so stopped at once without a new checkpoint; {trainer.last_checkpoint()} "
-              f"(resume with --resume {trainer.run_dir})", file=sys.stderr)
+              f"(resume with --resume {shlex.quote(str(trainer.run_dir))})", file=sys.stderr)
         return EXIT_INTERRUPTED
 
 
