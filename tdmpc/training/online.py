@@ -180,7 +180,7 @@ class OnlineTrainer(ReplayTrainer):
             if self.tasks is not None and self.env_tasks is not None:
                 action *= self.tasks.action_masks(self.env_tasks)
         else:
-            self.doing = "act"
+            self.phase = "act"
             action = self.agent.act_on_device(*self.buffer.newest(), task=self.env_task_ids).cpu().numpy()
         self.run_queued_updates()  # with overlap_updates: queued on the GPU, run while the envs step
         obs, reward, terminated, truncated, info = self.envs.step(action)

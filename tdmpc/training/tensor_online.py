@@ -60,7 +60,7 @@ class TensorOnlineTrainer(ReplayTrainer):
         if c.env_step < cfg.seed_steps:  # type: ignore[operator]
             action = self._random_actions()
         else:
-            self.doing = "act"
+            self.phase = "act"
             action = self.agent.act_on_device(*self.buffer.newest())
         s = self.envs.step(action)
         self._store(s, action)

@@ -106,7 +106,7 @@ class Trainer:
         self.looping = False  # run() has begun: a stop signal checkpoints (before it, a command stops at once)
         self.run_ended = False  # the stop's checkpoint is written, or the run finished: nothing left to stop
         self.old_handlers: dict[int, Any] | None = None  # the stop signals' handlers before ours, while ours are set
-        self.doing = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
+        self.phase = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         if setup.checkpoint is not None:
             self._restore(load_file(setup.checkpoint), no_buffer)
         if self.shard.main:
@@ -257,7 +257,7 @@ class Trainer:
 
     def update(self) -> None:
         """One gradient step on a sampled batch; its metrics are summed on the device until the next log row."""
-        self.doing = "update"
+        self.phase = "update"
         kill_point("update")
         metrics = self.agent.update(self.sample())
         if self.cfg.debug:
@@ -283,7 +283,7 @@ class Trainer:
             c.next_eval, c.last_eval = next_multiple(c.env_step, cfg.eval_freq), c.env_step
             return True
         t0 = time.time()
-        self.doing = "evaluation"
+        self.phase = "evaluation"
         rows = []
         video = None
         for task in self.tasks.tasks if self.tasks else (self.eval_env,):
@@ -412,7 +412,7 @@ class Trainer:
         estimate, flags = memory.out_of_memory_report(
             self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
             self.buffer_on_device(), self.device, self.spec.discrete)
-        self.logger.message(f"error: out of device memory in {self.doing} at step {c.env_step:,} ({what}); {saved}.\n"
+        self.logger.message(f"error: out of device memory in {self.phase} at step {c.env_step:,} ({what}); {saved}.\n"
                             f"{estimate}\nadvice: resume with lower settings: python -m tdmpc.train --resume "
                             f"{self.quoted_run_dir} {flags} (--dry-run shows the breakdown)")
         return EXIT_ERROR
