@@ -14,7 +14,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.model.world_model import ModelDims
 
-from helpers import TINY, read_csv, run_module, run_train, tiny_json
+from helpers import read_csv, run_module, run_train, tiny_json
 
 SMALL = dict(model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2, num_samples=32,
              num_elites=4, num_pi_trajs=4, iterations=2, horizon=3, batch_size=8, precision="fp32", device="cpu")

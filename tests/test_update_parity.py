@@ -176,10 +176,10 @@ def test_turning_the_policy_mask_off_gives_the_references_unmasked_loss():
         terminated[-1, :4] = True  # where the reference's buffer puts terminations: at the last step
         batch = Batch(torch.randn(4, 8, 5, generator=g), torch.rand(3, 8, 2, generator=g) * 2 - 1,
                       torch.randn(3, 8, generator=g), terminated)
-        torch.manual_seed(1)
-        zs = torch.randn(4, 8, agent.dims.latent_dim).softmax(-1)
-        reached = torch.ones(4, 8)
-        reached[-1, :4] = 0
+        _, _, zs, reached = agent.learner._model_loss_eager(batch.obs, batch.action, batch.reward, batch.terminated,
+                                                            None)
+        assert reached[-1, :4].eq(0).all() and reached[:-1].eq(1).all() and reached[-1, 4:].eq(1).all()
+        zs = zs.detach()
         for given, key in ((reached, mask), (None, (mask, "none"))):
             torch.manual_seed(2)  # the same policy noise and Q heads
             agent.scale.fill_(1.0)
