@@ -37,7 +37,8 @@ class Actor:
     def __init__(self, cfg: Config, dims: ModelDims, model: WorldModel, discount: float | Tensor,
                  device: torch.device, graphs: bool):
         """model: the trained model, read through a planning copy; graphs: plan() replays as CUDA graphs."""
-        self.cfg, self.dims, self.model, self.discount, self.device, self.graphs = cfg, dims, model, discount, device, graphs
+        self.cfg, self.dims, self.model, self.discount = cfg, dims, model, discount
+        self.device, self.graphs = device, graphs
         self.random: RandomSource = TORCH  # Agent.use_random() sets the agent's
         self.plan_dtype = resolve_dtype(cfg.precision, device)
         self.plan_model = planning_copy(model, self.plan_dtype)
