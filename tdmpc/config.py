@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Annotated, Any, Callable, Literal, Optional, T
 import tyro
 
 from tdmpc.errors import ConfigError, one_line_parse_errors, optional_bool_flags
-from tdmpc.model.settings import NetworkSettings
 from tdmpc.planners.settings import MPPIConfig
 from tdmpc.runtime.files import shipped_dir, write_text_atomic
 from tdmpc.tasks.sets import expand
@@ -42,6 +41,29 @@ MODEL_SIZES: dict[int, dict[str, int]] = {
     317: dict(enc_dim=4096, mlp_dim=4096, latent_dim=1376, num_enc_layers=5, num_q=8),
 }
 SIZE_FIELDS: tuple[str, ...] = tuple(MODEL_SIZES[1])
+
+
+@dataclass
+class NetworkSettings:
+    """Encoder, latent, regression and policy-prior settings besides the sizes; the model's ModelDims inherits them
+    too, so a checkpoint's dims and a config name them alike."""
+
+    num_channels: int = 32
+    """Channels of the pixel encoder's conv layers (latent_dim must be 16 x num_channels for rgb)."""
+    simnorm_dim: int = 8
+    """Group size of the SimNorm softmax on latents."""
+    dropout: float = 0.01
+    """Dropout after the first layer of each Q head."""
+    num_bins: int = 101
+    """Bins of the two-hot discrete regression of rewards and values."""
+    vmin: float = -10.0
+    """Lowest bin, in symlog space."""
+    vmax: float = 10.0
+    """Highest bin, in symlog space."""
+    log_std_min: float = -10.0
+    """Lower bound of the policy prior's log std."""
+    log_std_max: float = 2.0
+    """Upper bound of the policy prior's log std."""
 
 
 @dataclass

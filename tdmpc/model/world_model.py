@@ -20,8 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tdmpc.config import SIZE_FIELDS, Config
-from tdmpc.model.settings import NetworkSettings
+from tdmpc.config import SIZE_FIELDS, Config, NetworkSettings
 from tdmpc.model.fused import ln_act
 from tdmpc.model.policy import PolicyOutput as Policy
 from tdmpc.model.policy import one_hot_argmax

@@ -29,7 +29,7 @@ import torch
 from tdmpc import memory
 from tdmpc.agent import Agent
 from tdmpc.buffer import ReplayBuffer, TensorReplayBuffer
-from tdmpc.config import SIZE_FIELDS, Config, changed_fields, from_dict, validate
+from tdmpc.config import SIZE_FIELDS, Config, NetworkSettings, changed_fields, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
 from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vector_env
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
@@ -39,7 +39,6 @@ from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder, task_action_sta
 from tdmpc.runtime import distributed
 from tdmpc.runtime.device import cap_cuda_memory, resolve_device, set_threads
 from tdmpc.runtime.files import available_host_memory
-from tdmpc.model.settings import NetworkSettings
 from tdmpc.model.world_model import ModelDims
 from tdmpc.tasks.multitask import TaskSetup, task_setup
 from tdmpc.tasks.sets import expand

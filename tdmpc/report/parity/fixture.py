@@ -12,11 +12,10 @@ import torch
 from torch import Tensor
 
 from tdmpc.agent import Agent
-from tdmpc.config import Config
+from tdmpc.config import Config, NetworkSettings
 from tdmpc.errors import BadInput
 from tdmpc.model.random import RandomSource
 from tdmpc.model.reference import reference_to_ours
-from tdmpc.model.settings import NetworkSettings
 
 FILES = ("meta.json", "checkpoint_before.pt", "checkpoint_after.pt", "optim_after.pt", "batch.pt", "update_io.pt",
          "plan_io.pt")
