@@ -93,11 +93,12 @@ class Learner:
         loss, metrics = self._pi_loss(zs, task, reached)
         loss.backward()
         grad_norm, skipped = self._optimizer_step(self.pi_optim)
-        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped, **metrics,
-                "pi_scale": self.scale.mean()}
+        return {"pi_loss": loss.detach(), "pi_grad_norm": grad_norm, "pi_skipped": skipped, **metrics}
 
     def _pi_loss_eager(self, zs: Tensor, task: Tensor | None, reached: Tensor | None) -> tuple[Tensor, dict[str, Tensor]]:
-        return policy_loss(self.losses, zs, task, reached, self._scale_for)
+        # the scale's metric inside the (compiled) loss, as before the losses moved: no kernel of its own
+        loss, metrics = policy_loss(self.losses, zs, task, reached, self._scale_for)
+        return loss, {**metrics, "pi_scale": self.scale.mean()}
 
     def _scale_for(self, q: Tensor, task: Tensor | None) -> Tensor:
         """Update the running scale with the batch's Q at t = 0 (over every rank's rows) and return what the
