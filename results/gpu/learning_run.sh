@@ -19,7 +19,10 @@ STAGE=${STAGE:-start}; DEADLINE=${DEADLINE:-560}; T0=$SECONDS
 DEADLINE_ALL=${DEADLINE_ALL:-720}  # seconds of runs this lease can still give, counted from this call's start
 TASKS=${TASKS:-cartpole-swingup,cup-catch,finger-spin,reacher-easy,walker-walk,pendulum-swingup,cheetah-run}
 SEEDS=${SEEDS:-1}
-PROBE=${PROBE:-1 3 7}
+PROBE=${PROBE:-1 3 7}  # none: no probe (it costs 4-6 of a lease's 15 minutes); JOBS lanes at once, under MPS if it starts
+JOBS=${JOBS:-7}; JOBS_SLICED=${JOBS_SLICED:-$JOBS}; PRUNE=${PRUNE:-0}  # PRUNE=1: stop the last-listed lane while the rates say not all finish in time
+# JOBS_SLICED: lanes when MPS does not start
+CUDA_TESTS_AT=${CUDA_TESTS_AT:-}  # seconds into call 1: the suite's CUDA tests beside the runs (nice, -n 2)
 # Overridden only to rehearse the script on a CPU (results/gpu/README.md):
 DEVICE=${DEVICE:-cuda}; CFG=${CFG:-a4000.json}; STEPS=${STEPS:-100000}; AGENT_STEPS=${AGENT_STEPS:-50000}
 BENCH_STEPS=${BENCH_STEPS:-"--e2e-steps 300 --warmup-steps 300"}; TRAIN_FLAGS=${TRAIN_FLAGS:-"--gpu-mem 16GiB --no-progress"}
@@ -27,6 +30,7 @@ R=$PWD; W=/tmp/w30; O=$W/out; mkdir -p $O
 pack() {
   tar -czf $OUT/learning.tar.gz -C $W --exclude='*.pt' --exclude='*.h5' --exclude='*.tmp' --exclude='.lock' out runs 2>/dev/null
   cp $O/progress.txt $OUT/ 2>/dev/null
+  [ -d $W/cache ] && tar -czf - -C $W/cache . 2>/dev/null | split -b 15M - $OUT/cache.tar.gz.  # 16 MiB a file comes back
 }
 trap pack EXIT
 left() { echo $(( DEADLINE - (SECONDS - T0) )); }
@@ -40,71 +44,144 @@ if [ -f .devsite/site.tar.gz ]; then  # the device: the bundle and this checkout
 fi
 # MUJOCO_GL=glfw: state tasks render nothing, and the H200 image had no libEGL (results/gpu/README.md)
 export MUJOCO_GL=glfw PYTHONUNBUFFERED=1
+# Inductor's and Triton's caches in one place, packed as cache.tar.gz so the next lease carries them in (.devsite/cache)
+export TORCHINDUCTOR_CACHE_DIR=$W/cache CUDA_MPS_PIPE_DIRECTORY=$W/mps CUDA_MPS_LOG_DIRECTORY=$W/mps
+mkdir -p $W/mps && { ls .devsite/cache.tar.gz.* > /dev/null 2>&1 && [ ! -d $W/cache ] && mkdir -p $W/cache &&
+                     cat .devsite/cache.tar.gz.* | tar -xzf - -C $W/cache; true; }
 cd $W
 
 if [ "$STAGE" = start ]; then
   { nvidia-smi; python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
     nproc; } > $O/machine.txt 2>&1
   mkdir -p runs && cp -r $R/results/gpu/learning/runs/. runs/ 2>/dev/null  # finished in an earlier lease
-  # Per-run rate alone and side by side, time-sliced; then with MPS (kernels of several processes at once; a
-  # user-space daemon: no device setting changes).
-  B="python3 -m tdmpc.bench --device $DEVICE --task walker-walk --sizes 5 --envs 1 --e2e-envs $BENCH_STEPS
-     --rss-steps 0 --offline-updates 0 --no-compare-plain"
-  timeout 240 $B --e2e-procs $PROBE --out $O/procs.json > $O/procs.log 2>&1
-  if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d 2>> $O/mps.log &&
-     timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" 2>> $O/mps.log; then
-    timeout 150 $B --e2e-procs ${PROBE##* } --out $O/procs-mps.json > $O/procs-mps.log 2>&1
-  fi
-  # The runs that can finish: for each way measured (N at once, MPS or not), a run takes AGENT_STEPS at its
-  # measured rate plus about 90 s of start-up and evaluation, and N run per round; take the way that finishes
-  # the most of the grid's pending runs in the time left (fewer at once on a tie), and start only those runs.
-  ALL_TASKS=$TASKS ALL_SEEDS=$SEEDS
-  read -r JOBS MPS TASKS SEEDS < <(python3 - "$O" "$(( DEADLINE_ALL - (SECONDS - T0) ))" "$AGENT_STEPS" "$STEPS" \
-                                   "$TASKS" "$SEEDS" runs <<'EOF'
-import json, sys
-from pathlib import Path
-from tdmpc.reproduce import last_eval_step, parse_seeds, parse_tasks
-out, seconds, agent_steps, steps = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-tasks, seeds, root = parse_tasks(sys.argv[5]), parse_seeds(sys.argv[6]), Path(sys.argv[7])
-pending = [(t, s) for t in tasks for s in seeds if (last_eval_step(root / t / f"seed{s}") or -1) < steps]
-rates = {}  # (mps, n) -> per-run agent steps/s (the slowest run's)
-for mps, name in ((0, "procs.json"), (1, "procs-mps.json")):
-    if (out / name).is_file():
-        for n, p in json.loads((out / name).read_text()).get("end_to_end_by_procs", {}).items():
-            rates[mps, int(n)] = min(p["agent_steps_per_s_each"])
-finish = {k: min(len(pending), k[1] * int(seconds // (agent_steps / r + 90))) for k, r in rates.items()}
-mps, n = max(finish, key=lambda k: (finish[k], -k[1], rates[k])) if finish else (0, 1)
-k = max(1, finish.get((mps, n), 0))  # none can finish: one run still gives a curve up to where it stops
-n = min(n, k)
-cells = pending[:k] or [(tasks[0], seeds[0])]
-if len(seeds) == 1:
-    tasks = list(dict.fromkeys(t for t, _ in cells))
-elif len(tasks) == 1:
-    seeds = [s for _, s in cells]
-print(n, mps, ",".join(tasks), ",".join(map(str, seeds)))
-json.dump({"rates": {f"{'mps' if m else 'sliced'} x{j}": r for (m, j), r in rates.items()}, "seconds_left": seconds,
-           "finishing": {f"{'mps' if m else 'sliced'} x{j}": f for (m, j), f in finish.items()},
-           "pending": len(pending), "jobs": n, "mps": bool(mps), "tasks": tasks, "seeds": seeds},
-          open(out / "choice.json", "w"), indent=1)
+  if [ "$PROBE" != none ]; then
+    # Per-run rate alone and side by side, time-sliced; then with MPS (kernels of several processes at once; a
+    # user-space daemon: no device setting changes).
+    B="python3 -m tdmpc.bench --device $DEVICE --task walker-walk --sizes 5 --envs 1 --e2e-envs $BENCH_STEPS
+       --rss-steps 0 --offline-updates 0 --no-compare-plain"
+    timeout 240 $B --e2e-procs $PROBE --out $O/procs.json > $O/procs.log 2>&1
+    if command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d 2>> $O/mps.log &&
+       timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" 2>> $O/mps.log; then
+      timeout 150 $B --e2e-procs ${PROBE##* } --out $O/procs-mps.json > $O/procs-mps.log 2>&1
+    fi
+    # The runs that can finish: for each way measured (N at once, MPS or not), a run takes AGENT_STEPS at its
+    # measured rate plus about 90 s of start-up and evaluation, and N run per round; take the way that finishes
+    # the most of the grid's pending runs in the time left (fewer at once on a tie), and start only those runs.
+    ALL_TASKS=$TASKS ALL_SEEDS=$SEEDS
+    read -r JOBS MPS TASKS SEEDS < <(python3 - "$O" "$(( DEADLINE_ALL - (SECONDS - T0) ))" "$AGENT_STEPS" "$STEPS" \
+                                     "$TASKS" "$SEEDS" runs <<'EOF'
+  import json, sys
+  from pathlib import Path
+  from tdmpc.reproduce import last_eval_step, parse_seeds, parse_tasks
+  out, seconds, agent_steps, steps = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+  tasks, seeds, root = parse_tasks(sys.argv[5]), parse_seeds(sys.argv[6]), Path(sys.argv[7])
+  pending = [(t, s) for t in tasks for s in seeds if (last_eval_step(root / t / f"seed{s}") or -1) < steps]
+  rates = {}  # (mps, n) -> per-run agent steps/s (the slowest run's)
+  for mps, name in ((0, "procs.json"), (1, "procs-mps.json")):
+      if (out / name).is_file():
+          for n, p in json.loads((out / name).read_text()).get("end_to_end_by_procs", {}).items():
+              rates[mps, int(n)] = min(p["agent_steps_per_s_each"])
+  finish = {k: min(len(pending), k[1] * int(seconds // (agent_steps / r + 90))) for k, r in rates.items()}
+  mps, n = max(finish, key=lambda k: (finish[k], -k[1], rates[k])) if finish else (0, 1)
+  k = max(1, finish.get((mps, n), 0))  # none can finish: one run still gives a curve up to where it stops
+  n = min(n, k)
+  cells = pending[:k] or [(tasks[0], seeds[0])]
+  if len(seeds) == 1:
+      tasks = list(dict.fromkeys(t for t, _ in cells))
+  elif len(tasks) == 1:
+      seeds = [s for _, s in cells]
+  print(n, mps, ",".join(tasks), ",".join(map(str, seeds)))
+  json.dump({"rates": {f"{'mps' if m else 'sliced'} x{j}": r for (m, j), r in rates.items()}, "seconds_left": seconds,
+             "finishing": {f"{'mps' if m else 'sliced'} x{j}": f for (m, j), f in finish.items()},
+             "pending": len(pending), "jobs": n, "mps": bool(mps), "tasks": tasks, "seeds": seeds},
+            open(out / "choice.json", "w"), indent=1)
 EOF
-)
+  )
+  else  # no probe: JOBS lanes at once, under MPS where its daemon starts
+    MPS=0
+    command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d 2>> $O/mps.log &&
+      timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" 2>> $O/mps.log && MPS=1
+    [ "$MPS" = 1 ] || JOBS=$JOBS_SLICED  # time-sliced, fewer at once keep their rate
+  fi
   JOBS=${JOBS:-1} MPS=${MPS:-0} TASKS=${TASKS:-$ALL_TASKS} SEEDS=${SEEDS:-$ALL_SEEDS}  # if the choice failed
   [ "$MPS" = 1 ] || { command -v nvidia-cuda-mps-control > /dev/null && echo quit | nvidia-cuda-mps-control; }
   echo "jobs $JOBS, mps $MPS, tasks $TASKS, seeds $SEEDS" | tee -a $O/machine.txt
-  # shellcheck disable=SC2086  # TRAIN_FLAGS: several flags
-  setsid nohup python3 -m tdmpc.reproduce --tasks "$TASKS" --seeds "$SEEDS" --cfg "$CFG" --steps "$STEPS" \
-    --jobs "$JOBS" --runs-root $W/runs -- $TRAIN_FLAGS > $O/reproduce.log 2>&1 < /dev/null &
+  # JOBS lanes, each one tdmpc.reproduce over its share of the cells in its own process group (setsid: it outlives
+  # the call while the machine is held, and PRUNE can stop a lane as a whole)
+  python3 - "$TASKS" "$SEEDS" "$JOBS" > $O/lanes.in <<'EOF'
+import sys
+tasks, seeds, n = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3])
+if len(tasks) > 1 or "," not in seeds and "-" not in seeds:
+    for i in range(min(n, len(tasks))):
+        print(",".join(tasks[i::n]), seeds)
+else:
+    from tdmpc.reproduce import parse_seeds
+    s = parse_seeds(seeds)
+    for i in range(min(n, len(s))):
+        print(tasks[0], ",".join(map(str, s[i::n])))
+EOF
+  : > $O/lanes.txt; i=0
+  while read -r lt ls; do
+    # shellcheck disable=SC2086  # TRAIN_FLAGS: several flags
+    # its own pid, once it leads its session: $! would be setsid's where setsid has to fork (under job control)
+    setsid nohup bash -c 'echo $$ > "$0"; exec "$@"' $O/lane-$i.pid python3 -m tdmpc.reproduce --tasks "$lt" \
+      --seeds "$ls" --cfg "$CFG" --steps "$STEPS" --runs-root $W/runs -- $TRAIN_FLAGS > $O/reproduce-$i.log 2>&1 < /dev/null &
+    until [ -s $O/lane-$i.pid ]; do sleep 0.1; done
+    echo "$(cat $O/lane-$i.pid) $lt $ls" >> $O/lanes.txt; i=$((i + 1))
+  done < $O/lanes.in
 fi
 
 # Poll: each run's last train.csv row (env step, its rate, its peak memory) and the evaluations so far.
+# PRUNE: each lane's time to finish at its run's current rate (the last two train.csv rows) plus 30 s of final
+# evaluation; while the slowest would end past DEADLINE_ALL, stop the last-listed lane (the others then get its
+# share of the GPU), at most one per 45 s so the rates can settle.
+LAST_PRUNE=-100; TESTS_PID=
 while (( $(left) > 15 )); do
   sleep 10
-  { date; tail -n 3 $O/reproduce.log
+  if [ -n "$CUDA_TESTS_AT" ] && [ -z "$TESTS_PID" ] && (( SECONDS - T0 >= CUDA_TESTS_AT )); then
+    (cd $R && timeout $(( $(left) - 20 )) nice -n 10 python3 -m pytest -m gpu -n 2 -p no:cacheprovider \
+       tests/test_cuda.py tests/test_memory.py > $O/cuda-tests.log 2>&1) & TESTS_PID=$!
+  fi
+  { date; for f in $O/reproduce-*.log; do tail -n 2 "$f"; done
     for csv in runs/*/seed*/train.csv; do
       [ -f "$csv" ] && echo "$csv: $(head -n 1 "$csv" | tr -d '\r')" && tail -n 1 "$csv"; done
     for csv in runs/*/seed*/eval.csv; do [ -f "$csv" ] && echo "$csv: $(tail -n 1 "$csv")"; done
   } > $O/progress.txt 2>&1
-  pgrep -f "tdmpc.reproduce" > /dev/null || break  # the grid is done (or stopped)
+  alive=$(while read -r pid _; do kill -0 "$pid" 2> /dev/null && echo "$pid"; done < $O/lanes.txt)
+  [ -n "$alive" ] || break  # the grid is done (or stopped)
+  if [ "$PRUNE" = 1 ] && (( SECONDS - LAST_PRUNE >= 45 )); then
+    victim=$(python3 - $O/lanes.txt runs "$STEPS" "$(( DEADLINE_ALL - (SECONDS - T0) ))" "$alive" "${PRUNE_FROM:-20000}" \
+             2>> $O/prune.log <<'EOF'
+import csv, sys
+from pathlib import Path
+from tdmpc.reproduce import parse_seeds
+lanes, root, steps, left = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+alive, start = set(sys.argv[5].split()), int(sys.argv[6])
+need, order = {}, []
+for line in lanes.read_text().splitlines():
+    pid, tasks, seeds = line.split()
+    if pid not in alive:
+        continue
+    order.append(pid)
+    cells = [root / t / f"seed{s}" for t in tasks.split(",") for s in parse_seeds(seeds)]
+    rows = {c: list(csv.DictReader(open(c / "train.csv"))) if (c / "train.csv").is_file() else [] for c in cells}
+    todo = [c for c in cells if not rows[c] or int(rows[c][-1]["env_step"]) < steps]
+    r = [x for x in rows[todo[0]] if int(x["env_step"]) >= start][-2:] if todo else []
+    if len(r) < 2 or float(r[1]["elapsed"]) <= float(r[0]["elapsed"]):
+        continue  # no rate yet: no decision for this lane
+    rate = (int(r[1]["env_step"]) - int(r[0]["env_step"])) / (float(r[1]["elapsed"]) - float(r[0]["elapsed"]))
+    need[pid] = (steps - int(r[1]["env_step"])) / rate + 30 + (len(todo) - 1) * (steps / rate + 90)
+print(f"left {left:.0f} s; need " + ", ".join(f"{p}: {n:.0f} s" for p, n in need.items()), file=sys.stderr)
+if len(order) > 1 and need and max(need.values()) > left:
+    print(order[-1])
+EOF
+)
+    if [ -n "$victim" ]; then
+      echo "$(( SECONDS - T0 )) s: stopping lane $victim ($(grep "^$victim " $O/lanes.txt))" | tee -a $O/prune.log
+      kill -TERM -- -"$victim"; LAST_PRUNE=$SECONDS
+    fi
+  fi
 done
+[ -n "$TESTS_PID" ] && wait "$TESTS_PID"
 cat $O/progress.txt | tail -n 20
 echo "done at $(( SECONDS - T0 )) s"
