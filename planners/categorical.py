@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .base import LatentModel
-from .mppi import MPPILoop
+from tdmpc.config.planner import MPPIConfig
 from tdmpc.model.policy import one_hot_argmax
 from tdmpc.model.random import TORCH, RandomSource
-from .settings import MPPIConfig
+
+from .base import LatentModel
+from .mppi import MPPILoop
 
 __all__ = ["CategoricalMPPI", "WARM_START", "sample_one_hot"]
 

@@ -8,14 +8,15 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from tdmpc.config.planner import MPPIConfig
+from tdmpc.errors import ConfigError
 from tdmpc.model.random import TORCH, RandomSource
 
 from .base import LatentModel, Planner
 from .categorical import CategoricalMPPI
 from .mppi import GaussianMPPI
-from .settings import MPPIConfig
 
-__all__ = ["PLANNERS", "PlannerFactory", "make_planner"]
+__all__ = ["PLANNERS", "PlannerFactory", "make_planner", "planner_factory"]
 
 # (model, settings, num_envs, action_dim, discount, device, chunk_rows, random) -> a planner
 PlannerFactory = Callable[[LatentModel, MPPIConfig, int, int, "float | Tensor", torch.device, "int | None",
@@ -33,7 +34,16 @@ def mppi(model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int, di
 PLANNERS: dict[str, PlannerFactory] = {"mppi": mppi}
 
 
+def planner_factory(name: str) -> PlannerFactory:
+    """The factory Config.planner names; an unknown name is a one-line ConfigError. The config layer, below this
+    registry, does not check the name: the setup pipeline asks here before anything is built."""
+    if name not in PLANNERS:
+        raise ConfigError(f"config field 'planner' = {name!r}: not a planner: one of {', '.join(sorted(PLANNERS))}")
+    return PLANNERS[name]
+
+
 def make_planner(name: str, model: LatentModel, cfg: MPPIConfig, num_envs: int, action_dim: int,
                  discount: float | Tensor, device: torch.device, chunk_rows: int | None = None,
                  random: RandomSource = TORCH) -> Planner:
-    return PLANNERS[name](model, cfg, num_envs, action_dim, discount, device, chunk_rows, random)
+    """The planner Config.planner names, built."""
+    return planner_factory(name)(model, cfg, num_envs, action_dim, discount, device, chunk_rows, random)

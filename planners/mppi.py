@@ -18,9 +18,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .base import LatentModel
+from tdmpc.config.planner import MPPIConfig
 from tdmpc.model.random import TORCH, RandomSource
-from .settings import MPPIConfig
+
+from .base import LatentModel
 
 __all__ = ["GaussianMPPI", "MPPILoop", "MPPIConfig"]
 

@@ -12,7 +12,7 @@ from typing import Annotated, Callable, Iterator, Optional
 import numpy as np
 import tyro
 
-from tdmpc.errors import EXIT_REQUEUE, ActionRangeError, DatasetError, one_line_parse_errors, run_cli
+from tdmpc.errors import EXIT_REQUEUE, STOP_SIGNALS, ActionRangeError, DatasetError, one_line_parse_errors, run_cli
 from tdmpc.offline.format import DatasetFile, episode_blocks, open_dataset, open_h5
 
 
@@ -111,7 +111,6 @@ def to_minari(path: Annotated[Path, tyro.conf.Positional], dataset_id: str, auth
     return 0
 
 
-STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, s))
 
 
 @contextlib.contextmanager

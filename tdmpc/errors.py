@@ -13,12 +13,15 @@ import contextlib
 import io
 import os
 import re
+import signal
 import sys
 from typing import Callable, Iterator, TypeVar
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 3
 EXIT_INTERRUPTED = 130  # Ctrl-C that stopped a command at once (128 + SIGINT, as shells report it)
 EXIT_PIPE_CLOSED = 141  # the reader of stdout left (| head): 128 + SIGPIPE, as a tool killed by it reports
+# what stops a run, a dataset export or a grid cleanly (USR1: Slurm's warning before its time limit)
+STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, s))
 
 
 class ConfigError(ValueError):

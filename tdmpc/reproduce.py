@@ -24,8 +24,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, BadInput, RunDirError, parse_args,
-                          run_cli)
+from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STOP_SIGNALS, BadInput, RunDirError,
+                          parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import find_runs, gather
 from tdmpc.runtime.files import shipped_dir
@@ -33,7 +33,6 @@ from tdmpc.training.run_dir import RunDirLock
 
 TRAIN = [sys.executable, "-m", "tdmpc.train"]  # module-level so tests can swap in a fake trainer
 SET_HERE = ("--task", "--seed", "--steps", "--run-dir", "--resume", "--cfg")  # not allowed after --
-STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGINT", "SIGTERM", "SIGUSR1") if hasattr(signal, s))
 
 
 @dataclass

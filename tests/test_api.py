@@ -90,7 +90,7 @@ def test_a_stop_signal_during_fit_writes_a_checkpoint_then_acts_as_the_signal(tm
     if raised is SystemExit:
         assert e.value.code == 3
     ck = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)
-    assert ck["train"]["env_step"] == 100 and not ck["train"]["finished"]
+    assert ck["train"]["step"] == 100 and not ck["train"]["finished"]
 
 
 def test_fit_without_a_config_starts_where_the_train_command_does(tmp_path, monkeypatch, capsys):
@@ -116,10 +116,10 @@ def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues
     import torch
 
     ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
-    assert ck["train"]["env_step"] == 100 and not ck["train"]["finished"]
+    assert ck["train"]["step"] == 100 and not ck["train"]["finished"]
     _, _ = tdmpc.fit(run_dir=run_dir, resume=True)
     ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
-    assert ck["train"]["env_step"] == 300 and ck["train"]["finished"]
+    assert ck["train"]["step"] == 300 and ck["train"]["finished"]
 
 
 def test_an_env_object_trains_as_is_and_is_copied_for_more_envs_and_evaluation(tmp_path, capsys):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from tdmpc.bench import count_flops, fraction_of_peak, make_agent, random_batch
+from tdmpc.bench.timing import count_flops, fraction_of_peak, make_agent, random_batch
 
 
 @pytest.mark.parametrize("train_precision, kinds", [("fp32", {"fp32"}), ("mixed", {"fp32", "bf16"}),
@@ -52,17 +52,17 @@ def test_plan_flops_under_inference_mode_match_flop_counter_mode(precision):
 @pytest.fixture
 def nothing_measured(monkeypatch):
     """Any measurement fails the test: bad input must be refused before the first one (minutes of it were lost)."""
-    import tdmpc.bench
+    from tdmpc.bench import cli
 
     def measured(*args, **kw):
         raise AssertionError("a measurement started before the input was checked")
 
-    for name in ("matmul_peak", "bench_model", "count_kernels", "bench_tensor_envs"):
-        monkeypatch.setattr(tdmpc.bench, name, measured)
+    for name in ("matmul_peak", "bench_model", "write_kernel_counts", "bench_tensor_envs"):
+        monkeypatch.setattr(cli, name, measured)
 
 
 def _bench(capsys, *argv) -> tuple[int, str]:
-    from tdmpc.bench import main
+    from tdmpc.bench.cli import main
 
     code = main([*map(str, argv)])
     return code, capsys.readouterr().err
@@ -98,7 +98,7 @@ def test_e2e_procs_children_run_with_their_share_of_threads_and_start_from_one_b
     parent's), and that the n of them were the n parties of one barrier (each passes it with its own index)."""
     import torch
 
-    from tdmpc.bench import bench_processes
+    from tdmpc.bench.e2e import bench_processes
 
     out = bench_processes("Pendulum-v1", torch.device("cpu"), (1, 2), agent_steps=5, warmup_steps=5, threads=2,
                           small=True)
@@ -118,7 +118,7 @@ def test_bench_tensor_envs_times_both_paths_and_counts_their_transfers(tmp_path)
     from helpers import import_or_skip
 
     import_or_skip("jax")
-    from tdmpc.bench import bench_tensor_envs
+    from tdmpc.bench.e2e import bench_tensor_envs
 
     out = bench_tensor_envs(torch.device("cpu"), (2,), steps=2, threads=1)
     rows = {r["path"]: r for r in out["rows"]}

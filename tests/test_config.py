@@ -96,7 +96,7 @@ def test_optional_bool_fields_take_the_flag_pair_and_the_value_form(argv, episod
 
 
 def test_bench_takes_no_overlap_updates():
-    from tdmpc.bench import BenchArgs
+    from tdmpc.bench.cli import BenchArgs
     from tdmpc.errors import parse_args
 
     assert parse_args(BenchArgs, ["--no-overlap-updates"], "bench", "").overlap_updates is False

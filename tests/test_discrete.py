@@ -408,7 +408,7 @@ def test_resume_of_a_discrete_run_restores_its_buffer_and_weights_exactly(tmp_pa
 
     def step():
         original()
-        if first.counters.env_step >= 300:
+        if first.counters.step >= 300:
             first.stop_reason = "signal SIGTERM"
 
     first.step = step  # type: ignore[method-assign]
@@ -423,7 +423,7 @@ def test_resume_of_a_discrete_run_restores_its_buffer_and_weights_exactly(tmp_pa
     for p1, p2 in zip(first.agent.model.parameters(), second.agent.model.parameters()):
         assert torch.equal(p1, p2)
     assert second.counters.updates == first.counters.updates
-    assert second.run() == 0 and second.counters.env_step == 400
+    assert second.run() == 0 and second.counters.step == 400
 
 
 def test_discrete_datasets_round_trip_convert_and_train_offline(tmp_path, capsys):

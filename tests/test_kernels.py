@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from tdmpc.runtime.device import cpu_fast_paths, cuda_code_path
-from tdmpc.runtime.kernels import TransferCounter, compiled_kernels, count_kernels, kernels_in_code
+from tdmpc.bench.kernels import TransferCounter, compiled_kernels, count_kernels, kernels_in_code
 
 
 def small_mlp() -> nn.Module:
@@ -106,7 +106,7 @@ def test_a_training_step_copies_to_the_device_once_and_waits_once():
     """One step of the real loop that acts, stores and updates: the buffer's rows, indices and validity in one
     copy; the agent acts on the buffer's newest rows, already there; the only wait is the action coming back,
     before the updates are queued (overlap_updates, CUDA's default), so nothing holds the host while they run."""
-    from tdmpc.report.kernel_counts import step_transfers
+    from tdmpc.bench.kernel_counts import step_transfers
 
     with cuda_code_path():
         c = step_transfers(1)
@@ -117,7 +117,7 @@ def test_the_categorical_planner_launches_about_as_many_kernels_as_mppi():
     """One eager plan() on CUDA's code path, model size 5, one env, 6 actions or 6 action dims: the inverse-CDF
     draw costs a few kernels per iteration more than the Gaussian's, the exact bootstrap over the n actions a few
     less than a sampled prior action (742 against 777 when this was written; docs/discrete.md)."""
-    from tdmpc.report.kernel_counts import counting_agent, plan_kernels
+    from tdmpc.bench.kernel_counts import counting_agent, plan_kernels
     from tdmpc.runtime.device import cuda_code_path
 
     with cuda_code_path():
@@ -134,7 +134,7 @@ def test_gpu_kernels_are_set_beside_the_op_that_launched_them_and_the_cpu_count(
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from tdmpc.bench import count_differences, kernels_by_op
+    from tdmpc.bench.gpu_profile import count_differences, kernels_by_op
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.ones(4, 4) @ torch.ones(4, 4)
@@ -157,7 +157,7 @@ def test_the_committed_kernel_counts_are_the_codes_eager_counts():
     import json
     from pathlib import Path
 
-    from tdmpc.report.kernel_counts import counting_agent, plan_kernels, update_kernels
+    from tdmpc.bench.kernel_counts import counting_agent, plan_kernels, update_kernels
     from tdmpc.runtime.device import cuda_code_path
 
     committed = json.loads((Path(__file__).parents[1] / "results" / "kernels.json").read_text())

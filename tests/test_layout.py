@@ -1,5 +1,6 @@
-"""The package's layout: folders by job, no import cycles, errors and the runtime at the bottom, the commands on top,
-and every package listed for the build (pyproject.toml maps planners/, configs/ and slurm/ into it; no links)."""
+"""The package's layout: folders by job, no import cycles between modules or between packages, every import going
+down LAYERS (errors and the runtime at the bottom, the commands on top), and every package listed for the build
+(pyproject.toml maps planners/, configs/ and slurm/ into it; no links)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,29 @@ import pytest
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parent.parent
+# python -m tdmpc.<name>: imported by nothing else; tdmpc.bench is a package, whose modules only it imports.
 COMMANDS = {"tdmpc.train", "tdmpc.evaluate", "tdmpc.dataset", "tdmpc.collect", "tdmpc.reproduce", "tdmpc.bench",
-            "tdmpc.plot", "tdmpc.slurm_scripts", "tdmpc.parity"}  # python -m tdmpc.<name>: imported by nothing else
+            "tdmpc.plot", "tdmpc.slurm_scripts", "tdmpc.parity"}
 
-# What a planner may import of the model: the policy prior's output and the random source (no networks).
-PLANNER_INTERFACE = {"tdmpc.model", "tdmpc.model.policy", "tdmpc.model.random"}
+# What a planner may import besides its own package: its settings (declared in the config layer), the one-line
+# errors, and of the model the policy prior's output and the random source (no networks).
+PLANNER_INTERFACE = {"tdmpc.config.planner", "tdmpc.errors", "tdmpc.model", "tdmpc.model.policy", "tdmpc.model.random"}
+
+# The layers, bottom to top, as docs/layout.md lists them. A package (a folder of tdmpc/, or a module at its top)
+# imports from its own layer and the ones below, never from one above, and no two packages import each other.
+LAYERS: tuple[set[str], ...] = (
+    {"tdmpc.errors"},
+    {"tdmpc.runtime"},
+    {"tdmpc.tasks", "tdmpc.envs"},  # data and simulators: the reference task sets, envs by name
+    {"tdmpc.config"},  # pure settings: Config, the planner's settings, validation, JSON and CLI parsing
+    {"tdmpc.model", "tdmpc.buffer", "tdmpc.multitask"},
+    {"tdmpc.planners"},
+    {"tdmpc.losses", "tdmpc.learner", "tdmpc.actor", "tdmpc.agent"},
+    {"tdmpc.memory", "tdmpc.offline", "tdmpc.episodes"},
+    {"tdmpc.training"},
+    {"tdmpc.report"},
+    {"tdmpc", *COMMANDS},  # the Python API (its names imported on first use) and the commands
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -53,13 +72,32 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {m for m in out if m in modules and m != name}
 
 
+def _command(module: str) -> str | None:
+    """The command `module` is (or is part of, inside a command's package); None for the library."""
+    return next((c for c in COMMANDS if module == c or module.startswith(c + ".")), None)
+
+
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     return {name: _imports(name, path, modules) for name, path in modules.items()}
 
 
-def test_no_import_cycles():
-    graph, state, cycles = _graph(), {}, []
+def _package(module: str) -> str:
+    """What LAYERS lists: tdmpc.model.world_model -> tdmpc.model, tdmpc.agent -> tdmpc.agent."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """Package -> the other packages its modules import (inside functions too)."""
+    out: dict[str, set[str]] = {}
+    for name, deps in _graph().items():
+        out.setdefault(_package(name), set()).update(_package(d) for d in deps if _package(d) != _package(name))
+    return out
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    state: dict[str, str] = {}
+    cycles: list[list[str]] = []
 
     def visit(node: str, path: list[str]) -> None:
         state[node] = "open"
@@ -73,7 +111,27 @@ def test_no_import_cycles():
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
+    return cycles
+
+
+def test_no_import_cycles():
+    cycles = _cycles(_graph())
     assert not cycles, cycles
+
+
+def test_no_package_imports_one_that_imports_it():
+    cycles = _cycles(_package_graph())
+    assert not cycles, f"packages that import each other, in a circle: {cycles}"
+
+
+def test_imports_go_down_the_layers():
+    graph, layer = _graph(), {p: i for i, names in enumerate(LAYERS) for p in names}
+    packages = {_package(name) for name in graph}
+    assert not packages - set(layer), f"place {sorted(packages - set(layer))} in LAYERS (and docs/layout.md)"
+    upward = sorted(f"{name} imports {dep}" for name, deps in graph.items() for dep in deps
+                    if layer[_package(dep)] > layer[_package(name)])
+    assert not upward, f"imports from a lower layer to a higher one: {upward}"
+    assert not set(layer) - packages, f"LAYERS names {sorted(set(layer) - packages)}, which are not there"
 
 
 def test_errors_and_runtime_are_the_bottom_and_commands_the_top():
@@ -86,7 +144,8 @@ def test_errors_and_runtime_are_the_bottom_and_commands_the_top():
             assert all(d.startswith("tdmpc.planners") or d in PLANNER_INTERFACE for d in deps), (name, deps)
         if name.startswith("tdmpc.model"):
             assert not any(d.startswith("tdmpc.planners") for d in deps), f"{name}: the model imports no planner"
-        assert not deps & COMMANDS, f"{name} imports the command module(s) {deps & COMMANDS}"
+        commands = {d for d in deps if _command(d) not in (None, _command(name))}
+        assert not commands, f"{name} imports the command module(s) {commands}"
 
 
 def test_every_package_is_built_and_nothing_is_a_link():

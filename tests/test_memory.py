@@ -219,7 +219,7 @@ ESTIMATE_IMPORTS = """
 import sys, torch
 from tdmpc import memory
 from tdmpc.config import Config, validate
-from tdmpc.tasks.multitask import task_setup
+from tdmpc.multitask import task_setup
 target = memory.Target("cpu", None, False, torch.bfloat16, torch.float32)
 state = validate(Config(model_size=1, device="cpu"))
 memory.estimate(state, (17,), 6, True, target)
@@ -290,7 +290,7 @@ def test_oom_in_update_writes_checkpoint_exits_1_and_resume_continues(tmp_path, 
     monkeypatch.setattr(Agent, "update", original)
     assert train_main(["--resume", str(run)]) == 0
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
-    assert ck["train"]["env_step"] == 400 and ck["train"]["finished"]
+    assert ck["train"]["step"] == 400 and ck["train"]["finished"]
     # the 151 pretraining updates left run before the first resumed step, which then takes its own update: the
     # 200 + 200 of an uninterrupted run
     assert ck["train"]["updates"] == 49 + 151 + 200
@@ -356,7 +356,7 @@ def test_slow_run_warning_advises_by_config_size(cfg_name, advice, monkeypatch):
     from tdmpc.training.speed import warn_if_slow as _warn_if_slow
     monkeypatch.setattr(speed_probe, "hours_left", lambda agent, steps, tasks: (1.0, 1.0, 50.0))
     said: list[str] = []
-    trainer = SimpleNamespace(counters=SimpleNamespace(env_step=0), cfg=load_json(cfg_name), agent=None,
+    trainer = SimpleNamespace(counters=SimpleNamespace(step=0), cfg=load_json(cfg_name), agent=None,
                               env_tasks=None, logger=SimpleNamespace(message=said.append))
     _warn_if_slow(trainer)
     assert len(said) == 1 and "about 50 hours" in said[0] and advice in said[0]

@@ -58,11 +58,11 @@ def test_one_model_trains_on_two_tasks_with_a_row_per_task_and_resumes(tmp_path)
     assert ck["dims"]["tasks"] == ["cartpole-swingup", "pendulum-swingup"] and ck["dims"]["task_dim"] == 64
     assert ck["dims"]["obs_shape"] == [5] and ck["dims"]["action_dims"] == [1, 1]
     # 2 envs x 2 repeat per step: 100 seed steps, then 20 more; one update per env step (2 per step) by default
-    assert ck["train"]["env_step"] == 480 and ck["train"]["updates"] == 2 * 120
+    assert ck["train"]["step"] == 480 and ck["train"]["updates"] == 2 * 120
     assert json.loads((run_dir / "config.json").read_text())["updates_per_round"] == 2
     r = run("tdmpc.train", "--resume", run_dir, "--steps", "560")
     assert r.returncode == 0, r.stderr
-    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] == 560
+    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 560
 
 
 def test_the_reference_mt30_model_evaluates_on_a_task_of_its_set(tmp_path):
@@ -136,7 +136,7 @@ def test_all_thirty_mt30_tasks_act_in_one_batched_call():
 def test_the_memory_estimate_counts_the_embedding_and_every_tasks_envs(tmp_path):
     from tdmpc import memory
     from tdmpc.config import Config
-    from tdmpc.tasks.multitask import task_setup
+    from tdmpc.multitask import task_setup
 
     cfg = Config(task="mt30", model_size=1, num_envs=2, device="cpu")
     tasks = task_setup(cfg)

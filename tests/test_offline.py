@@ -165,7 +165,7 @@ def test_ranks_pick_their_backend_by_device_and_a_rank_without_a_gpu_is_one_line
 def test_bench_offline_streams_through_several_windows_while_timed():
     """The benchmark's streamed measurement must replace windows during the timed updates, or it
     compares two in-memory samplers (no timing is asserted)."""
-    from tdmpc.bench import bench_offline
+    from tdmpc.bench.offline import bench_offline
 
     out = bench_offline(1, torch.device("cpu"), rows=20_000, updates=8)
     assert out["rows"] >= 19_000 and out["stream"]["window_rows"] <= out["rows"] // 16 + 1

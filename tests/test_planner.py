@@ -192,4 +192,19 @@ def test_a_new_planner_is_its_class_and_one_registration_line(monkeypatch):
     assert torch.allclose(agent.act(obs), expected, atol=1e-6)
     assert isinstance(agent.planner(3), PriorMean)
     with pytest.raises(ConfigError, match="'planner' = 'nope': not a planner: one of mppi, prior-mean"):
-        validate(Config(planner="nope"))
+        make.make_planner("nope", agent.plan_model, agent.planner_cfg, 3, 2, 0.99, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("flags", [[], ["--dry-run"], ["--no-mpc"]])
+def test_an_unknown_planner_stops_the_run_before_it_trains(tmp_path, monkeypatch, capsys, flags):
+    """The config layer does not see the planners' registry: the setup pipeline asks it first, before anything is
+    built or written: one line, exit code 2, with --dry-run too, and for a run that would never plan."""
+    from helpers import tiny_json
+    from tdmpc.train import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main(["--cfg", str(tiny_json(tmp_path)), "--device", "cpu", "--planner", "nope", "--run-dir",
+                 str(tmp_path / "run"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == "error: config field 'planner' = 'nope': not a planner: one of mppi", err
+    assert not (tmp_path / "run").exists()

@@ -197,7 +197,7 @@ def test_evaluate_stops_on_nan_observations_or_drops_them_and_writes_valid_json(
 def test_act_on_wrong_input_is_one_clear_error_and_converts_what_training_converts():
     import torch
 
-    from tdmpc.bench import make_agent
+    from tdmpc.bench.timing import make_agent
     from tdmpc.errors import BadInput
 
     agent = make_agent(1, torch.device("cpu"), "fp32", num_samples=16, num_elites=2, num_pi_trajs=2, iterations=1)
@@ -261,7 +261,7 @@ def test_async_vectorization_trains(tmp_path):
     cfg = tiny_json(tmp_path, steps=400, seed_steps=200, eval_freq=400, eval_episodes=1)
     r = run_train("--cfg", cfg, "--num-envs", 2, "--vectorization", "async", "--run-dir", run)
     assert r.returncode == 0, r.stderr
-    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] == 400
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 400
 
 
 def test_debug_stops_at_the_first_nonfinite_metric_with_one_line(tmp_path):
@@ -312,7 +312,7 @@ def test_bench_quick_writes_its_json_and_table(tmp_path):
 @pytest.mark.slow  # three spawned interpreters: CI's slow step (.ci/run), with bench --quick
 def test_bench_processes_time_n_training_loops_from_one_barrier_with_their_share_of_threads():
     """--e2e-procs: N spawned processes, each with threads // N threads, each timed over the same window."""
-    from tdmpc.bench import bench_processes
+    from tdmpc.bench.e2e import bench_processes
 
     out = bench_processes("Pendulum-v1", torch.device("cpu"), (1, 2), agent_steps=5, warmup_steps=5, threads=2,
                           small=True)

@@ -57,7 +57,7 @@ def test_a_second_stop_signal_during_the_shutdown_still_exits_3_and_the_hint_is_
     assert hint == f"python -m tdmpc.train --resume {shlex.quote(str(run))}", hint
     r = subprocess.run([PY, *shlex.split(hint)[1:]], capture_output=True, text=True, timeout=240, env=_env())
     assert r.returncode == 0, r.stderr
-    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] == 150
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 150
 
 
 # A stop signal while a command's run does its work before the loop (the first start's build of the CPU kernels,

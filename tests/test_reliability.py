@@ -155,7 +155,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ki
     assert (ck / "latest.pt.damaged").is_file()
     steps = [int(x["env_step"]) for x in read_csv(run / "train.csv")]
     assert steps == list(range(100, 601, 100)), steps
-    assert torch.load(ck / "latest.pt", weights_only=True)["train"]["env_step"] == 600
+    assert torch.load(ck / "latest.pt", weights_only=True)["train"]["step"] == 600
     damage(saved / "checkpoints" / "latest.pt", kind)  # and with no previous.pt to fall back to
     (saved / "checkpoints" / "previous.pt").unlink()
     line = one_line_error(run_train("--resume", saved, "--steps", 600))
@@ -184,7 +184,7 @@ def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path,
     assert r.returncode == 0, r.stderr
     assert "--no-buffer: acting without updates until step 500 to refill the replay buffer" in r.stderr
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
-    assert ck["train"]["env_step"] == 400 and ck["train"]["refill_until"] == 500
+    assert ck["train"]["step"] == 400 and ck["train"]["refill_until"] == 500
     assert (run / "checkpoints" / (buffer.name + ".damaged")).is_file() == (kind != "missing")  # still kept
 
 
@@ -198,7 +198,7 @@ def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(tmp_pat
     r = run_train("--resume", run, "--steps", 400, "--config-from-checkpoint")
     assert r.returncode == 0, r.stderr
     assert (run / "config.json.damaged").exists() == (kind != "missing")
-    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] == 400
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 400
 
 
 def test_temp_files_of_killed_writes_are_removed_at_the_next_start(tmp_path, finished_run):

@@ -221,7 +221,7 @@ def test_a_tensor_env_trains_resumes_exactly_and_evaluates(tmp_path):
 
     def step():
         original()
-        if first.counters.env_step >= 300:
+        if first.counters.step >= 300:
             first.stop_reason = "signal SIGTERM"
 
     first.step = step
@@ -234,7 +234,7 @@ def test_a_tensor_env_trains_resumes_exactly_and_evaluates(tmp_path):
     for p1, p2 in zip(first.agent.model.parameters(), second.agent.model.parameters()):
         assert torch.equal(p1, p2)
     assert second.counters.updates == first.counters.updates
-    assert second.run() == 0 and second.counters.env_step == 600
+    assert second.run() == 0 and second.counters.step == 600
     evals = read_csv(run / "eval.csv")
     assert [int(r["env_step"]) for r in evals] == [0, 400, 600] and all(r["episode_length"] == "25" for r in evals)
     assert abs(float(evals[0]["episode_return"])) < 10 and float(evals[-1]["episode_return"]) > 15, evals
@@ -255,7 +255,7 @@ def test_a_training_step_on_tensor_envs_touches_no_numpy(tmp_path, monkeypatch):
     for _ in range(20):
         trainer.step()
     monkeypatch.undo()
-    assert trainer.counters.env_step == 80 and trainer.counters.updates > 10
+    assert trainer.counters.step == 80 and trainer.counters.updates > 10
     assert trainer.buffer.num_valid_starts > 0
     trainer.close()
 
@@ -264,12 +264,12 @@ def test_a_training_step_on_tensor_envs_copies_nothing_and_never_waits(tmp_path)
     """One step that acts with the planner, stores its rows and updates, on CUDA's code path: no host-to-device
     copy and no host wait (the numpy path has one wait, the action coming back)."""
     from tdmpc.runtime.device import cuda_code_path
-    from tdmpc.runtime.kernels import TransferCounter
+    from tdmpc.bench.kernels import TransferCounter
 
     with cuda_code_path():
         trainer = tensor_trainer(tmp_path / "run", TorchPointEnv(num_envs=4, length=25), seed_steps=40, batch_size=8,
                                  update_every=1, updates_per_round=1)
-        while trainer.counters.env_step < 80:
+        while trainer.counters.step < 80:
             trainer.step()
         updates = trainer.counters.updates
         with TransferCounter() as c:

@@ -59,7 +59,7 @@ def test_sigterm_then_resume_continues_from_the_same_step(tmp_path):
     assert proc.returncode == 3, err
     assert "stopped by signal SIGTERM" in err
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
-    stopped_at = ck["train"]["env_step"]
+    stopped_at = ck["train"]["step"]
     assert 400 <= stopped_at < 3000
 
     r = run_train("--resume", run, "--steps", stopped_at + 300)
@@ -93,7 +93,7 @@ def _stop_after_seeding(tmp_path, *signals: signal.Signals, gap: float = 0.0) ->
 def test_ctrl_c_or_sigusr1_outside_slurm_checkpoint_and_exit_3(tmp_path, sig):
     r, run = _stop_after_seeding(tmp_path, sig)
     assert r.returncode == 3 and f"stopped by signal {sig.name}" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["env_step"] >= 400
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] >= 400
 
 
 def test_a_second_ctrl_c_stops_at_once_with_one_line_and_the_run_resumes(tmp_path):
@@ -115,7 +115,7 @@ def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
     assert first.run() == 3
     second = Trainer(validate(Config(**json.loads((run / "config.json").read_text()))), run,
                      resolve_device("cpu"), resume=True)
-    assert second.counters.env_step == first.counters.env_step and second.counters.updates == first.counters.updates
+    assert second.counters.step == first.counters.step and second.counters.updates == first.counters.updates
     F = first.buffer.filled
     assert second.buffer.transitions == first.buffer.transitions
     assert second.buffer.filled == F + 1  # + the reset observation the resumed run begins with
@@ -131,7 +131,24 @@ def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
     for p1, p2 in zip(first.agent.model.parameters(), second.agent.model.parameters()):
         assert torch.equal(p1, p2)
     assert second.run() == 0
-    assert second.counters.env_step == 700
+    assert second.counters.step == 700
+
+
+def test_a_checkpoint_naming_its_step_env_step_resumes_at_that_step(tmp_path):
+    """Checkpoints written before Counters.step was renamed hold 'env_step' (offline it counted updates)."""
+    cfg = validate(Config(**{**TINY, "steps": 500, "eval_freq": 10_000, "save_every": 10_000}))
+    run = tmp_path / "run"
+    first = Trainer(cfg, run, resolve_device("cpu"))
+    _stop_after(first, 300)
+    assert first.run() == 3
+    path = run / "checkpoints" / "latest.pt"
+    ck = torch.load(path, weights_only=True)
+    ck["train"]["env_step"] = ck["train"].pop("step")
+    torch.save(ck, path)
+    second = Trainer(validate(Config(**json.loads((run / "config.json").read_text()))), run,
+                     resolve_device("cpu"), resume=True)
+    assert second.counters.step == first.counters.step >= 300
+    assert second.run() == 0 and torch.load(path, weights_only=True)["train"]["step"] == 500
 
 
 def _stop_after(trainer, at_step):
@@ -140,7 +157,7 @@ def _stop_after(trainer, at_step):
 
     def step():
         original()
-        if trainer.counters.env_step >= at_step:
+        if trainer.counters.step >= at_step:
             trainer.stop_reason = "signal SIGTERM"
 
     trainer.step = step

@@ -20,7 +20,7 @@ from tdmpc.memory.peak import ALLOCATOR_SLACK, SAFETY_MARGIN, MemoryEstimate, Ta
 from tdmpc.runtime.files import fmt_bytes
 
 if TYPE_CHECKING:
-    from tdmpc.tasks.multitask import TaskSetup
+    from tdmpc.multitask import TaskSetup
 
 MIN_BATCH_SIZE, MIN_NUM_SAMPLES = 64, 256  # --fit-memory lowers no further
 

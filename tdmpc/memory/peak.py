@@ -44,7 +44,7 @@ import torch
 from tdmpc.config import Config
 from tdmpc.buffer import ReplayBuffer
 from tdmpc.planners.make import make_planner
-from tdmpc.planners.settings import MPPIConfig
+from tdmpc.config.planner import MPPIConfig
 from tdmpc.runtime.device import resolve_dtype
 from tdmpc.runtime.files import MiB, fmt_bytes
 from tdmpc.losses import update_activation_bytes
@@ -52,7 +52,7 @@ from tdmpc.model.planning_copy import planning_copy
 from tdmpc.model.world_model import ModelDims, WorldModel
 
 if TYPE_CHECKING:
-    from tdmpc.tasks.multitask import TaskSetup
+    from tdmpc.multitask import TaskSetup
 
 CUDA_CONTEXT = 500 * MiB  # CUDA runtime, cuBLAS/cuDNN kernels: not seen by torch's allocator
 ALLOCATOR_SLACK = 0.10  # caching allocator rounding and fragmentation, a fraction of what tensors use

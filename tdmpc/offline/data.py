@@ -17,7 +17,7 @@ from tdmpc.offline.format import DatasetError, DatasetInfo, open_dataset
 from tdmpc.offline.sampler import DatasetSampler, InMemoryDataset, StreamingDataset
 from tdmpc.runtime.files import available_host_memory
 from tdmpc.envs import EnvSpec, make_env
-from tdmpc.tasks.multitask import TaskSetup
+from tdmpc.multitask import TaskSetup
 from tdmpc.tasks.sets import TaskInfo, expand, reference_info
 
 STREAM_WINDOW_BYTES = 1 << 30  # a streamed window holds about this much (two are in memory)

@@ -24,7 +24,7 @@ def cpu_fast_paths(device: torch.device) -> bool:
 @contextlib.contextmanager
 def cuda_code_path() -> Iterator[None]:
     """Run the code path CUDA takes while on the CPU, so that its kernels can be counted without a GPU
-    (tdmpc.runtime.kernels)."""
+    (tdmpc.bench.kernels)."""
     global _cuda_code_path
     saved, _cuda_code_path = _cuda_code_path, True
     try:

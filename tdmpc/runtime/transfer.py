@@ -14,7 +14,7 @@ from torch import Tensor
 
 from tdmpc.runtime.device import cpu_fast_paths
 
-STAGED = "_tdmpc_staged"  # marks a staging buffer: pinned on a GPU, sent non_blocking (tdmpc.runtime.kernels)
+STAGED = "_tdmpc_staged"  # marks a staging buffer: pinned on a GPU, sent non_blocking (tdmpc.bench.kernels)
 
 
 def to_device(device: torch.device, *arrays: np.ndarray | Tensor) -> list[Tensor]:

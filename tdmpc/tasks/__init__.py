@@ -1,1 +1,2 @@
-"""Which tasks a run trains on: the reference task sets (mt30, mt80) and a multi-task run's setup."""
+"""The reference task sets, mt30 and mt80 (sets.py): pure data, below the config layer. A multi-task run's
+setup, which reads a Config, is tdmpc/multitask.py."""

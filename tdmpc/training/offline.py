@@ -27,7 +27,7 @@ class OfflineTrainer(Trainer):
     def step(self) -> None:
         """One update; steps count updates."""
         self.update()
-        self.counters.env_step += 1
+        self.counters.step += 1
 
     def sample(self) -> Batch:
         return self.data.sample(self.cfg.batch_size)

@@ -40,11 +40,11 @@ class ReplayTrainer(Trainer):
         """After a vector step: a burst of pretraining updates on the seed data once seeding ends, then
         updates_per_round every update_every vector steps."""
         cfg, c = self.cfg, self.counters
-        if c.env_step < cfg.seed_steps or c.env_step < c.refill_until:  # type: ignore[operator]
+        if c.step < cfg.seed_steps or c.step < c.refill_until:  # type: ignore[operator]
             return
         if c.pretrain_updates_left < 0:  # seeding just ended: pretrain on the seed data
             c.pretrain_updates_left = c.vector_steps // cfg.update_every * cfg.updates_per_round  # type: ignore[operator]
-            self.logger.message(f"seeding done at step {c.env_step:,}: {c.pretrain_updates_left:,} pretraining updates")
+            self.logger.message(f"seeding done at step {c.step:,}: {c.pretrain_updates_left:,} pretraining updates")
         if c.pretrain_updates_left > 0:
             self._pretrain()
         elif c.vector_steps % cfg.update_every == 0:
@@ -78,8 +78,8 @@ class ReplayTrainer(Trainer):
             self.update()
             c.pretrain_updates_left -= 1
             if c.pretrain_updates_left % 50 == 0:
-                self.logger.pretraining(c.updates, total, c.env_step)
-        self.logger.pretraining(c.updates, total, c.env_step, done=c.pretrain_updates_left == 0)
+                self.logger.pretraining(c.updates, total, c.step)
+        self.logger.pretraining(c.updates, total, c.step, done=c.pretrain_updates_left == 0)
 
     def sample(self) -> Batch:
         return self.buffer.sample(self.cfg.batch_size)
@@ -126,7 +126,7 @@ class ReplayTrainer(Trainer):
         """The replay buffer under a new file name (None with --no-save-buffer)."""
         if not self.cfg.save_buffer:
             return None
-        buffer_file = f"buffer_{self.counters.env_step:010d}.h5"  # its space is checked with the checkpoint's
+        buffer_file = f"buffer_{self.counters.step:010d}.h5"  # its space is checked with the checkpoint's
         self.buffer.save(ckpt_dir / buffer_file)
         return buffer_file
 
@@ -143,8 +143,8 @@ class ReplayTrainer(Trainer):
                 raise BufferFileError(f"{e}{f'; kept as {kept.name}' if kept else ''}. Resume without it: --resume "
                                       f"{self.quoted_run_dir} --no-buffer (weights, optimisers and counters are "
                                       f"restored, the buffer refills by acting)") from None
-        elif self.counters.env_step >= (self.cfg.seed_steps or 0):  # no buffer to resume with: refill it first
-            self.counters.refill_until = self.counters.env_step + (self.cfg.seed_steps or 0)
+        elif self.counters.step >= (self.cfg.seed_steps or 0):  # no buffer to resume with: refill it first
+            self.counters.refill_until = self.counters.step + (self.cfg.seed_steps or 0)
             why = "--no-buffer" if buffer_file else "the checkpoint holds no replay buffer (--no-save-buffer)"
             print(f"resume: {why}: acting without updates until step {self.counters.refill_until:,} to refill the "
                   f"replay buffer", file=sys.stderr)
@@ -174,7 +174,7 @@ class OnlineTrainer(ReplayTrainer):
     def step(self) -> None:
         """One step of all N envs, its transitions into the buffer, then any updates due."""
         cfg, c = self.cfg, self.counters
-        if c.env_step < cfg.seed_steps:  # type: ignore[operator]
+        if c.step < cfg.seed_steps:  # type: ignore[operator]
             kill_point("seeding")
             action = self.spec.random_actions(self.rng, self.num_envs)
             if self.tasks is not None and self.env_tasks is not None:
@@ -211,7 +211,7 @@ class OnlineTrainer(ReplayTrainer):
             self.ep_return[ended], self.ep_length[ended] = 0, 0
             c.episodes += len(ended)
         c.vector_steps += 1
-        c.env_step += self.num_envs * cfg.action_repeat  # type: ignore[operator]
+        c.step += self.num_envs * cfg.action_repeat  # type: ignore[operator]
         self._updates_due()
 
     def _start_episodes(self, envs: np.ndarray, first: np.ndarray) -> None:
@@ -264,7 +264,7 @@ class OnlineTrainer(ReplayTrainer):
         """NaN or inf from env `env`: a NonFiniteData naming the env, its task, the step and `what` ('error'), or a
         note the first time, saying what was `done` ('drop')."""
         task = self.spec.task if self.tasks is None or self.env_tasks is None else self.tasks.task_set[self.env_tasks[env]]
-        where = f"env {env} ({task}) returned a non-finite {what} at env step {self.counters.env_step:,}"
+        where = f"env {env} ({task}) returned a non-finite {what} at env step {self.counters.step:,}"
         if self.cfg.nonfinite_data == "error":
             raise NonFiniteData(f"{where}; pass --nonfinite-data drop to {remedy}")
         if not self.warned_nonfinite:

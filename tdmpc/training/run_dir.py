@@ -50,7 +50,7 @@ def resume_checkpoint(run_dir: Path) -> Path:
     except CheckpointError as e:
         damaged = str(e)
     try:
-        step = load_file(previous, mmap=True)["train"]["env_step"]
+        step = saved_step(load_file(previous, mmap=True)["train"])
     except (CheckpointError, KeyError, TypeError):
         raise CheckpointError(f"{damaged}; there is no older checkpoint to fall back to: copy one you have over "
                               f"{latest} and --resume, or start a new run with --init-from it") from None
@@ -258,3 +258,8 @@ def wandb_run_id(run_dir: Path) -> str:
     run_id = uuid.uuid4().hex[:12]
     write_text_atomic(path, run_id + "\n")
     return run_id
+
+
+def saved_step(train: dict) -> int:
+    """A checkpoint's step (its counters, `train`): 'step', or 'env_step' as checkpoints named it before."""
+    return int(train["step"] if "step" in train else train["env_step"])

@@ -35,12 +35,13 @@ from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vecto
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import check_dims_match, load_file, read_checkpoint
 from tdmpc.offline.data import offline_spec, open_offline
+from tdmpc.planners.make import planner_factory
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder, task_action_start
 from tdmpc.runtime import distributed
 from tdmpc.runtime.device import cap_cuda_memory, resolve_device, set_threads
 from tdmpc.runtime.files import available_host_memory
 from tdmpc.model.world_model import ModelDims
-from tdmpc.tasks.multitask import TaskSetup, task_setup
+from tdmpc.multitask import TaskSetup, task_setup
 from tdmpc.tasks.sets import expand
 from tdmpc.training import speed
 from tdmpc.training.flags import TrainArgs, base_config, base_note
@@ -49,7 +50,7 @@ from tdmpc.training.offline import OfflineTrainer
 from tdmpc.training.online import OnlineTrainer, ReplayTrainer
 from tdmpc.training.tensor_online import TensorOnlineTrainer
 from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
-                                    resume_checkpoint, saved_config, set_aside_unfinished)
+                                    resume_checkpoint, saved_config, saved_step, set_aside_unfinished)
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
@@ -77,13 +78,14 @@ def prepare(req: RunRequest) -> RunSetup | None:
     reached its steps (which is said, and nothing in its directory changes). Bad input is a one-line error before
     anything heavy is built."""
     cfg, init_from, init_note, checkpoint = req.cfg, req.init_from, "", None
+    planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
     if req.resume is not None:
         _check_resume(req)
         init_from = None
         checkpoint = resume_checkpoint(req.resume)
         done = load_file(checkpoint, mmap=True).get("train", {})
-        if done.get("finished") and done.get("env_step", 0) >= cfg.steps:
-            print(f"run in {req.resume} already finished at step {done['env_step']:,}; pass --steps N to extend it",
+        if done.get("finished") and saved_step(done) >= cfg.steps:
+            print(f"run in {req.resume} already finished at step {saved_step(done):,}; pass --steps N to extend it",
                   file=sys.stderr)
             return None
     if init_from:

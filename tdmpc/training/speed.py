@@ -49,7 +49,7 @@ def hours_left(agent: Agent, env_steps_left: int, env_tasks: np.ndarray | None =
 def warn_if_slow(trainer: ReplayTrainer, limit_hours: float = 3.0) -> None:
     """A config sized for a GPU on a CPU takes days; say so before it starts."""
     c, cfg = trainer.counters, trainer.cfg
-    plan_s, update_s, hours = hours_left(trainer.agent, cfg.steps - c.env_step, trainer.env_tasks)
+    plan_s, update_s, hours = hours_left(trainer.agent, cfg.steps - c.step, trainer.env_tasks)
     if hours > limit_hours:
         cpu = load_json(CPU_CONFIG)
         if all((getattr(cfg, f) or 0) <= getattr(cpu, f) for f in ("model_size", "num_samples", "iterations", "batch_size")):
@@ -59,4 +59,4 @@ def warn_if_slow(trainer: ReplayTrainer, limit_hours: float = 3.0) -> None:
             advice = f"This config is sized for a GPU; for CPU training use --cfg {CPU_CONFIG}"
         trainer.logger.message(
             f"warning: on this CPU one plan takes {plan_s * 1e3:.0f} ms and one update {update_s * 1e3:.0f} ms, "
-            f"so {cfg.steps - c.env_step:,} env steps would take about {hours:.0f} hours. {advice}")
+            f"so {cfg.steps - c.step:,} env steps would take about {hours:.0f} hours. {advice}")

@@ -57,7 +57,7 @@ class TensorOnlineTrainer(ReplayTrainer):
 
     def step(self) -> None:
         cfg, c = self.cfg, self.counters
-        if c.env_step < cfg.seed_steps:  # type: ignore[operator]
+        if c.step < cfg.seed_steps:  # type: ignore[operator]
             action = self._random_actions()
         else:
             self.phase = "act"
@@ -65,7 +65,7 @@ class TensorOnlineTrainer(ReplayTrainer):
         s = self.envs.step(action)
         self._store(s, action)
         c.vector_steps += 1
-        c.env_step += self.num_envs
+        c.step += self.num_envs
         self._updates_due()
 
     def _random_actions(self) -> torch.Tensor:
@@ -80,7 +80,7 @@ class TensorOnlineTrainer(ReplayTrainer):
         bad = s.transition & ~s.finite
         fresh_bad = bad.any() & (self.bad_env < 0)
         self.bad_env = torch.where(fresh_bad, bad.long().argmax(), self.bad_env)
-        self.bad_step = torch.where(fresh_bad, self.counters.env_step, self.bad_step)
+        self.bad_step = torch.where(fresh_bad, self.counters.step, self.bad_step)
         counted = s.transition & s.finite
         self.buffer.stop(bad)  # that env's episode stores nothing more
         self.buffer.add(s.next_obs, action, s.reward, s.terminated, counted)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import shlex
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,17 +24,16 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config, save_json
 from tdmpc.envs import EnvSource, EnvSpec
 from tdmpc.episodes import EvalResult, run_episodes
-from tdmpc.errors import (EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, Interrupted, NonFiniteData, RunDirError,
-                          in_command)
+from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFiniteData, RunDirError, in_command
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime.distributed import Shard
 from tdmpc.runtime.faults import kill_point
 from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes, keep_previous, saved_size, tensor_bytes
-from tdmpc.tasks.multitask import TaskSetup
+from tdmpc.multitask import TaskSetup
 from tdmpc.training.logger import RunLogger
-from tdmpc.training.run_dir import RunDirLock, checkpoint_path, previous_checkpoint_path
+from tdmpc.training.stopping import StopSignals
+from tdmpc.training.run_dir import RunDirLock, previous_checkpoint_path, saved_step
 
-STOP_SIGNALS = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGINT", "SIGUSR1") if hasattr(signal, s))
 Callback = Callable[[dict], Optional[bool]]  # gets a log or eval row; returning False stops the run
 
 
@@ -71,7 +68,8 @@ class RunSetup:
 class Counters:
     """Where a run is; saved in every checkpoint so a resume continues from the same step."""
 
-    env_step: int = 0  # environment steps, action repeat included (offline: updates)
+    step: int = 0  # the run's progress in its unit (Trainer.steps_name): env steps, action repeat included,
+    # online; updates offline
     vector_steps: int = 0  # calls to envs.step()
     episodes: int = 0
     updates: int = 0
@@ -86,11 +84,11 @@ class Counters:
     finished: bool = False
 
 
-class Trainer:
+class Trainer(StopSignals):
     """One run's loop. A subclass sets its parts (envs and buffer, or a dataset), then calls this __init__,
     which restores a resumed run and opens its logs."""
 
-    steps_name = "env steps"  # what Counters.env_step counts, in messages
+    steps_name = "env steps"  # what Counters.step counts, in messages
 
     def __init__(self, setup: RunSetup, agent: Agent, lock: RunDirLock, no_buffer: bool = False,
                  on_log: Callback | None = None, on_eval: Callback | None = None):
@@ -115,21 +113,17 @@ class Trainer:
             except OSError as e:
                 raise RunDirError(f"cannot write {self.run_dir / 'config.json'}: {e.strerror or e} "
                                   f"({fmt_bytes(free_bytes(self.run_dir), decimal=True)} free); choose another --run-dir") from None
-        self.logger = RunLogger(self.run_dir, cfg, cfg.steps, self.counters.env_step, writes=self.shard.main)
+        self.logger = RunLogger(self.run_dir, cfg, cfg.steps, self.counters.step, writes=self.shard.main)
         if setup.resume and self.shard.main:
-            self.logger.train_csv.truncate_after(self.counters.env_step)
-            self.logger.eval_csv.truncate_after(self.counters.env_step)
+            self.logger.train_csv.truncate_after(self.counters.step)
+            self.logger.eval_csv.truncate_after(self.counters.step)
         # Per-log-interval statistics: metric sums stay on the device until a log row is written.
         self.metric_sum: dict[str, torch.Tensor] | None = None
         self.metric_count = 0
-        self.rate_mark = (time.time(), 0, 0)  # (time, env_step, updates) at the last log row: rates
+        self.rate_mark = (time.time(), 0, 0)  # (time, step, updates) at the last log row: rates
         self.last_bar = 0.0
         if in_command():  # a stop signal in the work before the loop (a kernel build) says what it stopped
             self.install_stop_handlers()
-
-    @property
-    def checkpoint_path(self) -> Path:
-        return checkpoint_path(self.run_dir)
 
     # --- what a subclass provides -------------------------------------------------------
     def step(self) -> None:
@@ -165,7 +159,7 @@ class Trainer:
                 return self._loop()
             except NonFiniteData as e:  # the bad transition was not stored: the run is consistent
                 self.save()
-                self.logger.message(f"error: {e}; checkpoint written at step {self.counters.env_step:,} "
+                self.logger.message(f"error: {e}; checkpoint written at step {self.counters.step:,} "
                                     f"(resume with --resume {self.quoted_run_dir} --nonfinite-data drop)")
                 return EXIT_ERROR
             except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or an error it caused (a graph capture)
@@ -177,28 +171,6 @@ class Trainer:
         finally:
             self.close()  # with our handlers still set: a second stop signal meanwhile interrupts nothing
             self.restore_stop_handlers()
-
-    def install_stop_handlers(self) -> None:
-        """Our handlers of the stop signals (SIGTERM, SIGINT, SIGUSR1). From run() on, a stop signal asks the run to
-        stop at the next step, after writing a checkpoint. In a command the trainer sets them as soon as it is
-        built: a stop signal in the work before its loop (the first start's build of the CPU kernels, the speed
-        check) stops the command at once, in one line that says what there is to go on from (exit 128 + the
-        signal: 130 for Ctrl-C), instead of a false 'interrupted again', or no word at all."""
-        if self.old_handlers is None:
-            self.old_handlers = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
-
-    def restore_stop_handlers(self) -> None:
-        """The handlers from before run(). In a command, which exits once run() returns, SIGTERM and SIGUSR1 (and
-        SIGINT too after a signal's stop) stay with the ended run, which ignores them: a stop signal on the way out
-        (a scheduler's TERM after its USR1, a SIGTERM passed on beside a Ctrl-C, one that came as the run finished)
-        finds nothing left to stop, instead of killing the process (exit 143) once its work is done."""
-        if self.old_handlers is None:
-            return
-        self.run_ended = self.run_ended or self.looping
-        for s, h in self.old_handlers.items():
-            kept = in_command() and self.looping and (s != signal.SIGINT or self.stop_signal is not None)
-            signal.signal(s, _after_the_run if kept else h)
-        self.old_handlers = None
 
     def close(self) -> None:
         """Close the logs and the data, and release the run directory."""
@@ -212,36 +184,36 @@ class Trainer:
     def _loop(self) -> int:
         cfg, c = self.cfg, self.counters
         t_start = time.time() - c.elapsed
-        self.rate_mark = (time.time(), c.env_step, c.updates)
+        self.rate_mark = (time.time(), c.step, c.updates)
         self.finish_interrupted_work()
-        while c.env_step < cfg.steps and not self._stopping():
-            if c.env_step >= c.next_eval and not self.evaluate():
+        while c.step < cfg.steps and not self._stopping():
+            if c.step >= c.next_eval and not self.evaluate():
                 break
             self.step()
             c.elapsed = time.time() - t_start
-            if c.env_step >= c.next_log:
+            if c.step >= c.next_log:
                 self._log()
-            if c.env_step >= c.next_save and self.stop_reason is None:
+            if c.step >= c.next_save and self.stop_reason is None:
                 # An evaluation due at this step runs first, so that the checkpoint records it as done: a resume
                 # from it never evaluates (and logs) this step again.
-                if c.env_step >= c.next_eval and not self.evaluate():
+                if c.step >= c.next_eval and not self.evaluate():
                     break
                 if self.stop_reason is None:
                     self.save()
-                    c.next_save = next_multiple(c.env_step, cfg.save_every)
+                    c.next_save = next_multiple(c.step, cfg.save_every)
             self.progress()
         if self.stop_reason is not None:
             self.save()
             self.run_ended = True
-            self.logger.message(f"stopped by {self.stop_reason} at step {c.env_step:,}; checkpoint written. "
+            self.logger.message(f"stopped by {self.stop_reason} at step {c.step:,}; checkpoint written. "
                                 f"Resume with: python -m tdmpc.train --resume {self.quoted_run_dir}")
             return EXIT_REQUEUE
-        if c.last_eval != c.env_step and not self.evaluate():
+        if c.last_eval != c.step and not self.evaluate():
             self.save()
             return EXIT_REQUEUE
         c.finished = True
         self.save()
-        self.logger.message(f"finished {c.env_step:,} {self.steps_name} in {c.elapsed / 60:.1f} min; results in "
+        self.logger.message(f"finished {c.step:,} {self.steps_name} in {c.elapsed / 60:.1f} min; results in "
                             f"{self.run_dir}")
         return EXIT_OK
 
@@ -276,11 +248,11 @@ class Trainer:
         """Run the eval episodes (of every task); False if a stop signal arrived meanwhile (redone on resume)."""
         cfg, c = self.cfg, self.counters
         if cfg.eval_episodes == 0:
-            c.next_eval = next_multiple(c.env_step, cfg.eval_freq)
+            c.next_eval = next_multiple(c.step, cfg.eval_freq)
             return True
         if not self.shard.main:  # rank 0 evaluates; the others wait for it
             self.shard.barrier()
-            c.next_eval, c.last_eval = next_multiple(c.env_step, cfg.eval_freq), c.env_step
+            c.next_eval, c.last_eval = next_multiple(c.step, cfg.eval_freq), c.step
             return True
         t0 = time.time()
         self.phase = "evaluation"
@@ -288,7 +260,7 @@ class Trainer:
         video = None
         for task in self.tasks.tasks if self.tasks else (self.eval_env,):
             name = f"_{task}" if self.tasks else ""
-            video = self.run_dir / "videos" / f"step_{c.env_step:09d}{name}.mp4" if cfg.save_video else None
+            video = self.run_dir / "videos" / f"step_{c.step:09d}{name}.mp4" if cfg.save_video else None
             res = self.play_episodes(task, video)
             if res is None:
                 return False
@@ -297,12 +269,12 @@ class Trainer:
             rows.append({"task": "mean", "episodes": sum(r["episodes"] for r in rows),
                          **{k: float(np.mean([r[k] for r in rows])) for k in ("episode_return", "episode_length")}})
         timing = {"eval_seconds": round(time.time() - t0, 1), "elapsed": round(c.elapsed, 1)}
-        rows = [{"env_step": c.env_step, **r, **timing} for r in rows]
+        rows = [{"env_step": c.step, **r, **timing} for r in rows]
         self.logger.eval(rows, video)
-        c.next_eval = next_multiple(c.env_step, cfg.eval_freq)
-        c.last_eval = c.env_step
+        c.next_eval = next_multiple(c.step, cfg.eval_freq)
+        c.last_eval = c.step
         kill_point("evaluated")
-        self.rate_mark = (time.time(), c.env_step, c.updates)  # keep eval time out of the step rate
+        self.rate_mark = (time.time(), c.step, c.updates)  # keep eval time out of the step rate
         self._callback(self.on_eval, rows[-1], "on_eval")
         self.shard.barrier()
         return True
@@ -325,8 +297,8 @@ class Trainer:
         now = time.time()
         t0, s0, u0 = self.rate_mark
         row: dict[str, Any] = {
-            "env_step": c.env_step, "episodes": c.episodes, "updates": c.updates, "elapsed": round(c.elapsed, 1),
-            "env_steps_per_s": (c.env_step - s0) / max(now - t0, 1e-9),
+            "env_step": c.step, "episodes": c.episodes, "updates": c.updates, "elapsed": round(c.elapsed, 1),
+            "env_steps_per_s": (c.step - s0) / max(now - t0, 1e-9),
             "updates_per_s": (c.updates - u0) / max(now - t0, 1e-9), **self.episode_stats()}
         if self.device.type == "cuda":  # the run's peak so far, to set beside its --dry-run estimate
             row["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -341,8 +313,8 @@ class Trainer:
                 f"gradients and were skipped; {self.last_checkpoint()}. Try a lower "
                 f"--lr" + (" or --train-precision fp32" if self.cfg.train_precision == "bf16" else ""))
         self.metric_sum, self.metric_count = None, 0
-        self.rate_mark = (now, c.env_step, c.updates)
-        c.next_log = next_multiple(c.env_step, self.cfg.log_every)
+        self.rate_mark = (now, c.step, c.updates)
+        c.next_log = next_multiple(c.step, self.cfg.log_every)
         self._callback(self.on_log, row, "on_log")
 
     def progress(self, force: bool = False) -> None:
@@ -354,45 +326,12 @@ class Trainer:
         t0, s0, u0 = self.rate_mark
         dt = max(now - t0, 1e-9)
         c = self.counters
-        env_sps = (c.env_step - s0) / dt if self.steps_name == "env steps" else None  # offline: steps are updates
-        self.logger.progress(c.env_step, env_sps, (c.updates - u0) / dt)
+        env_sps = (c.step - s0) / dt if self.steps_name == "env steps" else None  # offline: steps are updates
+        self.logger.progress(c.step, env_sps, (c.updates - u0) / dt)
 
     def _callback(self, fn: Callback | None, row: dict, name: str) -> None:
         if fn is not None and fn(dict(row)) is False and self.stop_reason is None:
             self.stop_reason = f"the {name} callback"
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.run_ended:  # the stop's checkpoint is written, or the run finished: nothing left to stop
-            return
-        if not self.looping:  # a command's run before its loop: nothing trained yet, so stop at once
-            raise self._stopped_at_once(signum)
-        if signum == signal.SIGINT:
-            self.interrupts += 1
-            if self.interrupts > 1:  # a second Ctrl-C aborts at once
-                raise self._stopped_at_once(signum)
-        if self.stop_signal is None:  # a later signal of another kind (a forwarded SIGTERM) changes nothing
-            self.stop_reason = f"signal {signal.Signals(signum).name}"
-            self.stop_signal = signum
-
-    def _stopped_at_once(self, signum: int) -> BaseException:
-        """A second Ctrl-C, or a stop signal before a command's loop: KeyboardInterrupt for Python callers
-        (tdmpc.fit); in a command, its one line saying what there is to go on from (exit 128 + the signal)."""
-        if not in_command():
-            return KeyboardInterrupt()
-        if self.checkpoint_path.is_file():
-            how = f"{self.last_checkpoint()} (resume with --resume {self.quoted_run_dir})"
-        else:
-            how = "no checkpoint was written yet (the same command starts the run afresh)"
-        if not self.looping:
-            what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-            return Interrupted(f"{what} before training started, so at once: nothing was trained; {how}",
-                               128 + signum)
-        return Interrupted(f"interrupted again, so stopped at once without a new checkpoint; {how}")
-
-    @property
-    def quoted_run_dir(self) -> str:
-        """The run directory as a shell word, for the commands that messages suggest."""
-        return shlex.quote(str(self.run_dir))
 
     def _out_of_memory(self, what: str) -> int:
         """Free what can be freed, write a checkpoint, set the estimate beside the real peak, advise."""
@@ -404,7 +343,7 @@ class Trainer:
             torch.cuda.empty_cache()
         try:
             self.save()
-            saved = f"checkpoint written at step {c.env_step:,}"
+            saved = f"checkpoint written at step {c.step:,}"
         except Exception as e:  # e.g. the device is unusable after a failed graph capture
             saved = f"no checkpoint could be written ({type(e).__name__}: {e}); the last one in " \
                     f"{self.checkpoint_path.parent} stays"
@@ -412,7 +351,7 @@ class Trainer:
         estimate, flags = memory.out_of_memory_report(
             self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
             self.buffer_on_device(), self.device, self.spec.discrete)
-        self.logger.message(f"error: out of device memory in {self.phase} at step {c.env_step:,} ({what}); {saved}.\n"
+        self.logger.message(f"error: out of device memory in {self.phase} at step {c.step:,} ({what}); {saved}.\n"
                             f"{estimate}\nadvice: resume with lower settings: python -m tdmpc.train --resume "
                             f"{self.quoted_run_dir} {flags} (--dry-run shows the breakdown)")
         return EXIT_ERROR
@@ -459,7 +398,7 @@ class Trainer:
         if latest.is_file() and previous.is_file() and previous.stat().st_nlink == 1:
             freed = min(previous.stat().st_size, ckpt)
         parts = f"latest.pt {fmt_bytes(ckpt, decimal=True)}, its replay buffer {fmt_bytes(data, decimal=True)}"
-        ensure_space(latest, ckpt + data, f"the checkpoint of step {self.counters.env_step:,} to", freed,
+        ensure_space(latest, ckpt + data, f"the checkpoint of step {self.counters.step:,} to", freed,
                      parts if data else "")
 
     def data_bytes(self) -> int:
@@ -474,16 +413,12 @@ class Trainer:
         nbytes, count = tensor_bytes(self.agent.model.state_dict())
         return saved_size((nbytes + moments, 3 * count))
 
-    def last_checkpoint(self) -> str:
-        """Where the run can be taken up again, for an error message."""
-        if self.checkpoint_path.is_file():
-            return f"the last good checkpoint is {self.checkpoint_path}"
-        return "no checkpoint was written yet"
-
     def _restore(self, obj: dict, no_buffer: bool) -> None:
         self.agent.load_state_dict(obj, str(self.checkpoint_path))
         saved = obj["train"]
         saved.setdefault("pretrain_updates_left", saved.pop("burst_left", -1))  # its name before 0.2
+        saved["step"] = saved_step(saved)
+        saved.pop("env_step", None)
         self.counters = Counters(**saved)
         rng = obj["rng"]
         torch.set_rng_state(rng["torch"])
@@ -491,10 +426,6 @@ class Trainer:
             torch.cuda.set_rng_state(rng["cuda"], self.device)
         self.rng.bit_generator.state = rng["numpy"]
         self.restore_data(obj, no_buffer)
-
-
-def _after_the_run(signum: int, frame: Any) -> None:
-    """A command's stop signal after its run ended (Trainer.restore_stop_handlers): nothing left to stop."""
 
 
 def _out_of_memory_error(e: BaseException | None) -> BaseException | None:

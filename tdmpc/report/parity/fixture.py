@@ -130,8 +130,8 @@ def read_fixture(path: str | Path, **overrides: Any) -> Fixture:
 
 def _reference_fields() -> set[str]:
     """Config fields that the reference's config.yaml names alike (losses, planning, network settings, sizes)."""
-    from tdmpc.config import _Losses, _Sizes  # noqa: PLC0415 (the sections, not in the public API)
-    from tdmpc.planners.settings import MPPIConfig
+    from tdmpc.config.fields import _Losses, _Sizes  # noqa: PLC0415 (the sections, not in the public API)
+    from tdmpc.config.planner import MPPIConfig
 
     return {f.name for c in (_Losses, _Sizes, MPPIConfig, NetworkSettings) for f in dataclasses.fields(c)}
 

@@ -1,4 +1,5 @@
-"""Counting what a call costs a GPU without one: kernel launches, host-device copies and host waits.
+"""Counting what a call costs a GPU without one: kernel launches, host-device copies and host waits (the tools
+of bench --kernels and of the tests; nothing in the library runs them).
 
 On a GPU, a small kernel costs 3-5 microseconds to launch whatever it computes, so plan() and
 update() at the sizes used here are bound by how many kernels they launch, not by FLOPs. These
@@ -6,7 +7,7 @@ counters see that on the CPU:
 
 - KernelCounter counts the ATen ops of eager code that launch a kernel: views, allocations
   and metadata ops launch none; a composite op (linear, layer_norm, matmul) is counted as the
-  ops it decomposes into, as CUDA runs it. Run it inside device.cuda_code_path() to count the
+  ops it decomposes into, as CUDA runs it. Run it inside runtime.device.cuda_code_path() to count the
   path CUDA takes (no fused C++ ops, no chunked planning).
 - compiled_kernels counts the kernels in the code inductor generates for a compiled call:
   its fused kernels, extern kernels (matmuls) and ATen fallbacks.

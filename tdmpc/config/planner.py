@@ -1,6 +1,6 @@
-"""MPPI's settings, declared once: tdmpc's Config inherits these fields (its JSON keys, CLI flags and docs).
-
-No torch here, so that reading a config stays light.
+"""The planner's settings (MPPIConfig), declared once: Config inherits these fields (its JSON keys, CLI flags and
+docs), and the planners (tdmpc.planners) take them. Declared in the config layer, below the planners, so that a
+config is read without them (no torch).
 """
 
 from __future__ import annotations

@@ -17,26 +17,18 @@ from typing import Any
 import torch
 
 from tdmpc.agent import Agent
-from tdmpc.buffer import Batch
+from tdmpc.bench.kernels import TransferCounter, compiled_kernels, count_kernels, kernels_in_code
+from tdmpc.bench.timing import BATCH, OBS_DIM, agent_for, random_batch
 from tdmpc.config import Config, validate
-from tdmpc.model.world_model import ModelDims
 from tdmpc.runtime.device import cuda_code_path
-from tdmpc.runtime.kernels import TransferCounter, compiled_kernels, count_kernels, kernels_in_code
-
-OBS_DIM, ACTION_DIM, BATCH = 24, 6, 256  # walker-walk's dims, the reference batch
+from tdmpc.runtime.files import json_text, write_text_atomic
 
 
 def counting_agent(size: int, compile: bool, discrete: bool = False) -> Agent:
-    """discrete: ACTION_DIM discrete actions (the categorical planner) instead of ACTION_DIM continuous dims."""
+    """On the CPU in CUDA's planning dtype, without the run's overrides; discrete: ACTION_DIM discrete actions
+    (the categorical planner) instead of ACTION_DIM continuous dims."""
     cfg = validate(Config(model_size=size, device="cpu", precision="bf16", compile=compile))
-    return Agent(cfg, ModelDims.from_config(cfg, (OBS_DIM,), ACTION_DIM, False, discrete=discrete), 500,
-                 torch.device("cpu"))
-
-
-def _batch(agent: Agent) -> Batch:
-    H = agent.cfg.horizon
-    return Batch(torch.randn(H + 1, BATCH, OBS_DIM), torch.rand(H, BATCH, ACTION_DIM) * 2 - 1, torch.randn(H, BATCH),
-                 torch.zeros(H, BATCH, dtype=torch.bool))
+    return agent_for(cfg, torch.device("cpu"), discrete)
 
 
 def _plan_args(n: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -59,14 +51,14 @@ def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str
     second; compiled, the first are read from inductor's code (both losses, forward and backward) and the second
     counted around them (the fused Adam steps and the target update; the clipping statistics are compiled)."""
     agent = counting_agent(size, compile=False)
-    batch = _batch(agent)
+    batch = random_batch(agent)
     agent.update(batch)
     if not compiled:
         return Counter(), count_kernels(lambda: agent.update(batch)).counts
     compiled_agent = counting_agent(size, compile=True)
     from torch._inductor.utils import run_and_get_code
 
-    _, sources = run_and_get_code(lambda: compiled_agent.update(_batch(compiled_agent)))
+    _, sources = run_and_get_code(lambda: compiled_agent.update(random_batch(compiled_agent)))
     inside: Counter[str] = Counter()
     for source in sources:
         inside.update(kernels_in_code(source))
@@ -109,7 +101,7 @@ def step_transfers(size: int) -> TransferCounter:
     with tempfile.TemporaryDirectory() as tmp:
         trainer = trainer_for(cfg, Path(tmp) / "run", torch.device("cpu"))
         assert cfg.seed_steps is not None
-        while trainer.counters.env_step < 2 * cfg.seed_steps:  # seeding, pretraining, then steps like the one counted
+        while trainer.counters.step < 2 * cfg.seed_steps:  # seeding, pretraining, then steps like the one counted
             trainer.step()
         updates = trainer.counters.updates
         with TransferCounter() as counter:
@@ -149,3 +141,18 @@ def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
             else:
                 out[f"size{size}"] = row
     return out
+
+
+def write_kernel_counts(out: Path) -> int:
+    """--kernels: measure()'s counts, printed and written to `out`."""
+    result = measure()
+    rows = [("size 5", result), *((k.replace("size", "size "), v) for k, v in result.items() if k.startswith("size"))]
+    print("kernels per call (CUDA's code path, counted on the CPU)")
+    for name, r in rows:
+        print(f"{name}: plan() 1 env {r['plan_kernels_eager']} eager / {r['plan_kernels_compiled']} compiled, "
+              f"32 envs {r['plan_kernels_eager_32env']} / {r['plan_kernels_compiled_32env']}; update() B=256 "
+              f"{r['update_kernels_eager']} / {r['update_kernels_compiled']}; per env step "
+              f"{r['h2d_copies_per_env_step']} host-to-device copies, {r['blocking_waits_per_env_step']} host waits")
+    write_text_atomic(out, json_text(result))
+    print(f"wrote {out}")
+    return 0
