@@ -212,7 +212,7 @@ def test_checkpoint_moves_between_gpu_and_cpu(tmp_path):
         r = run_train(*args, "--device", device, "--steps", steps)
         assert r.returncode == 0, r.stderr
         ck = torch.load(run / "checkpoints" / "latest.pt", map_location="cpu", weights_only=True)
-        assert ck["train"]["env_step"] == steps and ck["train"]["finished"]
+        assert ck["train"]["step"] == steps and ck["train"]["finished"]
 
 
 def test_gpu_mem_caps_a_real_runs_allocator(tmp_path):
