@@ -131,7 +131,7 @@ def test_an_env_object_trains_as_is_and_is_copied_for_more_envs_and_evaluation(t
     assert agent.cfg.episodic is False  # it does not declare that it terminates
     assert "ended an episode in a terminal state, but episodic is off" in capsys.readouterr().err
     # no name rebuilds the object: the command line says how to evaluate it, and Python does with the env given
-    from tdmpc.evaluate import main as evaluate
+    from tdmpc.cli.evaluate import main as evaluate
 
     assert evaluate(["--checkpoint", str(run_dir / "checkpoints" / "latest.pt"), "--episodes", "1"]) == 2
     assert "is a run's name for an env object it was given" in capsys.readouterr().err
@@ -150,7 +150,7 @@ def test_evaluation_scores_the_termination_head_on_every_transition_it_ran(bias)
     import torch
 
     from tdmpc.agent import Agent
-    from tdmpc.evaluate import run_episodes
+    from tdmpc.cli.evaluate import run_episodes
     from tdmpc.model.world_model import ModelDims
 
     cfg = tdmpc.Config(model_size=1, precision="fp32", num_samples=32, num_elites=4, num_pi_trajs=2, iterations=1)

@@ -18,7 +18,7 @@ import torch
 import tdmpc.offline.format
 from tdmpc.buffer import ReplayBuffer
 from tdmpc.offline.format import DatasetError, Episode, open_dataset, read_episodes
-from tdmpc.dataset import main as cli_main
+from tdmpc.cli.dataset import main as cli_main
 from tdmpc.offline.convert import convert_buffer, episodes_from_buffer
 from tdmpc.offline.sampler import InMemoryDataset, StreamingDataset
 from tdmpc.offline.writer import DatasetWriter
@@ -626,7 +626,7 @@ def episodes(path):
             os.kill(os.getpid(), signal.SIGTERM)
         yield ep
 m.read_episodes = episodes
-from tdmpc.dataset import main
+from tdmpc.cli.dataset import main
 sys.exit(main(["to-minari", sys.argv[1], "--dataset-id", "tdmpc/stopped-v0"]))
 """
 
@@ -717,7 +717,7 @@ def test_a_discrete_space_with_a_start_is_exported_to_minari_as_the_env_takes_it
         np.testing.assert_array_equal(mine.action, again.action)
         assert set(mine.action.tolist()) <= {0, 1, 2}
     # tdmpc.collect keeps the start too
-    from tdmpc.collect import main as collect
+    from tdmpc.cli.collect import main as collect
 
     assert collect(["--checkpoint", str(tmp_path / "run" / "checkpoints" / "latest.pt"), "--out",
                     str(tmp_path / "collected.h5"), "--episodes", "2", "--device", "cpu", "--threads", "1"]) == 0

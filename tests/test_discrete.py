@@ -314,7 +314,7 @@ def cli_error(capsys, main, *args) -> str:
 
 
 def test_a_multidiscrete_env_at_the_cli_is_one_line_exit_2(tmp_path, capsys):
-    from tdmpc.train import main
+    from tdmpc.cli.train import main
 
     gym.register("tdmpc-test/MultiDiscrete-v0", entry_point=lambda: Unsupported(spaces.MultiDiscrete([2, 3])))
     assert "MultiDiscrete" in cli_error(capsys, main, "--task", "tdmpc-test/MultiDiscrete-v0", "--run-dir",
@@ -364,7 +364,7 @@ def test_the_api_acts_with_ints_and_checkpoints_round_trip(cartpole_run, tmp_pat
 
 
 def test_evaluate_and_a_video_of_a_discrete_checkpoint(cartpole_run, tmp_path, capsys):
-    from tdmpc.evaluate import main
+    from tdmpc.cli.evaluate import main
 
     run_dir, _ = cartpole_run
     video, report = tmp_path / "v.mp4", tmp_path / "r.json"
@@ -379,7 +379,7 @@ def test_evaluate_and_a_video_of_a_discrete_checkpoint(cartpole_run, tmp_path, c
 
 
 def test_a_continuous_checkpoint_on_a_discrete_task_and_the_reverse_are_refused(cartpole_run, tmp_path, capsys):
-    from tdmpc.evaluate import main
+    from tdmpc.cli.evaluate import main
 
     run_dir, _ = cartpole_run
     line = cli_error(capsys, main, "--checkpoint", run_dir / "checkpoints" / "latest.pt", "--task",
@@ -394,7 +394,7 @@ def test_a_continuous_checkpoint_on_a_discrete_task_and_the_reverse_are_refused(
     with pytest.raises(CheckpointError, match="discrete"):
         from tdmpc.training.init_from import init_weights
         init_weights(_discrete_model(n=2), tmp_path / "cont.pt", (4,), 2, True, "CartPole-v1")
-    from tdmpc.train import main as train_main  # --dry-run refuses what the run would: before it built anything
+    from tdmpc.cli.train import main as train_main  # --dry-run refuses what the run would: before it built anything
     line = cli_error(capsys, train_main, "--init-from", tmp_path / "cont.pt", "--task", "CartPole-v1", "--dry-run",
                      "--run-dir", tmp_path / "dry")
     assert "continuous actions of dim 2" in line and "2 discrete actions" in line and not (tmp_path / "dry").exists()
@@ -450,7 +450,7 @@ def test_discrete_datasets_round_trip_convert_and_train_offline(tmp_path, capsys
     with pytest.raises(DatasetError, match="'discrete' is True in the file"):
         DatasetWriter(path, (4,), 2, ["CartPole-v1"], "state", 1, "test")
     # offline training on it, and a continuous model's task refused
-    from tdmpc.train import main
+    from tdmpc.cli.train import main
 
     assert main([str(a) for a in ("--cfg", tiny_json(tmp_path, **{**CARTPOLE, "steps": 50, "eval_freq": 50,
                                                                    "eval_episodes": 1}),
@@ -491,7 +491,7 @@ def test_a_discrete_buffer_converts_to_a_discrete_dataset(tmp_path):
 
 
 def test_dry_run_of_a_discrete_task(tmp_path, capsys):
-    from tdmpc.train import main
+    from tdmpc.cli.train import main
 
     assert main(["--cfg", str(tiny_json(tmp_path, **CARTPOLE)), "--dry-run", "--run-dir", str(tmp_path / "r")]) == 0
     assert "CartPole-v1 (obs (4,) state, 2 discrete actions)" in capsys.readouterr().out

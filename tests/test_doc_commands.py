@@ -122,7 +122,7 @@ def test_documented_command_runs_dry(cmd, tmp_path, monkeypatch, capsys):
     if reason:
         pytest.skip(f"{reason} ({', '.join(COMMANDS[cmd])})")
     import_or_skip("dm_control", "the docs' commands train DMC tasks (pip install -e '.[dmc]')")
-    from tdmpc.train import main
+    from tdmpc.cli.train import main
 
     monkeypatch.chdir(tmp_path)  # a dry run writes nothing; were it to, not into the checkout
     argv = cmd[len(COMMAND):].split()

@@ -173,15 +173,15 @@ def test_evaluate_no_mpc_acts_with_the_policy_prior(tmp_path, tiny_run):
 def test_plot_title_and_group(tmp_path, tiny_run, monkeypatch):
     import shutil
 
-    import tdmpc.plot
+    import tdmpc.cli.plot
 
     for seed in (1, 2):
         shutil.copytree(tiny_run, tmp_path / f"seed{seed}")
     drawn = []
-    monkeypatch.setattr(tdmpc.plot, "draw", lambda curves, out, title: drawn.append((len(curves), title)) or out)
+    monkeypatch.setattr(tdmpc.cli.plot, "draw", lambda curves, out, title: drawn.append((len(curves), title)) or out)
     runs = [str(tmp_path / "seed1"), str(tmp_path / "seed2")]
-    assert tdmpc.plot.main([*runs, "--title", "My title"]) == 0
-    assert tdmpc.plot.main([*runs, "--no-group"]) == 0
+    assert tdmpc.cli.plot.main([*runs, "--title", "My title"]) == 0
+    assert tdmpc.cli.plot.main([*runs, "--no-group"]) == 0
     assert drawn == [(1, "My title"), (2, None)]  # the two seeds as one curve, or one curve each
 
 

@@ -12,9 +12,11 @@ import pytest
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parent.parent
-# python -m tdmpc.<name>: imported by nothing else; tdmpc.bench is a package, whose modules only it imports.
-COMMANDS = {"tdmpc.train", "tdmpc.evaluate", "tdmpc.dataset", "tdmpc.collect", "tdmpc.reproduce", "tdmpc.bench",
-            "tdmpc.plot", "tdmpc.slurm_scripts", "tdmpc.parity"}
+CLI = ("train", "evaluate", "dataset", "collect", "reproduce", "plot", "slurm_scripts", "parity")
+# The commands, imported by nothing else: tdmpc.cli.<name>, and tdmpc.bench, a package whose modules only it imports.
+COMMANDS = {*(f"tdmpc.cli.{c}" for c in CLI), "tdmpc.bench"}
+# python -m tdmpc.<name> needs a module of that name: a thin one that imports its command and runs it.
+ENTRY_POINTS = {f"tdmpc.{c}": f"tdmpc.cli.{c}" for c in CLI}
 
 # What a planner may import besides its own package: its settings (declared in the config layer), the one-line
 # errors, and of the model the policy prior's output and the random source (no networks).
@@ -33,7 +35,7 @@ LAYERS: tuple[set[str], ...] = (
     {"tdmpc.memory", "tdmpc.offline", "tdmpc.episodes"},
     {"tdmpc.training"},
     {"tdmpc.report"},
-    {"tdmpc", *COMMANDS},  # the Python API (its names imported on first use) and the commands
+    {"tdmpc", "tdmpc.cli", "tdmpc.bench", *ENTRY_POINTS},  # the Python API (names imported on first use), the commands
 )
 
 
@@ -73,7 +75,9 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def _command(module: str) -> str | None:
-    """The command `module` is (or is part of, inside a command's package); None for the library."""
+    """The command `module` is (or is part of, inside a command's package, or the entry point of); None for the
+    library."""
+    module = ENTRY_POINTS.get(module, module)
     return next((c for c in COMMANDS if module == c or module.startswith(c + ".")), None)
 
 
@@ -156,3 +160,14 @@ def test_every_package_is_built_and_nothing_is_a_link():
     assert config["package-dir"] == {"tdmpc.planners": "planners", "tdmpc.configs": "configs", "tdmpc.slurm": "slurm"}
     links = [str(p) for p in [*ROOT.glob("tdmpc/**/*"), *ROOT.glob("planners/*")] if p.is_symlink()]
     assert not links, links
+
+
+def test_each_entry_point_only_runs_its_command():
+    """The modules that python -m needs at the package's top hold no code of their own (the command lives in
+    tdmpc.cli), and every command has one."""
+    graph, modules = _graph(), _modules()
+    assert {f"tdmpc.cli.{c}" for c in CLI} == {m for m in modules if m.startswith("tdmpc.cli.")}
+    for entry, command in ENTRY_POINTS.items():
+        assert graph[entry] == {command}, (entry, graph[entry])
+        code = [line for line in modules[entry].read_text().splitlines() if line.strip()]
+        assert len(code) <= 6, f"{entry} is an entry point: keep the command in {command}"

@@ -22,7 +22,7 @@ from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.config import Config, load_json, validate
 from tdmpc.envs import make_env
-from tdmpc.train import main as train_main
+from tdmpc.cli.train import main as train_main
 from tdmpc.model.world_model import ModelDims
 
 from helpers import TINY as TINY_RUN

@@ -200,7 +200,7 @@ def test_an_unknown_planner_stops_the_run_before_it_trains(tmp_path, monkeypatch
     """The config layer does not see the planners' registry: the setup pipeline asks it first, before anything is
     built or written: one line, exit code 2, with --dry-run too, and for a run that would never plan."""
     from helpers import tiny_json
-    from tdmpc.train import main
+    from tdmpc.cli.train import main
 
     monkeypatch.chdir(tmp_path)
     code = main(["--cfg", str(tiny_json(tmp_path)), "--device", "cpu", "--planner", "nope", "--run-dir",

@@ -71,7 +71,7 @@ SIGNAL_BEFORE_THE_LOOP = textwrap.dedent('''
             os.kill(os.getpid(), getattr(signal, name))
 
     speed.warn_if_slow = signalled
-    from tdmpc.train import main
+    from tdmpc.cli.train import main
     sys.exit(main(sys.argv[1:]))
 ''')
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tdmpc import reproduce
+from tdmpc.cli import reproduce
 from tdmpc.errors import BadInput
-from tdmpc.reproduce import Action, decide, main, parse_seeds, seeds_text, train_command
+from tdmpc.cli.reproduce import Action, decide, main, parse_seeds, seeds_text, train_command
 from tdmpc.report.published import load_published
 
 EVAL_COLUMNS = ["env_step", "episodes", "episode_return", "episode_return_std", "episode_length", "eval_seconds",
@@ -255,7 +255,7 @@ def test_jobs_run_side_by_side_each_with_its_log_and_share_of_the_cores(tmp_path
 def test_a_sigterm_stops_every_running_job_and_a_rerun_resumes_them(tmp_path, monkeypatch):
     events = _fake_trainer(tmp_path, monkeypatch, 60)
     root = tmp_path / "runs"
-    cmd = [sys.executable, "-c", "import sys; from tdmpc import reproduce; reproduce.TRAIN = sys.argv[1:3]; "
+    cmd = [sys.executable, "-c", "import sys; from tdmpc.cli import reproduce; reproduce.TRAIN = sys.argv[1:3]; "
            "sys.exit(reproduce.main(sys.argv[3:]))", *reproduce.TRAIN, "--tasks", "Pendulum-v1", "--seeds", "1-3",
            "--steps", "400", "--runs-root", str(root), "--jobs", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -280,7 +280,7 @@ def test_a_sigterm_stops_every_running_job_and_a_rerun_resumes_them(tmp_path, mo
 
 def _start_grid(root: Path, *argv: str, **popen) -> subprocess.Popen:
     """python -m tdmpc.reproduce with the fake trainer, as a process of its own."""
-    cmd = [sys.executable, "-c", "import sys; from tdmpc import reproduce; reproduce.TRAIN = sys.argv[1:3]; "
+    cmd = [sys.executable, "-c", "import sys; from tdmpc.cli import reproduce; reproduce.TRAIN = sys.argv[1:3]; "
            "sys.exit(reproduce.main(sys.argv[3:]))", *reproduce.TRAIN, "--tasks", "Pendulum-v1", "--seeds", "1-2",
            "--steps", "400", "--runs-root", str(root), *argv]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)

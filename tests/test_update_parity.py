@@ -11,7 +11,7 @@ import torch
 
 from tdmpc.agent import Agent
 from tdmpc.learner import Learner
-from tdmpc.parity import main
+from tdmpc.cli.parity import main
 from tdmpc.report import parity
 
 FIXTURE = Path(os.environ.get("TDMPC_FIXTURES", Path(__file__).parents[2] / "shared" / "fixtures")) / \

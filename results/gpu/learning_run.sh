@@ -69,7 +69,7 @@ if [ "$STAGE" = start ]; then
                                      "$TASKS" "$SEEDS" runs <<'EOF'
   import json, sys
   from pathlib import Path
-  from tdmpc.reproduce import last_eval_step, parse_seeds, parse_tasks
+  from tdmpc.cli.reproduce import last_eval_step, parse_seeds, parse_tasks
   out, seconds, agent_steps, steps = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
   tasks, seeds, root = parse_tasks(sys.argv[5]), parse_seeds(sys.argv[6]), Path(sys.argv[7])
   pending = [(t, s) for t in tasks for s in seeds if (last_eval_step(root / t / f"seed{s}") or -1) < steps]
@@ -112,7 +112,7 @@ if len(tasks) > 1 or "," not in seeds and "-" not in seeds:
     for i in range(min(n, len(tasks))):
         print(",".join(tasks[i::n]), seeds)
 else:
-    from tdmpc.reproduce import parse_seeds
+    from tdmpc.cli.reproduce import parse_seeds
     s = parse_seeds(seeds)
     for i in range(min(n, len(s))):
         print(tasks[0], ",".join(map(str, s[i::n])))
@@ -152,7 +152,7 @@ while (( $(left) > 15 )); do
              2>> $O/prune.log <<'EOF'
 import csv, sys
 from pathlib import Path
-from tdmpc.reproduce import parse_seeds
+from tdmpc.cli.reproduce import parse_seeds
 lanes, root, steps, left = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 alive, start = set(sys.argv[5].split()), int(sys.argv[6])
 need, order = {}, []

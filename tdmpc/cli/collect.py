@@ -1,0 +1,139 @@
+"""python -m tdmpc.collect --checkpoint PATH --task T --episodes N --out data.h5: episodes of a trained agent, as a dataset.
+
+The agent plans (or acts with its policy prior, --no-mpc), with Gaussian noise of std --noise
+added to its actions (clipped to [-1, 1]), or for discrete actions a random action with chance --noise; episodes run up to 16 at a time, planned in one
+call per step. They are appended to --out, created if missing: a file that exists must hold
+the same task and dims, and a crash never corrupts what it held (tdmpc.offline.writer).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from tdmpc.agent import Agent
+from tdmpc.errors import EXIT_OK, BadInput, parse_args, run_cli
+from tdmpc.offline.writer import DatasetWriter, task_action_start
+from tdmpc.runtime.device import set_threads
+from tdmpc.envs import make_env, make_envs
+from tdmpc.envs.names import resolve_task
+from tdmpc.tasks.sets import reference_info
+
+PARALLEL = 16
+
+
+@dataclass
+class CollectArgs:
+    checkpoint: Path
+    """A tdmpc checkpoint or a reference TD-MPC2 one."""
+    out: Path
+    """The dataset file to append to (created if missing)."""
+    episodes: int = 10
+    """Episodes to collect."""
+    task: Optional[str] = None
+    """The task to play; default: the checkpoint's (required for reference and multi-task checkpoints)."""
+    mpc: bool = True
+    """Plan with MPPI; --no-mpc acts with the policy prior alone."""
+    noise: float = 0.0
+    """Std of Gaussian noise added to every action (then clipped to [-1, 1]); for discrete actions, the chance of
+    a uniformly random action instead (at most 1)."""
+    seed: int = 0
+    """Seeds the envs, the planner and the noise."""
+    device: str = "auto"
+    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    threads: Optional[int] = None
+    """CPU threads for torch. None: the cores other processes leave idle."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(CollectArgs, argv, "python -m tdmpc.collect", __doc__.splitlines()[0])
+    return run_cli(lambda: collect(args))
+
+
+def collect(args: CollectArgs) -> int:
+    if args.episodes < 1 or not args.noise >= 0 or args.seed < 0:  # (noise above 1: a discrete model acts at random)
+        raise BadInput(f"--episodes must be >= 1, --noise >= 0 and --seed >= 0, got {args.episodes}, {args.noise} "
+                       f"and {args.seed}")
+    agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc)
+    cfg, dims = agent.cfg, agent.dims
+    task = args.task or cfg.task
+    repeat = cfg.action_repeat or resolve_task(task).default_action_repeat
+    own: tuple[list[int] | None, list[int] | None] = (None, None)
+    if dims.multitask:  # obs stay padded to the model's; the file says the task's own dims
+        agent.task_ids(task, 1)  # one of its set, or a one-line error
+        own = ([_own_obs_dim(task)], [dims.action_dims[dims.tasks.index(task)]])
+    start = task_action_start(task, obs=cfg.obs, action_repeat=cfg.action_repeat) if dims.discrete else 0
+    writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat, _source(args), *own,
+                           discrete=dims.discrete, action_start=start)
+    set_threads(args.threads)
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    returns: list[float] = []
+    with writer:
+        while len(returns) < args.episodes:
+            n = min(PARALLEL, args.episodes - len(returns))
+            returns += _play(agent, task, n, args.seed + len(returns), args.noise, rng, writer)
+            writer.commit()  # each batch of episodes on disk before the next is played
+    print(f"{task}: {len(returns)} episodes, return {np.mean(returns):.1f} ± {np.std(returns):.1f}; "
+          f"{args.out} holds {writer.episodes} episodes")
+    return EXIT_OK
+
+
+def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.random.Generator,
+          writer: DatasetWriter) -> list[float]:
+    """n episodes in parallel; each is handed to the writer as it ends. Returns their returns."""
+    dims, cfg = agent.dims, agent.cfg
+    envs = make_envs(task, n, seed=seed, obs=cfg.obs, action_repeat=cfg.action_repeat, pad_to=dims.pad_to)
+    task_mask = agent.model.action_mask(agent.task_ids(task, 1)) if dims.multitask else None
+    mask = np.ones(dims.action_dim, np.float32) if task_mask is None else task_mask.cpu().numpy()
+    try:
+        obs, _ = envs.reset(seed=seed)
+        # per env: observations, actions, rewards
+        history: list[tuple[list[np.ndarray], list[np.ndarray], list[float]]] = [([o], [], []) for o in obs]
+        done, first, returns = np.zeros(n, bool), np.ones(n, bool), []
+        while not done.all():
+            action = np.asarray(agent.act(obs, first, eval_mode=True, role=f"collect{n}",
+                                          task=task if dims.multitask else None))
+            if dims.discrete:  # noise: the chance of a uniformly random action instead
+                action = np.where(rng.random(n) < noise, rng.integers(0, dims.action_dim, n), action)
+            else:
+                action = (np.clip(action + noise * rng.standard_normal(action.shape), -1, 1) * mask).astype(np.float32)
+            obs, reward, terminated, truncated, info = envs.step(action)
+            for i in np.flatnonzero(~done):
+                ended = bool(terminated[i] or truncated[i])
+                h = history[i]
+                h[0].append(info["final_obs"][i] if ended else obs[i])
+                h[1].append(action[i])
+                h[2].append(float(reward[i]))
+                if ended:
+                    writer.add_episode(np.stack(h[0]), np.stack(h[1]), np.array(h[2]), bool(terminated[i]),
+                                       not terminated[i])
+                    returns.append(sum(h[2]))
+                    done[i] = True
+            first = terminated | truncated
+        return returns
+    finally:
+        envs.close()
+
+
+def _source(args: CollectArgs) -> str:
+    return (f"tdmpc.collect --checkpoint {args.checkpoint} --task {args.task} {'' if args.mpc else '--no-mpc '}"
+            f"--noise {args.noise} --seed {args.seed}")
+
+
+def _own_obs_dim(task: str) -> int:
+    known = reference_info(task)
+    if known is not None:
+        return known.obs_dim
+    env, spec = make_env(task)
+    env.close()
+    return spec.obs_shape[0]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""python -m tdmpc.evaluate --checkpoint PATH: run episodes with a saved agent, report and record them.
+
+Works on our checkpoints and on the reference implementation's (imported on the fly).
+Episodes run in parallel environments, planned for in one batched call per step.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+import torch
+
+from tdmpc.agent import Agent
+from tdmpc.envs import check_observations, make_env
+from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
+from tdmpc.episodes import check_video_path, run_episodes, run_tensor_episodes
+from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
+from tdmpc.model.checkpoint import check_dims_match
+from tdmpc.runtime.device import set_threads
+from tdmpc.runtime.files import json_text, write_text_atomic
+from tdmpc.tasks.sets import task_set_name
+
+
+@dataclass
+class EvalArgs:
+    checkpoint: Path
+    """A tdmpc checkpoint (run_dir/checkpoints/latest.pt) or a reference TD-MPC2 .pt file."""
+    task: Optional[str] = None
+    """Task to evaluate on; default: the checkpoint's. Required for reference checkpoints."""
+    episodes: int = 10
+    """Episodes to run (up to 16 in parallel, planned in one batched call)."""
+    seed: int = 0
+    """Seeds the envs and the planner: the same seed gives the same episodes."""
+    video: Optional[Path] = None
+    """Record the first episode to this file, its format by extension (.mp4, .gif, .webm, ...), written whole or
+    not at all (MuJoCo offscreen rendering; set MUJOCO_GL=egl or osmesa)."""
+    report: Optional[Path] = None
+    """Where to write the JSON report; default: beside the checkpoint."""
+    device: str = "auto"
+    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    threads: Optional[int] = None
+    """CPU threads for torch. None: the cores other processes leave idle."""
+    mpc: bool = True
+    """Plan with MPPI; --no-mpc acts with the policy prior alone."""
+    precision: Optional[str] = None
+    """Planning precision ('fp32', 'bf16', 'auto'); default: the checkpoint's."""
+    iterations: Optional[int] = None
+    """Planning overrides (this and the next four); default: the checkpoint's config, or the reference
+    settings (6 iterations, 512 samples, 64 elites, 24 policy trajectories, horizon 3) for a reference checkpoint."""
+    num_samples: Optional[int] = None
+    num_elites: Optional[int] = None
+    num_pi_trajs: Optional[int] = None
+    plan_horizon: Optional[int] = None
+    nonfinite_data: Optional[Literal["error", "drop"]] = None
+    """NaN or inf in an observation: stop with one line naming the env ('error'), or leave that episode out of
+    the report ('drop'); default: the checkpoint's."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(EvalArgs, argv, "python -m tdmpc.evaluate", __doc__.splitlines()[0])
+    return run_cli(lambda: evaluate(args))
+
+
+def evaluate(args: EvalArgs) -> int:
+    if args.episodes < 1:
+        raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
+    if args.threads is not None and args.threads < 1:
+        raise BadInput(f"--threads must be >= 1, got {args.threads}")
+    if args.seed < 0:
+        raise BadInput(f"--seed must be >= 0 (gymnasium seeds envs with it), got {args.seed}")
+    if args.video is not None:
+        check_video_path(args.video)
+    if args.report is not None and args.report.is_dir():
+        raise BadInput(f"--report {args.report} is a folder: give a file name, e.g. {args.report / 'eval.json'}")
+    overrides = {k: getattr(args, k) for k in ("mpc", "precision", "iterations", "num_samples", "num_elites",
+                                                "num_pi_trajs", "plan_horizon", "nonfinite_data")
+                 if getattr(args, k) is not None}
+    agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, **overrides)
+    cfg = agent.cfg
+    if agent.dims.multitask:
+        if args.task is None or "," in args.task or args.task in ("mt30", "mt80"):
+            raise BadInput(f"{args.checkpoint} is a multi-task model: choose the task to evaluate with --task, one "
+                           f"of {task_set_name(agent.dims.tasks)}")
+        agent.task_ids(args.task, 1)
+    tensor_envs = None
+    if not agent.dims.multitask and is_tensor_task(cfg.task):  # a GPU simulator's: its episodes all at once
+        if args.video:
+            raise BadInput(f"--video is not supported for tensor-native envs ({cfg.task}) yet")
+        tensor_envs, spec = make_tensor_vector_env(cfg.task, args.episodes, seed=args.seed, device=agent.device)
+    elif not agent.dims.multitask:
+        env, spec = make_env(cfg.task, seed=args.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
+        try:
+            check_observations(env, spec)
+        finally:
+            env.close()
+    if not agent.dims.multitask:
+        check_dims_match(agent.dims, spec.obs_shape, spec.action_dim, spec.discrete, spec.task,
+                         str(args.checkpoint))
+
+    set_threads(args.threads)
+    torch.manual_seed(args.seed)  # the planner's samples: the same seed repeats the same evaluation
+    t0 = time.time()
+    if tensor_envs is not None:
+        try:
+            res = run_tensor_episodes(agent, tensor_envs, args.episodes, args.seed)
+        finally:
+            tensor_envs.close()
+    else:
+        res = run_episodes(agent, cfg.task, args.episodes, args.seed, cfg.obs, cfg.action_repeat, args.video,
+                           drop_nonfinite=cfg.nonfinite_data == "drop")
+    assert res is not None  # only a stop() callback ends it early
+    imported = agent.imported_from_reference
+    summary = {"checkpoint": str(args.checkpoint), "imported_reference": imported, "task": cfg.task,
+               "seed": args.seed, "mpc": cfg.mpc, "planning": asdict(agent.planner_cfg) if cfg.mpc else None,
+               "precision": str(agent.plan_dtype).removeprefix("torch."),
+               "dims": agent.dims.to_dict(), **res.summary(),
+               "returns": res.returns, "lengths": res.lengths, "seconds": round(time.time() - t0, 1),
+               **({"video": str(args.video)} if args.video else {})}
+    origin = " (imported reference TD-MPC2 checkpoint)" if imported else ""
+    success = f", success {summary['success_rate']:.2f}" if "success_rate" in summary else ""
+    print(f"{cfg.task}{origin}: return {summary['episode_return']:.1f} ± {summary['episode_return_std']:.1f} "
+          f"over {summary['episodes']} episodes, length {summary['episode_length']:.0f}{success} "
+          f"[{summary['seconds']}s]" + (f"\nvideo: {args.video}" if args.video else "")
+          + (f"\n{res.dropped} episode(s) left out: NaN or inf in an observation (--nonfinite-data drop)"
+             if res.dropped else ""), flush=True)
+    if res.termination is not None:
+        t = res.termination
+        print(f"termination head: {summary['termination_accuracy']:.4f} of {t.sum():,} transitions right; "
+              f"{t[1, 1]} of {t[1].sum()} terminal steps predicted, {t[0, 1]} false alarms")
+    task_name = cfg.task.replace("/", "_").replace(":", "_")  # a namespaced id (phys2d/Pendulum-v0) is one name
+    report = args.report or args.checkpoint.with_name(f"eval_{task_name}_seed{args.seed}.json")
+    try:
+        write_text_atomic(report, json_text(summary))
+    except OSError as e:
+        print(f"error: the report could not be written to {report} ({e.strerror or e}); the result is above. "
+              f"Choose another place with --report PATH", file=sys.stderr)
+        return EXIT_ERROR
+    print(f"report: {report}")
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

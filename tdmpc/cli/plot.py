@@ -1,0 +1,46 @@
+"""python -m tdmpc.plot RUN_DIR... : eval return against environment steps, several runs in one figure.
+
+Runs with the same task and experiment name are seeds of one curve (mean, with a band
+for min-max across seeds); --no-group draws every run separately.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Optional
+
+import tyro
+
+from tdmpc.errors import BadInput, parse_args, run_cli
+from tdmpc.report.curves import check_figure_path, draw, group_runs
+
+
+@dataclass
+class PlotArgs:
+    runs: Annotated[tuple[Path, ...], tyro.conf.Positional]
+    """Run directories (each with eval.csv and config.json)."""
+    out: Path = Path("eval_return.png")
+    """The figure; its extension picks the format (.png, .pdf, .svg, ...)."""
+    group: bool = True
+    """Average runs of the same task and exp_name as seeds of one curve."""
+    title: Optional[str] = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(PlotArgs, argv, "python -m tdmpc.plot", __doc__.splitlines()[0])
+
+    def go() -> int:
+        if not args.runs:
+            raise BadInput("give one or more run directories: python -m tdmpc.plot RUN_DIR [RUN_DIR ...]")
+        check_figure_path(args.out)
+        out = draw(group_runs(list(args.runs), args.group), args.out, args.title)
+        print(f"wrote {out}")
+        return 0
+
+    return run_cli(go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
