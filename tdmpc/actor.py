@@ -22,7 +22,7 @@ from tdmpc.model.world_model import ModelDims, WorldModel
 from tdmpc.planners.make import make_planner
 from tdmpc.planners.base import Planner
 from tdmpc.planners.mppi import MPPIConfig
-from tdmpc.runtime.compile import compiled_if
+from tdmpc.runtime.compile import compile_enabled, compiled_if
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.device import cpu_fast_paths, resolve_dtype
 from tdmpc.runtime.transfer import to_device
@@ -39,6 +39,7 @@ class Actor:
         """model: the trained model, read through a planning copy; graphs: plan() replays as CUDA graphs."""
         self.cfg, self.dims, self.model, self.discount = cfg, dims, model, discount
         self.device, self.graphs = device, graphs
+        self.compile = compile_enabled(cfg.compile, device)
         self.random: RandomSource = TORCH  # Agent.use_random() sets the agent's
         self.plan_dtype = resolve_dtype(cfg.precision, device)
         self.plan_model = planning_copy(model, self.plan_dtype)
@@ -70,7 +71,7 @@ class Actor:
         if key not in self._plan_fns:
             planner = self.planner(num_envs, role)
             # act() runs it in inference mode, or under no_grad when compiled (PyTorch issue 180823)
-            graph = compiled_if(self.cfg.compile, planner.plan_graph, f"plan() for {num_envs} env(s), {role}")
+            graph = compiled_if(self.compile, planner.plan_graph, f"plan() for {num_envs} env(s), {role}")
             fn = lambda obs, first, *task: graph(obs, first, eval_mode, *task)  # noqa: E731
             self._plan_fns[key] = CUDAGraphed(fn) if self.graphs else fn
         return self._plan_fns[key]
@@ -137,7 +138,7 @@ class Actor:
         float32, or (N,) integers for a discrete model. Training acts on its replay buffer's newest rows through it,
         so an env step sends nothing to the device to act."""
         # Inference mode, or no_grad for compiled planning: inductor cannot compile on inference tensors.
-        with torch.no_grad() if self.cfg.compile else torch.inference_mode():
+        with torch.no_grad() if self.compile else torch.inference_mode():
             if self.stale:
                 sync_copy(self.plan_model, self.model)
                 self.stale = False

@@ -18,7 +18,7 @@ from tdmpc.config import Config
 from tdmpc.losses import LossSetup, policy_loss, world_model_loss
 from tdmpc.model.random import TORCH, RandomSource
 from tdmpc.model.world_model import ModelDims, WorldModel
-from tdmpc.runtime.compile import compiled_if
+from tdmpc.runtime.compile import compile_enabled, compiled_if
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.device import resolve_dtype
 from tdmpc.runtime.distributed import Shard
@@ -56,7 +56,7 @@ class Learner:
         # With cfg.compile the losses (forward and backward, through AOTAutograd) and the clipping statistics are
         # compiled graphs; backward() and the fused optimiser steps run between them. Data-parallel updates stay
         # eager (collectives).
-        compile_update = cfg.compile and shard.world == 1
+        compile_update = compile_enabled(cfg.compile, device) and shard.world == 1
         self._model_loss = compiled_if(compile_update, self._model_loss_eager, "update() world-model loss")
         self._pi_loss = compiled_if(compile_update, self._pi_loss_eager, "update() policy loss")
         self._clip_stats: dict[torch.optim.Optimizer, Callable] = {

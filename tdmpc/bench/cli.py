@@ -75,8 +75,9 @@ class BenchArgs:
     and waits of an acting step on CUDA's code path. Writes --tensor-envs-out."""
     tensor_envs_out: Path = Path("results/tensor-envs.json")
     """Where --tensor-envs writes its measurements (JSON)."""
-    compile: bool = False
-    """Time every agent with Config.compile (plan() and update() through torch.compile)."""
+    compile: Optional[bool] = None
+    """Time every agent with plan() and update() through torch.compile (--compile) or eager (--no-compile). None:
+    as a run decides (Config.compile: compiled with CUDA, eager on the CPU)."""
     matmul_precision: Optional[Literal["highest", "high"]] = None
     """fp32 matmuls ('high': TF32 on GPUs that have it). None: Config's default ('high' on CUDA)."""
     horizon: Optional[int] = None
@@ -209,10 +210,10 @@ def _main(args: BenchArgs) -> int:
         print(f"wrote {args.tensor_envs_out}")
         return 0
     reps = 5 if args.quick else 20
-    OVERRIDES.update({k: v for k, v in (("compile", args.compile), ("matmul_precision", args.matmul_precision),
-                                        ("horizon", args.horizon), ("num_samples", args.num_samples)) if v})
-    if args.overlap_updates is not None:
-        OVERRIDES["overlap_updates"] = args.overlap_updates
+    OVERRIDES.update({k: v for k, v in (("matmul_precision", args.matmul_precision), ("horizon", args.horizon),
+                                        ("num_samples", args.num_samples)) if v})
+    OVERRIDES.update({k: v for k, v in (("compile", args.compile), ("overlap_updates", args.overlap_updates))
+                      if v is not None})
     if args.gpu_mem and device.type == "cuda":
         from tdmpc.memory import parse_size
         from tdmpc.runtime.device import cap_cuda_memory

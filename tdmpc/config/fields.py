@@ -259,10 +259,10 @@ class _Hardware:
     """Envs whose candidates one model call rolls out in plan(): fewer hold less memory and plan the same. None:
     all at once on a GPU, unless the memory estimate needs chunks for the run to fit (then the most that fit,
     said before the run starts); cache-sized chunks on a CPU."""
-    compile: bool = False
+    compile: Optional[bool] = None
     """Run plan() and update() through torch.compile (inductor): far fewer, fused kernels. The first call of each
-    compiles (minutes on a small CPU; inductor's cache shortens the next start). Off by default: docs/speed.md
-    says why."""
+    compiles (its time is printed; inductor's cache shortens the next start); a failed compile runs eagerly. None:
+    on with CUDA, off on the CPU (docs/speed.md). --compile / --no-compile."""
     matmul_precision: Optional[Literal["highest", "high"]] = None
     """fp32 matmuls: 'high' runs them in TF32 on GPUs that have it, as the reference trains; 'highest' keeps full
     fp32. None: 'high' on CUDA, 'highest' elsewhere."""

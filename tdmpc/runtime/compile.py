@@ -35,6 +35,12 @@ class Compiled:
         return out
 
 
+def compile_enabled(flag: bool | None, device: torch.device) -> bool:
+    """Config.compile resolved: None compiles on CUDA, where it measured 1.53x end to end on an H200, and not on the
+    CPU (BENCHMARKS.md, "Compiled or eager")."""
+    return flag if flag is not None else device.type == "cuda"
+
+
 def compiled_if(enabled: bool, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """Compiled(fn, name) when enabled (Config.compile), else fn itself."""
     return Compiled(fn, name) if enabled else fn
