@@ -166,3 +166,23 @@ def test_the_committed_kernel_counts_are_the_codes_eager_counts():
         update = sum(update_kernels(5, False)[1].values())
     assert (plan, update) == (committed["plan_kernels_eager"], committed["update_kernels_eager"]), \
         "rerun python -m tdmpc.bench --kernels and commit results/kernels.json"
+
+
+def test_the_cpu_count_predicts_the_last_gpu_profile_by_group():
+    """The last GPU profile (an H200) beside the CPU count of its commit: grouped alike, the offsets per group rebuild
+    the GPU's totals, and where the two must agree they do: the GPU ran exactly the GEMMs the CPU counter counts for
+    plan() today (108: a matmul added or removed fails here until a new profile is taken)."""
+    from tdmpc.bench.kernel_counts import counting_agent, plan_kernels
+    from tdmpc.bench.kernel_groups import CALLS, by_group, gpu_estimate, gpu_group, offsets, profile
+    from tdmpc.runtime.device import cuda_code_path
+
+    p = profile()
+    assert {c: sum(p["gpu"][c].values()) for c in CALLS} == {
+        "plan_eager": 787, "update_eager": 626, "plan_compiled": 363, "update_compiled": 346}
+    for call in CALLS:
+        assert gpu_estimate(call, p["cpu"][call]) == sum(p["gpu"][call].values()), call
+    assert "GEMM" not in offsets("plan_eager") and "GEMM" not in offsets("plan_compiled")
+    assert offsets("update_compiled")["split-K reduce"] == 22  # cuBLAS's, which no CPU count can see
+    with cuda_code_path():
+        plan = plan_kernels(counting_agent(5, False), 1, False)
+    assert by_group(plan)["GEMM"] == by_group(p["gpu"]["plan_eager"], gpu_group)["GEMM"] == 108

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from tdmpc.agent import Agent
+from tdmpc.bench import kernel_groups
 from tdmpc.bench.kernels import TransferCounter, compiled_kernels, count_kernels, kernels_in_code
 from tdmpc.bench.timing import BATCH, OBS_DIM, agent_for, random_batch
 from tdmpc.config import Config, validate
@@ -138,9 +139,22 @@ def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
                 "h2d": dict(transfers.h2d), "waits": dict(transfers.waits)}
             if size == 5:
                 out.update(row)
+                out["gpu_estimate"] = gpu_estimates(out["detail"]["size5"])
             else:
                 out[f"size{size}"] = row
     return out
+
+
+def gpu_estimates(detail: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """What a GPU would launch for these CPU counts (size 5's detail): each plus the last GPU profile's offset per
+    group (tdmpc.bench.kernel_groups)."""
+    cpu = {"plan_eager": detail["plan_eager"], "update_eager": detail["update_eager"],
+           "plan_compiled": detail["plan_compiled"],
+           "update_compiled": dict(Counter(detail["update_compiled_graphs"]) + Counter(detail["update_compiled_around"]))}
+    return {"profile": str(kernel_groups.PROFILE.relative_to(kernel_groups.PROFILE.parents[3])),
+            **{f"{call.split('_')[0]}_kernels_{call.split('_')[1]}": kernel_groups.gpu_estimate(call, counts)
+               for call, counts in cpu.items()},
+            "offsets_by_group": {call: kernel_groups.offsets(call) for call in kernel_groups.CALLS}}
 
 
 def write_kernel_counts(out: Path) -> int:
@@ -153,6 +167,10 @@ def write_kernel_counts(out: Path) -> int:
               f"32 envs {r['plan_kernels_eager_32env']} / {r['plan_kernels_compiled_32env']}; update() B=256 "
               f"{r['update_kernels_eager']} / {r['update_kernels_compiled']}; per env step "
               f"{r['h2d_copies_per_env_step']} host-to-device copies, {r['blocking_waits_per_env_step']} host waits")
+    g = result["gpu_estimate"]
+    print(f"a GPU would launch about (size 5; the CPU counts plus the offsets per group of {g['profile']}): plan() "
+          f"{g['plan_kernels_eager']} eager / {g['plan_kernels_compiled']} compiled; update() {g['update_kernels_eager']}"
+          f" / {g['update_kernels_compiled']}")
     write_text_atomic(out, json_text(result))
     print(f"wrote {out}")
     return 0

@@ -1,0 +1,83 @@
+"""What a GPU runs beside what the CPU counts: kernels sorted into the same groups on both sides, and the offset per
+group that the last GPU profile measured, so that bench --kernels, without a GPU, can say what one would launch.
+
+The CPU count (tdmpc.bench.kernels) sees CUDA's code path: eager, the aten ops a call dispatches; compiled, the
+kernels in the code inductor writes for the CPU. A GPU runs more than that, in known places: inductor's Triton
+code splits what its C++ code fuses into one loop nest (a stack of the Q ensemble's terms, a reduction and what
+follows it), cuBLAS adds a split-K reduction kernel to some GEMMs, and top-k is a sort and a gather. The profile's
+per-group differences (results/gpu/2026-11-27-h200/kernels-gpu-and-cpu.json) are that model; BENCHMARKS.md has the
+table. A later profile replaces the file."""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+GROUPS = ("fused (inductor)", "elementwise and reductions", "GEMM", "split-K reduce", "copy", "fill", "stack and cat",
+          "sort and top-k", "random", "foreach and optimizer")
+PROFILE = Path(__file__).resolve().parents[2] / "results" / "gpu" / "2026-11-27-h200" / "kernels-gpu-and-cpu.json"
+CALLS = ("plan_eager", "update_eager", "plan_compiled", "update_compiled")
+
+_GEMM = ("gemm", "nvjet", "cutlass", "xmma", "gemv")
+_RANDOM_CPU = {"normal_", "randint", "randn", "bernoulli_", "exponential_", "uniform_", "normal_functional"}
+
+
+def gpu_group(name: str) -> str:
+    """A CUDA kernel's group, from its name as the profiler reports it."""
+    n = name.lower()
+    rules = ((("splitkreduce",), "split-K reduce"), (("triton_",), "fused (inductor)"), (_GEMM, "GEMM"),
+             (("multi_tensor_apply", "lpnorm_cleanup"), "foreach and optimizer"), (("catarraybatchedcopy",),
+             "stack and cat"), (("direct_copy",), "copy"), (("fill",), "fill"), (("radixsort", "topk", "sort"),
+             "sort and top-k"), (("distribution_", "randperm", "philox"), "random"))
+    return next((group for keys, group in rules if any(k in n for k in keys)), "elementwise and reductions")
+
+
+def cpu_group(op: str) -> str:
+    """A CPU count's entry's group: an aten op (eager), or inductor's 'fused', 'extern.<op>' or 'aten.<op>'."""
+    if op == "fused":
+        return "fused (inductor)"
+    op = op.split(".", 1)[1] if op.startswith(("extern.", "aten.")) else op
+    if op in ("addmm", "mm", "bmm", "baddbmm"):
+        return "GEMM"
+    if op in ("_to_copy", "copy_", "clone"):
+        return "copy"
+    if op in ("fill_", "zeros_like", "ones_like", "ones", "zeros", "scalar_tensor", "full"):
+        return "fill"
+    if op in ("stack", "cat"):
+        return "stack and cat"
+    if op in ("topk", "sort"):
+        return "sort and top-k"
+    if op in _RANDOM_CPU:
+        return "random"
+    if op.startswith("_foreach_") or op.startswith("_fused_"):
+        return "foreach and optimizer"
+    return "elementwise and reductions"
+
+
+def by_group(counts: dict[str, int], group: Callable[[str], str] = cpu_group) -> dict[str, int]:
+    """Counts per kernel or op name -> counts per group (every group, zeros included)."""
+    out = dict.fromkeys(GROUPS, 0)
+    for name, n in counts.items():
+        out[group(name)] += n
+    return out
+
+
+@lru_cache(maxsize=1)
+def profile() -> dict:
+    return json.loads(PROFILE.read_text())
+
+
+def offsets(call: str) -> dict[str, int]:
+    """GPU minus CPU per group in the last profile, for one of CALLS."""
+    p = profile()
+    gpu, cpu = by_group(p["gpu"][call], gpu_group), by_group(p["cpu"][call])
+    return {g: gpu[g] - cpu[g] for g in GROUPS if gpu[g] != cpu[g]}
+
+
+def gpu_estimate(call: str, cpu_counts: dict[str, int]) -> int:
+    """What a GPU would launch for a call the CPU counted as `cpu_counts`: the count plus the last profile's
+    offsets (a group the profile's GPU ran none of adds nothing below zero)."""
+    cpu, off = by_group(cpu_counts), offsets(call)
+    return sum(max(cpu[g] + off.get(g, 0), 0) for g in GROUPS)
