@@ -114,7 +114,7 @@ def test_a_discrete_agent_plans_and_updates_as_cuda_graphs_without_host_syncs():
     from test_fast_paths import CountSyncs
 
     cfg = Config(model_size=1, num_samples=128, num_elites=16, num_pi_trajs=8, iterations=3, batch_size=64,
-                 device="cuda", cuda_graphs=True)
+                 device="cuda", cuda_graphs=True, compile=False)  # eager kernels under graphs (compiled: below)
     torch.manual_seed(0)
     agent = Agent(cfg, ModelDims.from_config(cfg, (4,), 3, True, discrete=True), 500, CUDA)
     batch = Batch(torch.randn(4, 64, 4, device=CUDA), torch.randint(3, (3, 64), device=CUDA, dtype=torch.int32),
