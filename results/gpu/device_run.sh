@@ -32,7 +32,7 @@ ref() {  # ref NAME CAP ARGS...: the reference with tensordict/torchrl 0.13; aga
     stage $1-td012 $2 env PYTHONPATH=$R/.devsite/refgym:/tmp/ref12:/tmp/site $REF $O/$1-td012.json $REFARGS "${@:3}"
   fi
 }
-stage ours $((170)) $B --sizes 5 --envs 1 32 256 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/ours.json
+stage ours $((170)) $B --sizes 5 --envs 1 32 256 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --profile --no-compile --out $O/ours.json
 ref reference 420 steps=3000  # 2026-11-26: 230 s reached step 1,500 of 2,500 (compiling, pretraining)
 stage cuda-tests 110 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu $R/tests/test_cuda.py $R/tests/test_memory.py -q -n 4 -p no:cacheprovider
 stage seed-case-ours 60 $B --sizes 5 --envs 1 --horizon 8 --num-samples 256 --gpu-mem 16GiB --e2e-envs 1 --e2e-steps 200 --warmup-steps 500 --out $O/seed-case-ours.json
