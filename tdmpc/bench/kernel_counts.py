@@ -81,8 +81,8 @@ def _optimizer_step_kernels(agent: Agent, optim: torch.optim.Optimizer) -> Count
     """Learner._optimizer_step's kernels but its clipping statistics, which --compile compiles (their kernels are read from
     the compiled update's code); run with the statistics computed beforehand."""
     stats = agent.learner._clip_stats[optim]
-    out = stats(agent.learner.grads(optim))
-    agent.learner._clip_stats[optim] = lambda grads: out
+    out = stats(torch.stack(torch._foreach_norm(agent.learner.grads(optim))))
+    agent.learner._clip_stats[optim] = lambda norms: out
     try:
         return count_kernels(lambda: agent.learner._optimizer_step(optim)).counts
     finally:
