@@ -107,14 +107,24 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_the_run_resumes(tmp_pat
         assert "removed" in r.stderr or not list((run / "checkpoints").glob(".*.tmp"))
 
 
-def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
-    cfg = validate(Config(**{**TINY, "steps": 700, "eval_freq": 10_000, "save_every": 10_000}))
-    run = tmp_path / "run"
+def _stopped_and_resumed(run: Path, steps: int, stop_at: int, edit_checkpoint=None):
+    """A run stopped (as by a signal) past `stop_at`, its checkpoint edited if asked, and the resumed trainer."""
+    cfg = validate(Config(**{**TINY, "steps": steps, "eval_freq": 10_000, "save_every": 10_000}))
     first = Trainer(cfg, run, resolve_device("cpu"))
-    _stop_after(first, 450)
+    _stop_after(first, stop_at)
     assert first.run() == 3
+    if edit_checkpoint is not None:
+        path = run / "checkpoints" / "latest.pt"
+        ck = torch.load(path, weights_only=True)
+        edit_checkpoint(ck)
+        torch.save(ck, path)
     second = Trainer(validate(Config(**json.loads((run / "config.json").read_text()))), run,
                      resolve_device("cpu"), resume=True)
+    return first, second
+
+
+def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
+    first, second = _stopped_and_resumed(tmp_path / "run", 700, 450)
     assert second.counters.step == first.counters.step and second.counters.updates == first.counters.updates
     F = first.buffer.filled
     assert second.buffer.transitions == first.buffer.transitions
@@ -136,19 +146,11 @@ def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
 
 def test_a_checkpoint_naming_its_step_env_step_resumes_at_that_step(tmp_path):
     """Checkpoints written before Counters.step was renamed hold 'env_step' (offline it counted updates)."""
-    cfg = validate(Config(**{**TINY, "steps": 500, "eval_freq": 10_000, "save_every": 10_000}))
     run = tmp_path / "run"
-    first = Trainer(cfg, run, resolve_device("cpu"))
-    _stop_after(first, 300)
-    assert first.run() == 3
-    path = run / "checkpoints" / "latest.pt"
-    ck = torch.load(path, weights_only=True)
-    ck["train"]["env_step"] = ck["train"].pop("step")
-    torch.save(ck, path)
-    second = Trainer(validate(Config(**json.loads((run / "config.json").read_text()))), run,
-                     resolve_device("cpu"), resume=True)
+    first, second = _stopped_and_resumed(run, 500, 300, lambda ck: ck["train"].update(env_step=ck["train"].pop("step")))
     assert second.counters.step == first.counters.step >= 300
-    assert second.run() == 0 and torch.load(path, weights_only=True)["train"]["step"] == 500
+    assert second.run() == 0
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 500
 
 
 def _stop_after(trainer, at_step):
