@@ -12,7 +12,6 @@ from tdmpc.errors import STOP_SIGNALS, Interrupted, in_command
 from tdmpc.training.run_dir import checkpoint_path
 
 
-
 class StopSignals:
     """The Trainer's handling of stop signals, apart from the loop it stops (tdmpc.training.trainer)."""
 
