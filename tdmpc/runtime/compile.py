@@ -36,8 +36,8 @@ class Compiled:
 
 
 def compile_enabled(flag: bool | None, device: torch.device) -> bool:
-    """Config.compile resolved: None compiles on CUDA, where it measured 1.53x end to end on an H200, and not on the
-    CPU (BENCHMARKS.md, "Compiled or eager")."""
+    """Config.compile resolved: None compiles on CUDA, where it measured 1.53x end to end on an H200
+    (results/gpu/2026-11-27-h200/), and not on the CPU, where it measured slower (results/compile-default/)."""
     return flag if flag is not None else device.type == "cuda"
 
 
