@@ -152,7 +152,7 @@ def gpu_estimates(detail: dict[str, dict[str, int]]) -> dict[str, Any]:
            "plan_compiled": detail["plan_compiled"],
            "update_compiled": dict(Counter(detail["update_compiled_graphs"]) + Counter(detail["update_compiled_around"]))}
     return {"profile": str(kernel_groups.PROFILE.relative_to(kernel_groups.PROFILE.parents[3])),
-            **{f"{call.split('_')[0]}_kernels_{call.split('_')[1]}": kernel_groups.gpu_estimate(call, counts)
+            **{"{}_kernels_{}".format(*call.split("_")): kernel_groups.gpu_estimate(call, counts)
                for call, counts in cpu.items()},
             "offsets_by_group": {call: kernel_groups.offsets(call) for call in kernel_groups.CALLS}}
 

@@ -20,18 +20,21 @@ GROUPS = ("fused (inductor)", "elementwise and reductions", "GEMM", "split-K red
 PROFILE = Path(__file__).resolve().parents[2] / "results" / "gpu" / "2026-11-27-h200" / "kernels-gpu-and-cpu.json"
 CALLS = ("plan_eager", "update_eager", "plan_compiled", "update_compiled")
 
-_GEMM = ("gemm", "nvjet", "cutlass", "xmma", "gemv")
 _RANDOM_CPU = {"normal_", "randint", "randn", "bernoulli_", "exponential_", "uniform_", "normal_functional"}
+
+
+# A CUDA kernel's group: the first whose name parts its (lower-cased) name contains; else elementwise.
+_GPU_RULES = ((("splitkreduce",), "split-K reduce"), (("triton_",), "fused (inductor)"),
+              (("gemm", "nvjet", "cutlass", "xmma", "gemv"), "GEMM"),
+              (("multi_tensor_apply", "lpnorm_cleanup"), "foreach and optimizer"),
+              (("catarraybatchedcopy",), "stack and cat"), (("direct_copy",), "copy"), (("fill",), "fill"),
+              (("radixsort", "topk", "sort"), "sort and top-k"), (("distribution_", "randperm", "philox"), "random"))
 
 
 def gpu_group(name: str) -> str:
     """A CUDA kernel's group, from its name as the profiler reports it."""
     n = name.lower()
-    rules = ((("splitkreduce",), "split-K reduce"), (("triton_",), "fused (inductor)"), (_GEMM, "GEMM"),
-             (("multi_tensor_apply", "lpnorm_cleanup"), "foreach and optimizer"), (("catarraybatchedcopy",),
-             "stack and cat"), (("direct_copy",), "copy"), (("fill",), "fill"), (("radixsort", "topk", "sort"),
-             "sort and top-k"), (("distribution_", "randperm", "philox"), "random"))
-    return next((group for keys, group in rules if any(k in n for k in keys)), "elementwise and reductions")
+    return next((group for keys, group in _GPU_RULES if any(k in n for k in keys)), "elementwise and reductions")
 
 
 def cpu_group(op: str) -> str:
