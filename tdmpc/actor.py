@@ -196,10 +196,10 @@ class Actor:
         return flags.expand(n)
 
     @torch.inference_mode()
-    def predicts_termination(self, obs: np.ndarray | Tensor, action: np.ndarray | Tensor) -> np.ndarray:
-        """(N,) bool: does the termination head say `action` ends the episode from `obs`? It reads the latent the
-        dynamics predict, as planning does; evaluation scores it against the env's terminations."""
+    def predicts_termination(self, obs: Tensor, action: Tensor) -> Tensor:
+        """(N,) bool on the device: does the termination head say `action` ends the episode from `obs`? It reads
+        the latent the dynamics predict, as planning does; evaluation scores it against the env's terminations."""
         m = self.model
-        z = m.encode(torch.as_tensor(obs).to(self.device))
-        z = m.next(z, m.action_input(torch.as_tensor(action, dtype=torch.float32).to(self.device)))
-        return (m.termination(z) > 0.5).squeeze(-1).cpu().numpy()
+        with torch.inference_mode():
+            z = m.next(m.encode(obs.to(self.device)), m.action_input(action.to(self.device, torch.float32)))
+            return (m.termination(z) > 0.5).squeeze(-1)

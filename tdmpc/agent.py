@@ -75,7 +75,7 @@ class Agent:
     def task_ids(self, task: int | str | Sequence | np.ndarray | Tensor | None, n: int) -> Tensor | None:
         return self.actor.task_ids(task, n)
 
-    def predicts_termination(self, obs: np.ndarray | Tensor, action: np.ndarray | Tensor) -> np.ndarray:
+    def predicts_termination(self, obs: Tensor, action: Tensor) -> Tensor:
         return self.actor.predicts_termination(obs, action)
 
     @property

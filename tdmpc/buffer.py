@@ -30,7 +30,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tdmpc.envs.tensor import TensorStep
 from tdmpc.errors import BufferFileError
+from tdmpc.runtime.device import cpu_fast_paths
 from tdmpc.runtime.files import atomic_write
 from tdmpc.runtime.transfer import to_device
 
@@ -53,6 +55,11 @@ BUFFER_FIELDS = ("obs", "action", "reward", "terminated", "first", "valid")
 
 
 class ReplayBuffer:
+    """Every env's rows, written by mask: each start() or add() claims the next row of the envs its mask selects,
+    so that a step's rows go in with no host sync, whatever device the buffer is on (write pointers and episode
+    steps live there too). `filled` counts the columns ever written: exact on the CPU; on a GPU an upper bound
+    (one per call), so that nothing reads the device."""
+
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], action_dim: int,
                  horizon: int, obs_dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  storage: torch.device | str | None = None, env_tasks: np.ndarray | None = None,
@@ -76,22 +83,25 @@ class ReplayBuffer:
         self.terminated = torch.zeros((N, C), dtype=torch.bool, **kw)
         self.first = torch.zeros((N, C), dtype=torch.bool, device=self.storage)  # the row starts an episode
         self.valid = torch.zeros((N, C), dtype=torch.bool, device=self.storage)
-        # Host bookkeeping: write pointers, episode steps, and a mirror of `valid` for counting.
-        self.ptr = np.zeros(N, dtype=np.int64)
-        self.ep_step = np.full(N, -1, dtype=np.int64)  # -1: no episode started yet
-        self.filled = 0  # columns ever written (max over envs)
-        self.transitions = 0  # transitions stored since creation
-        # (not on the meta device, where the memory estimate builds a buffer only to ask its device bytes)
-        self._valid_host = np.zeros((N, C if self.storage.type != "meta" else 0), dtype=bool)
+        self.ptr = torch.zeros(N, dtype=torch.long, device=self.storage)  # each env's next row
+        self.ep_step = torch.full((N,), -1, dtype=torch.long, device=self.storage)  # -1: no episode in progress
+        self._newest = torch.zeros(N, dtype=torch.long, device=self.storage)  # each env's last written row
+        self._count = torch.zeros((), dtype=torch.long, device=self.storage)  # transitions stored
+        self.filled = 0
         # made on the CPU and moved: arange on the meta device (the memory estimate's) imports sympy
         self._envs = torch.arange(N, device="cpu").to(self.storage)
-        self._newest = torch.zeros(N, dtype=torch.long, device=self.storage)  # each env's last written row
+        self._all = torch.ones(N, dtype=torch.bool, device=self.storage)
         self.env_tasks = None if env_tasks is None else torch.as_tensor(env_tasks, dtype=torch.long, device=self.storage)
         self._offsets = torch.arange(horizon + 1, device="cpu").to(self.storage)
 
     @property
+    def transitions(self) -> int:
+        """Transitions stored since creation (read from the device)."""
+        return int(self._count)
+
+    @property
     def num_valid_starts(self) -> int:
-        return int(self._valid_host.sum())
+        return int(self.valid[:, :self.filled].sum())
 
     @property
     def saved_bytes(self) -> int:
@@ -103,66 +113,86 @@ class ReplayBuffer:
         return sum(t.numel() * t.element_size() for t in (self.obs, self.action, self.reward, self.terminated,
                                                            self.first, self.valid))
 
-    def _rows(self, envs: np.ndarray) -> np.ndarray:
-        """Claim the next row of each env in `envs` (host bookkeeping only)."""
-        rows = self.ptr[envs].copy()
-        self.ptr[envs] = (rows + 1) % self.C
-        self.filled = max(self.filled, int(rows.max()) + 1)
-        return rows
-
-    def start(self, obs: Tensor, envs: np.ndarray | None = None) -> None:
-        """Begin an episode in each env of `envs` (all by default) with its reset observation."""
-        envs = np.arange(self.N) if envs is None else np.asarray(envs, dtype=np.int64)
-        if len(envs) == 0:
+    def start(self, obs: Tensor, mask: Tensor | np.ndarray | None = None) -> None:
+        """Begin an episode in the envs where `mask` (N,) is True (all when None) with their reset observations,
+        rows of obs (N, ...)."""
+        if isinstance(mask, np.ndarray) and not mask.any():
             return
-        rows = self._rows(envs)
-        self._valid_host[envs, rows] = False
-        e, r, o = to_device(self.storage, envs, rows, _host(obs, self.obs.dtype))
-        self.obs[e, r] = o
-        self.action[e, r] = 0
-        self.reward[e, r] = 0
-        self.terminated[e, r] = False
-        self.first[e, r] = True
-        self.valid[e, r] = False
-        self._newest[e] = r
-        self.ep_step[envs] = 0
+        mask = self._mask(mask)
+        self._write("obs", mask, obs.to(self.storage))
+        for name, zero in (("action", 0), ("reward", 0.0), ("terminated", False)):
+            self._write(name, mask, zero)
+        self._write("first", mask, True)
+        self._mark(self.ptr, mask, False)
+        self.ep_step = torch.where(mask, 0, self.ep_step)
+        self._advance(mask)
 
     def add(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
-            keep: np.ndarray | None = None) -> None:
-        """One step of the N envs: obs is what each action led to (the final obs if the episode ended).
-        keep: which envs' transitions to store (the others are dropped; their episodes must restart).
+            keep: Tensor | np.ndarray | None = None) -> None:
+        """One step's transitions of the envs where `keep` (N,) is True (all when None) and an episode is in
+        progress (an env whose episode was ended by end_episodes() or stop() stores nothing until its next
+        start()). obs is what each action led to (the final observation where an episode ended).
 
-        Rows, indices and validity changes reach the device in one copy (runtime.transfer)."""
-        envs = np.arange(self.N) if keep is None else np.flatnonzero(keep)
-        if len(envs) == 0:
-            return
-        if (self.ep_step[envs] < 0).any():
-            raise RuntimeError("ReplayBuffer.add() before start(): begin each env's episode first")
-        obs_h, action_h = _host(obs, self.obs.dtype)[envs], _host(action, self.action.dtype)[envs]
-        reward_h, ended = _host(reward, torch.float32)[envs], _host(terminated, torch.bool)[envs]
-        rows = self._rows(envs)
-        self.ep_step[envs] += 1
-        # Validity: the rows written start no sub-trajectory yet; the start H rows back now has one, and so do
-        # the starts whose sub-trajectory reaches past a terminal row (all distinct rows: no order to keep).
-        ready = self.ep_step[envs] >= self.H
-        changes = [(envs, rows, False), (envs[ready], (rows[ready] - self.H) % self.C, True)]
+        Validity: the rows written start no sub-trajectory yet; the start H rows back now has one, and so do the
+        starts whose sub-trajectory reaches past a terminal row."""
+        mask = self._mask(keep) & (self.ep_step >= 0)
+        term = terminated.to(self.storage) & mask
+        for name, value in (("obs", obs), ("action", action), ("reward", reward), ("terminated", term)):
+            self._write(name, mask, value.to(self.storage))
+        self._write("first", mask, False)
+        rows = self.ptr
+        self._mark(rows, mask, False)
+        self.ep_step = self.ep_step + mask.long()
+        self._mark((rows - self.H) % self.C, mask & (self.ep_step >= self.H), True)
         for k in range(1, self.H):
-            back = ended & (self.ep_step[envs] >= k)
-            changes.append((envs[back], (rows[back] - k) % self.C, True))
-        v_env = np.concatenate([c[0] for c in changes])
-        v_row = np.concatenate([c[1] for c in changes])
-        v_val = np.concatenate([np.full(len(c[0]), c[2]) for c in changes])
-        self._valid_host[v_env, v_row] = v_val
-        e, r, o, a, rw, t, ve, vr, vv = to_device(self.storage, envs, rows, obs_h, action_h, reward_h, ended,
-                                                  v_env, v_row, v_val)
-        self.obs[e, r] = o
-        self.action[e, r] = a
-        self.reward[e, r] = rw
-        self.terminated[e, r] = t
-        self.first[e, r] = False
-        self.valid[ve, vr] = vv
-        self._newest[e] = r
-        self.transitions += len(envs)
+            self._mark((rows - k) % self.C, term & (self.ep_step >= k), True)
+        self._count += mask.sum()
+        self._advance(mask)
+
+    def record(self, s: TensorStep, action: Tensor) -> None:
+        """A vector step's rows: its transitions (a non-finite one is not stored, and its env's episode stores
+        nothing more: stop()), then the episodes that start. A step of host data reaches the device in one copy."""
+        fields = (s.next_obs, s.reward, s.terminated, s.transition, s.finite, s.obs, s.started)
+        starts = not s.on_host or bool(s.started.any())  # on host data the check is free
+        if s.on_host:
+            fields = tuple(to_device(self.storage, *fields))
+        next_obs, reward, terminated, transition, finite, obs, started = (f.to(self.storage) for f in fields)
+        self.stop(transition & ~finite)
+        self.add(next_obs, action, reward, terminated, transition & finite)
+        if starts:
+            self.start(obs, started)
+
+    def stop(self, mask: Tensor) -> None:
+        """End the episodes in flight in the envs where `mask` is True: nothing more of them is stored."""
+        self.ep_step = torch.where(mask.to(self.storage), -1, self.ep_step)
+
+    def end_episodes(self) -> None:
+        """Drop in-flight episodes (at resume): the next row of every env must be a start()."""
+        self.ep_step.fill_(-1)
+
+    def _mask(self, mask: Tensor | np.ndarray | None) -> Tensor:
+        return self._all if mask is None else torch.as_tensor(mask, device=self.storage)
+
+    def _write(self, name: str, mask: Tensor, value: Tensor | float) -> None:
+        """Field `name` at each env's next row, where mask (N,) is True (the others are written back as they were:
+        a masked write, not an index, so that nothing waits for the device)."""
+        field = getattr(self, name)
+        old = field[self._envs, self.ptr]
+        m = mask.view(-1, *[1] * (old.dim() - 1))
+        field[self._envs, self.ptr] = torch.where(m, value.to(field.dtype) if isinstance(value, Tensor) else value, old)
+
+    def _mark(self, rows: Tensor, mask: Tensor, value: bool) -> None:
+        self.valid[self._envs, rows] = torch.where(mask, value, self.valid[self._envs, rows])
+
+    def _advance(self, mask: Tensor) -> None:
+        """The masked envs' rows are written: their pointers move on."""
+        rows = self.ptr
+        self._newest = torch.where(mask, rows, self._newest)
+        self.ptr = torch.where(mask, (rows + 1) % self.C, rows)
+        if not cpu_fast_paths(self.storage):
+            self.filled = min(self.C, self.filled + 1)
+        elif mask.any():
+            self.filled = max(self.filled, int(rows[mask].max()) + 1)
 
     def newest(self) -> tuple[Tensor, Tensor]:
         """Each env's newest observation (N, ...) and whether it begins an episode (N,), on `device`: what the
@@ -175,9 +205,9 @@ class ReplayBuffer:
 
     def sample(self, batch_size: int) -> Batch:
         """B sub-trajectories of H+1 observations, uniform over valid starts, time-major."""
-        if not self._any_valid():
-            raise RuntimeError(f"no complete sub-trajectory of horizon {self.H} in the buffer yet")
         F = self.filled
+        if cpu_fast_paths(self.storage) and not self.valid[:, :F].any():  # on a GPU: torch.multinomial says so
+            raise RuntimeError(f"no complete sub-trajectory of horizon {self.H} in the buffer yet")
         flat = torch.multinomial(self.valid[:, :F].reshape(-1).float(), batch_size, replacement=True)
         env = (flat // F).unsqueeze(1)
         rows = (flat % F).unsqueeze(1) + self._offsets  # (B, H+1)
@@ -191,13 +221,6 @@ class ReplayBuffer:
             parts = to_device(self.device, *(t.contiguous() for t in parts))
         return Batch(*(t.contiguous() for t in parts))
 
-    def _any_valid(self) -> bool:
-        return bool(self._valid_host.any())
-
-    def end_episodes(self) -> None:
-        """Drop in-flight episodes (at resume): the next row of every env must be a start()."""
-        self.ep_step[:] = -1
-
     # --- persistence (HDF5) --------------------------------------------------------
     def save(self, path: Path) -> None:
         F = self.filled
@@ -206,8 +229,8 @@ class ReplayBuffer:
             with h5py.File(tmp, "w") as f:
                 for name in BUFFER_FIELDS:
                     f.create_dataset(name, data=getattr(self, name)[:, :F].cpu().numpy())
-                f.create_dataset("ptr", data=self.ptr)
-                f.create_dataset("ep_step", data=self.ep_step)
+                f.create_dataset("ptr", data=self.ptr.cpu().numpy())
+                f.create_dataset("ep_step", data=self.ep_step.cpu().numpy())
                 if self.env_tasks is not None:
                     f.create_dataset("env_tasks", data=self.env_tasks.cpu().numpy())
                 f.attrs.update(capacity_per_env=self.C, num_envs=self.N, horizon=self.H, filled=F,
@@ -241,116 +264,20 @@ class ReplayBuffer:
                         raise BufferFileError(f"{path}: '{name}' has shape {f[name].shape}, expected "
                                               f"{(self.N, F, *target.shape[2:])}")
                     target[:, :F] = torch.from_numpy(f[name][...]).to(self.storage)
-                self.ptr[:] = f["ptr"][...]
-                self.ep_step[:] = f["ep_step"][...]
-                self.filled, self.transitions = F, int(a["transitions"])
+                self.ptr.copy_(torch.from_numpy(f["ptr"][...].astype(np.int64)))
+                self.ep_step.copy_(torch.from_numpy(f["ep_step"][...].astype(np.int64)))
+                self.filled = F
+                self._count.fill_(int(a["transitions"]))
         except BufferFileError:
             raise
-        except (OSError, KeyError, ValueError, TypeError) as e:  # h5py's errors for damaged or foreign files
+        except (OSError, KeyError, ValueError, TypeError, RuntimeError) as e:  # h5py's errors for damaged or foreign files
             first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
             raise BufferFileError(f"{path}: not a readable replay buffer file ({first})") from None
+        self._newest = (self.ptr - 1) % self.C
         for name in ("obs", "action", "reward"):
             values = getattr(self, name)[:, :F]
             if values.is_floating_point() and not torch.isfinite(values).all():
                 env, row = (~torch.isfinite(values)).reshape(self.N, F, -1).any(-1).nonzero()[0].tolist()
                 raise BufferFileError(f"{path}: non-finite values in '{name}' (env {env}, row {row})")
-        self._valid_host[:] = False
-        self._valid_host[:, :F] = self.valid[:, :F].cpu().numpy()
 
 
-class TensorReplayBuffer(ReplayBuffer):
-    """The replay buffer of tensor-native envs (tdmpc.envs.tensor): the same rows, validity and sampling, with the
-    bookkeeping (write pointers, episode steps) on the storage device, so that a step's rows go in with masks and
-    no host sync or copy. Every start() or add() claims one row of every env and writes the masked ones (the
-    others are written back as they were); `filled` counts those calls, a host-side upper bound on the rows any
-    env has written. The host mirror of `valid` is not kept: num_valid_starts reads the device."""
-
-    def __init__(self, *args: Any, **kw: Any):
-        super().__init__(*args, **kw)
-        self._ptr = torch.zeros(self.N, dtype=torch.long, device=self.storage)
-        self._ep_step = torch.full((self.N,), -1, dtype=torch.long, device=self.storage)
-        self._count = torch.zeros((), dtype=torch.long, device=self.storage)  # transitions stored
-
-    @property
-    def num_valid_starts(self) -> int:
-        return int(self.valid[:, :self.filled].sum())
-
-    def _any_valid(self) -> bool:
-        return True  # the trainer samples after seeding; an empty buffer fails in torch.multinomial instead
-
-    def _write(self, name: str, mask: Tensor, value: Tensor | float) -> None:
-        """Field `name` at each env's current row, where mask (N,) is True."""
-        field = getattr(self, name)
-        old = field[self._envs, self._ptr]
-        m = mask.view(-1, *[1] * (old.dim() - 1))
-        field[self._envs, self._ptr] = torch.where(m, value.to(field.dtype) if isinstance(value, Tensor) else value, old)
-
-    def _mark(self, rows: Tensor, mask: Tensor, value: bool) -> None:
-        self.valid[self._envs, rows] = torch.where(mask, value, self.valid[self._envs, rows])
-
-    def _advance(self, mask: Tensor) -> None:
-        self._newest = torch.where(mask, self._ptr, self._newest)
-        self._ptr = torch.where(mask, (self._ptr + 1) % self.C, self._ptr)
-        self.filled = min(self.C, self.filled + 1)
-
-    def start(self, obs: Tensor, mask: Tensor | np.ndarray | None = None) -> None:
-        """Begin an episode in the envs where `mask` (N,) is True (all when None), obs (N, ...) for every env: a
-        mask, not the host buffer's env indices, so that nothing reads the device's values on the host."""
-        mask = torch.ones(self.N, dtype=torch.bool, device=self.storage) if mask is None else \
-            torch.as_tensor(mask, device=self.storage)
-        obs = obs.to(self.storage)
-        self._write("obs", mask, obs)
-        for name, zero in (("action", 0), ("reward", 0.0), ("terminated", False)):
-            self._write(name, mask, zero)
-        self._write("first", mask, True)
-        self._mark(self._ptr, mask, False)
-        self._ep_step = torch.where(mask, 0, self._ep_step)
-        self._advance(mask)
-
-    def add(self, obs: Tensor, action: Tensor, reward: Tensor, terminated: Tensor,
-            keep: Tensor | np.ndarray | None = None) -> None:
-        """One step's transitions of the envs where `keep` (N,) is True and an episode is in progress (an env
-        whose episode was ended by end_episodes() or stop() stores nothing until its next start())."""
-        keep_t = torch.ones(self.N, dtype=torch.bool, device=self.storage) if keep is None else \
-            torch.as_tensor(keep, device=self.storage)
-        mask = keep_t & (self._ep_step >= 0)
-        term = terminated.to(self.storage) & mask
-        for name, value in (("obs", obs), ("action", action), ("reward", reward), ("terminated", term)):
-            self._write(name, mask, value.to(self.storage))
-        self._write("first", mask, False)
-        rows = self._ptr
-        self._mark(rows, mask, False)
-        self._ep_step = self._ep_step + mask.long()
-        self._mark((rows - self.H) % self.C, mask & (self._ep_step >= self.H), True)
-        for k in range(1, self.H):
-            self._mark((rows - k) % self.C, term & (self._ep_step >= k), True)
-        self._count += mask.sum()
-        self._advance(mask)
-
-    def stop(self, envs: Tensor) -> None:
-        """End the episodes in flight in the envs where the mask is True: nothing more of them is stored."""
-        self._ep_step = torch.where(envs.to(self.storage), -1, self._ep_step)
-
-    def end_episodes(self) -> None:
-        self._ep_step.fill_(-1)
-
-    def save(self, path: Path) -> None:
-        self.ptr[:], self.ep_step[:] = self._ptr.cpu().numpy(), self._ep_step.cpu().numpy()
-        self.transitions = int(self._count)
-        super().save(path)
-
-    def load(self, path: Path) -> None:
-        super().load(path)
-        self._ptr.copy_(torch.from_numpy(self.ptr))
-        self._ep_step.copy_(torch.from_numpy(self.ep_step))
-        self._newest = (self._ptr - 1) % self.C
-        self._count.fill_(self.transitions)
-
-
-def _host(x: Tensor | np.ndarray, dtype: torch.dtype) -> np.ndarray:
-    """x as a host array of the buffer field's dtype (read back first if it is a device tensor)."""
-    array = x.cpu().numpy() if isinstance(x, Tensor) else np.asarray(x)
-    return array.astype(_NUMPY[dtype], copy=False)
-
-
-_NUMPY = {torch.float32: np.float32, torch.uint8: np.uint8, torch.bool: np.bool_, torch.int32: np.int32}  # the buffer fields' dtypes

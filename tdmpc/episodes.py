@@ -17,10 +17,12 @@ import torch
 
 from tdmpc.agent import Agent
 from tdmpc.envs import EnvSource, make_envs
-from tdmpc.envs.tensor import TensorVectorEnv
+from tdmpc.envs.host import HostVectorEnv, LockstepEnv
+from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vector_env
 from tdmpc.errors import BadInput, NonFiniteData
 from tdmpc.memory.peak import EVAL_PARALLEL
 from tdmpc.runtime.files import atomic_write
+from tdmpc.runtime.transfer import to_device
 
 MAX_PARALLEL = EVAL_PARALLEL  # episodes at once; the memory estimate plans a planner of this size
 
@@ -54,15 +56,17 @@ class EvalResult:
         return out
 
 
-def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: str = "state",
+def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed: int | None, obs: str = "state",
                  action_repeat: int | None = None, video: Path | None = None, video_fps: int = 30,
                  stop: Callable[[], bool] | None = None, drop_nonfinite: bool = False) -> EvalResult | None:
-    """Run `episodes` episodes without exploration noise, up to MAX_PARALLEL at a time. A multi-task agent
-    plays task `env` (a name in its task set) with its padded observations and its embedding row.
+    """Run `episodes` episodes without exploration noise, in rounds of parallel envs that each play one episode
+    from a reset: numpy envs (a task name, a gymnasium env or a function making one) MAX_PARALLEL at a time, a
+    tensor-native task all at once, or the given lockstep envs (a training run's) in rounds of their size. A
+    multi-task agent plays task `env` (a name in its task set) with its padded observations and its embedding row.
 
-    NaN or inf in an observation is a NonFiniteData naming the env, or with drop_nonfinite its episode is left
-    out (counted in `dropped`). Returns None if `stop()` turns true meanwhile (a signal during a training-time
-    eval)."""
+    NaN or inf in an observation or reward is a NonFiniteData naming the env, or with drop_nonfinite its episode
+    is left out (counted in `dropped`). Returns None if `stop()` turns true meanwhile (a signal during a
+    training-time eval)."""
     result = EvalResult([], [], [])
     if agent.model.episodic:
         result.termination = np.zeros((2, 2), dtype=np.int64)
@@ -72,58 +76,47 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
     if multitask:
         agent.task_ids(cast(str, env), 1)  # a task outside the set is a one-line error before anything is built
         own_dims = agent.dims.action_dims[agent.dims.tasks.index(cast(str, env))]
+    name = env.task if isinstance(env, (HostVectorEnv, TensorVectorEnv)) else env if isinstance(env, str) else \
+        "the user's env"
+
+    def on_nonfinite(i: int, what: str, remedy: str, done: str) -> None:
+        if not drop_nonfinite:
+            raise NonFiniteData(f"evaluation env {i} ({name}) returned a non-finite {what}; pass --nonfinite-data "
+                                f"drop to leave such episodes out")
+
+    tensor_task = isinstance(env, str) and not multitask and is_tensor_task(env)
     while len(result.returns) + result.dropped < episodes:
-        n = min(MAX_PARALLEL, episodes - len(result.returns) - result.dropped)
+        left = episodes - len(result.returns) - result.dropped
         record = video is not None and not frames
-        first_seed = seed + len(result.returns) + result.dropped
-        envs = make_envs(env, n, seed=first_seed, obs=obs, action_repeat=action_repeat, pad_to=agent.dims.pad_to,
-                         render=record)
-        assert isinstance(envs, gym.vector.SyncVectorEnv)  # not asynchronous
+        first_seed = None if seed is None else seed + len(result.returns) + result.dropped
+        if isinstance(env, (HostVectorEnv, TensorVectorEnv)):
+            envs: LockstepEnv = env
+        elif tensor_task:
+            envs = make_tensor_vector_env(cast(str, env), left, seed=first_seed, device=agent.device)[0]
+        else:
+            envs = HostVectorEnv(make_envs(cast(EnvSource, env), min(MAX_PARALLEL, left), seed=first_seed or 0,
+                                           obs=obs, action_repeat=action_repeat, pad_to=agent.dims.pad_to,
+                                           render=record), name, on_nonfinite)
+        if record and not isinstance(envs, HostVectorEnv):
+            raise BadInput(f"--video is not supported for tensor-native envs ({name}) yet")
         try:
-            obs_, _ = envs.reset(seed=first_seed)
-            done = np.zeros(n, dtype=bool)
-            ret, length, act_abs = np.zeros(n), np.zeros(n, dtype=np.int64), np.zeros(n)
-            success = np.full(n, np.nan)
-            first = np.ones(n, dtype=bool)
-            dropped = np.zeros(n, dtype=bool)
-            if record:
-                frames.append(_frame(envs))
-            while True:
-                obs_, bad = _finite(obs_, done, drop_nonfinite, env, length)
-                dropped |= bad
-                done |= bad
-                if done.all():
-                    break
-                if stop is not None and stop():
-                    return None
-                action = np.asarray(agent.act(obs_, first, eval_mode=True, role=f"eval{n}",
-                                              task=cast(str, env) if multitask else None))
-                if result.termination is not None:
-                    predicted = agent.predicts_termination(obs_, action)
-                obs_, reward, terminated, truncated, info = envs.step(action)
-                live = ~done
-                if result.termination is not None:
-                    np.add.at(result.termination, (terminated[live].astype(int), predicted[live].astype(int)), 1)
-                ret[live] += reward[live]
-                length[live] += 1
-                if not agent.dims.discrete:  # integer actions have no magnitude: action_abs_mean stays NaN
-                    act_abs[live] += np.abs(action[live, :own_dims]).mean(-1)
-                ended = (terminated | truncated) & live
-                if "success" in info:
-                    success[live] = np.asarray(info["success"], dtype=np.float64)[live]
-                if ended.any() and "final_info" in info and "success" in info["final_info"]:
-                    success[ended] = np.asarray(info["final_info"]["success"], dtype=np.float64)[ended]
-                if record and live[0]:
-                    frames.append(_frame(envs) if not ended[0] else frames[-1])
-                done |= ended
-                first = terminated | truncated
+            played = _play_round(agent, envs, first_seed, own_dims, cast(str, env) if multitask else None,
+                                 result.termination, frames if record else None, stop)
         finally:
-            envs.close()
-        kept = ~dropped
-        result.dropped += int(dropped.sum())
+            if envs is not env:
+                envs.close()
+        if played is None:
+            return None
+        take = min(envs.num_envs, left)
+        ret, length, act_abs, success, bad = (x[:take] for x in played)
+        if bad.any() and not drop_nonfinite:
+            raise NonFiniteData(f"evaluation env {int(np.flatnonzero(bad)[0])} ({name}) returned a non-finite "
+                                f"observation or reward; pass --nonfinite-data drop to leave such episodes out")
+        kept = ~bad
+        result.dropped += int(bad.sum())
         result.returns += ret[kept].tolist()
         result.lengths += length[kept].tolist()
-        if not agent.dims.discrete:
+        if not agent.dims.discrete:  # integer actions have no magnitude: action_abs_mean stays NaN
             result.action_abs += (act_abs / np.maximum(length, 1))[kept].tolist()
         if not np.isnan(success[kept]).all():
             result.successes += np.nan_to_num(success[kept]).tolist()
@@ -132,27 +125,67 @@ def run_episodes(agent: Agent, env: EnvSource, episodes: int, seed: int, obs: st
     return result
 
 
-def _finite(obs: np.ndarray, done: np.ndarray, drop: bool, env: EnvSource, length: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """NaN or inf in an observation an episode still acts on is a NonFiniteData naming the env, or with drop=True
-    that episode is dropped (returned mask); rows of finished episodes are zeroed (their actions are not used)."""
-    bad = ~np.isfinite(obs.reshape(len(obs), -1)).all(1)
-    if not bad.any():
-        return obs, bad
-    live = bad & ~done
-    if live.any() and not drop:
-        i = int(np.flatnonzero(live)[0])
-        name = env if isinstance(env, str) else "the user's env"
-        raise NonFiniteData(f"evaluation env {i} ({name}) returned a non-finite observation at step {int(length[i]):,} "
-                            f"of its episode; pass --nonfinite-data drop to leave such episodes out")
-    return np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), np.zeros_like(obs), obs), live
+def _play_round(agent: Agent, envs: LockstepEnv, seed: int | None, own_dims: int, task: str | None,
+                termination: np.ndarray | None, frames: list[np.ndarray] | None, stop: Callable[[], bool] | None
+                ) -> tuple[np.ndarray, ...] | None:
+    """Each env plays one episode from a reset: its return, length, summed mean |action|, success (NaN where the
+    env says nothing) and whether it held non-finite data, read back once all have ended (asked every step for
+    host envs, every CHECK_EVERY steps for tensor ones); the termination head's confusion counts are added to
+    `termination`. None if `stop()` turned true."""
+    obs = envs.reset(seed=seed)
+    N = envs.num_envs
+    task_ids = agent.task_ids(task, N) if task is not None else None
+    first = obs.new_ones(N, dtype=torch.bool)
+    live, bad = first.clone(), obs.new_zeros(N, dtype=torch.bool)
+    ret, act_abs = obs.new_zeros(N, dtype=torch.float64), obs.new_zeros(N, dtype=torch.float64)
+    length = obs.new_zeros(N, dtype=torch.long)
+    confusion = obs.new_zeros(4, dtype=torch.long)  # [terminated, predicted], flattened
+    success = np.full(N, np.nan)
+    if frames is not None:
+        frames.append(_frame(cast(HostVectorEnv, envs)))
+    for t in itertools.count(1):
+        if stop is not None and stop():
+            return None
+        obs_d, first_d = to_device(agent.device, obs, first) if envs.on_host else (obs, first)
+        action = agent.act_on_device(obs_d, first_d, eval_mode=True, role=f"eval{N}", task=task_ids)
+        predicted = agent.predicts_termination(obs_d, action) if termination is not None else None
+        s = envs.step(action)
+        counted = live & s.transition
+        ret += torch.where(counted, s.reward, 0.0)
+        length += counted.long()
+        if not agent.dims.discrete:
+            act_abs += torch.where(counted, action[:, :own_dims].abs().mean(-1).to(act_abs), 0.0)
+        if predicted is not None:
+            pairs = s.terminated.long() * 2 + predicted.to(s.terminated.device).long()
+            confusion += (torch.nn.functional.one_hot(pairs, 4) * counted[:, None]).sum(0)
+        bad |= counted & ~s.finite
+        ended = (s.terminated | s.truncated) & counted
+        if isinstance(envs, HostVectorEnv):
+            _success(envs.info, success, live.numpy(), ended.numpy())
+            if frames is not None and bool(live[0]):
+                frames.append(_frame(envs) if not bool(ended[0]) else frames[-1])
+        live &= ~(ended | ~s.finite)
+        obs, first = s.obs, s.started
+        if (envs.on_host or t % CHECK_EVERY == 0) and not bool(live.any()):
+            break
+    if termination is not None:
+        termination += confusion.view(2, 2).cpu().numpy()
+    return ret.cpu().numpy(), length.cpu().numpy(), act_abs.cpu().numpy(), success, bad.cpu().numpy()
 
 
-def _frame(envs: gym.vector.SyncVectorEnv) -> np.ndarray:
+def _success(info: dict, success: np.ndarray, live: np.ndarray, ended: np.ndarray) -> None:
+    """What a host env's info says of success: every step's, or the final one of an ended episode."""
+    if "success" in info:
+        success[live] = np.asarray(info["success"], dtype=np.float64)[live]
+    if ended.any() and "final_info" in info and "success" in info["final_info"]:
+        success[ended] = np.asarray(info["final_info"]["success"], dtype=np.float64)[ended]
+
+
+def _frame(envs: HostVectorEnv) -> np.ndarray:
     """The first env's rendered frame; a renderer that is not installed (pygame, for gymnasium's classic-control
     tasks) is a one-line BadInput."""
     try:
-        return cast(np.ndarray, envs.envs[0].render())
+        return envs.render()
     except gym.error.DependencyNotInstalled as e:
         raise BadInput(f"cannot render this task for a video: {str(e).splitlines()[0]} (pip install "
                        f"'tdmpc[video]' installs it)") from None
@@ -177,40 +210,6 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
         raise BadInput("videos need imageio: pip install 'tdmpc[video]'") from None
     atomic_write(path, lambda tmp: imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1),  # type: ignore[arg-type]
                  suffix=f".tmp{path.suffix}")
-
-
-def run_tensor_episodes(agent: Agent, envs: TensorVectorEnv, episodes: int, seed: int | None,
-                        stop: Callable[[], bool] | None = None) -> EvalResult | None:
-    """run_episodes for tensor-native envs (tdmpc.envs.tensor): each of `envs`' N envs plays its first episode
-    from a reset, rounds of N until `episodes` have ended; returns and lengths are summed on the device and read
-    once a round has ended (asked every CHECK_EVERY steps). A non-finite observation or reward is a NonFiniteData."""
-    result = EvalResult([], [], [])
-    N = envs.num_envs
-    while len(result.returns) < episodes:
-        obs = envs.reset(seed=None if seed is None else seed + len(result.returns))
-        first = torch.ones(N, dtype=torch.bool, device=obs.device)
-        live = torch.ones_like(first)
-        ret, length = torch.zeros(N, device=obs.device), torch.zeros(N, dtype=torch.long, device=obs.device)
-        finite = torch.ones_like(first)
-        for t in itertools.count(1):
-            if stop is not None and stop():
-                return None
-            step = envs.step(agent.act_on_device(obs, first, eval_mode=True, role=f"eval{N}"))
-            counted = live & step.transition
-            ret += step.reward * counted
-            length += counted.long()
-            finite &= step.finite | ~counted
-            live &= ~((step.terminated | step.truncated) & counted)
-            obs, first = step.obs, step.started
-            if t % CHECK_EVERY == 0 and not bool(live.any()):
-                break
-        if not bool(finite.all()):
-            raise NonFiniteData(f"env {int((~finite).nonzero()[0])} ({envs.task}) returned a non-finite observation "
-                                f"or reward in evaluation")
-        take = min(N, episodes - len(result.returns))
-        result.returns += ret[:take].tolist()
-        result.lengths += length[:take].tolist()
-    return result
 
 
 CHECK_EVERY = 50  # tensor evaluation steps between reads of whether every episode has ended

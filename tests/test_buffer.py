@@ -25,8 +25,7 @@ def fill(N, H, cap_per_env, ends):
         done = np.array([r != 0 for r in row])
         for e in np.flatnonzero(done):
             ep[e], step[e] = next(next_id), 0
-        buf.start(torch.tensor([[ep[e], 0, 0] for e in np.flatnonzero(done)], dtype=torch.float32).view(-1, 3),
-                  np.flatnonzero(done))
+        buf.start(torch.tensor([[ep[e], 0, 0] for e in range(N)], dtype=torch.float32), done)
     return buf
 
 
@@ -56,7 +55,6 @@ def test_valid_starts_match_brute_force_including_wraparound(ends, H, extra):
     N = len(ends[0])
     buf = fill(N, H, H + extra, ends)
     expected = oracle_valid(buf)
-    assert np.array_equal(buf._valid_host, expected)
     assert np.array_equal(buf.valid.numpy(), expected)
     if expected.any():
         b = buf.sample(64)
@@ -75,7 +73,7 @@ def test_valid_starts_match_brute_force_including_wraparound(ends, H, extra):
 
 def test_sampling_is_uniform_over_valid_starts():
     buf = fill(2, 2, 40, [[0, 0]] * 15 + [[1, 2]] + [[0, 0]] * 10)
-    valid_keys = {(buf.obs[e, s, 0].item(), buf.obs[e, s, 1].item()) for e, s in np.argwhere(buf._valid_host)}
+    valid_keys = {(buf.obs[e, s, 0].item(), buf.obs[e, s, 1].item()) for e, s in np.argwhere(buf.valid.numpy())}
     counts: dict = {}
     torch.manual_seed(0)
     for _ in range(100):
@@ -106,7 +104,7 @@ def test_hdf5_round_trip(tmp_path):
     other.load(tmp_path / "buffer.h5")
     for name in ("obs", "action", "reward", "terminated", "valid"):
         assert torch.equal(getattr(buf, name), getattr(other, name)), name
-    assert np.array_equal(buf.ptr, other.ptr) and np.array_equal(buf.ep_step, other.ep_step)
+    assert torch.equal(buf.ptr, other.ptr) and torch.equal(buf.ep_step, other.ep_step)
     assert other.num_valid_starts == buf.num_valid_starts
 
 
@@ -124,7 +122,7 @@ def test_a_terminal_transition_is_sampled_at_every_step_of_the_horizon():
     only truncated keeps the starts whose H steps are all its own."""
     H = 3
     buf = fill(1, H, 40, [[0]] * 4 + [[1]] + [[0]] * 4 + [[2]] + [[1]])  # 5 steps, terminated; 5, truncated; 1
-    starts = np.flatnonzero(buf._valid_host[0])
+    starts = np.flatnonzero(buf.valid[0].numpy())
     assert starts.tolist() == [0, 1, 2, 3, 4] + [6, 7, 8] + [12]
     b = buf.sample(4000)
     terminal_at = b.terminated.float().argmax(0)[b.terminated.any(0)]

@@ -398,8 +398,8 @@ def run_buffer(N: int, cap: int, ends: list[list[int]]) -> tuple[ReplayBuffer, l
         for e in done:
             ep[e], step[e] = next(ids), 0
             history[e].append((ep[e], 0, False))
-        if done:
-            buf.start(torch.tensor([[ep[e], 0, 0] for e in done], dtype=torch.float32), np.array(done))
+        buf.start(torch.tensor([[ep[e], 0, 0] for e in range(N)], dtype=torch.float32),
+                  np.array([e in done for e in range(N)]))
     return buf, history
 
 

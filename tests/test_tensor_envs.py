@@ -227,8 +227,8 @@ def test_a_tensor_env_trains_resumes_exactly_and_evaluates(tmp_path):
     first.step = step
     assert first.run() == 3
     second = tensor_trainer(run, TorchPointEnv(num_envs=4, length=25), resume=True)
-    P = int(first.buffer._ptr.min())  # rows before each env's next one: the resume starts new episodes there
-    assert P > 50 and torch.equal(first.buffer._ptr + 1, second.buffer._ptr)
+    P = int(first.buffer.ptr.min())  # rows before each env's next one: the resume starts new episodes there
+    assert P > 50 and torch.equal(first.buffer.ptr + 1, second.buffer.ptr)
     for name in ("obs", "action", "reward", "terminated", "valid", "first"):
         assert torch.equal(getattr(first.buffer, name)[:, :P], getattr(second.buffer, name)[:, :P]), name
     for p1, p2 in zip(first.agent.model.parameters(), second.agent.model.parameters()):
@@ -294,7 +294,7 @@ def test_non_finite_data_from_a_tensor_env_stops_the_run_with_one_line(tmp_path,
     trainer = tensor_trainer(tmp_path / "run", Broken("nan", num_envs=4), log_every=20, eval_episodes=0)
     assert trainer.run() == 1
     err = capsys.readouterr().err
-    assert "error: env 2 (custom:Broken) returned a non-finite observation or reward at env step 0" in err
+    assert "error: env 2 (custom:Broken) returned a non-finite reward at env step 0" in err
     assert "--nonfinite-data drop" in err
     assert (tmp_path / "run" / "checkpoints" / "latest.pt").is_file()
 
@@ -303,7 +303,7 @@ def test_with_drop_a_non_finite_env_stores_nothing_more_and_the_returns_stay_fin
     trainer = tensor_trainer(tmp_path / "run", Broken("nan", num_envs=4), log_every=20, eval_episodes=0,
                              nonfinite_data="drop", steps=60)
     assert trainer.run() == 0
-    assert "note: env 2 (custom:Broken) returned a non-finite observation or reward" in capsys.readouterr().err
+    assert "note: env 2 (custom:Broken) returned a non-finite reward at env step 0; its transitions are dropped" in capsys.readouterr().err
     assert torch.isfinite(trainer.buffer.reward).all() and torch.isfinite(trainer.ep_return).all()
     assert not trainer.buffer.valid[2].any() and trainer.buffer.valid[0].any()
 

@@ -48,6 +48,7 @@ class TensorStep:
     transition: Tensor  # (N,) bool: the row is a transition (False: a next-step reset, its action ignored)
     started: Tensor  # (N,) bool: obs is the first observation of an episode
     finite: Tensor  # (N,) bool: next_obs and reward hold no NaN or inf
+    on_host: bool = False  # host data (HostVectorEnv's): the replay buffer sends it to its device in one copy
 
 
 def autoreset_mode(env: gym.vector.VectorEnv) -> str:
@@ -59,6 +60,8 @@ def autoreset_mode(env: gym.vector.VectorEnv) -> str:
 
 class TensorVectorEnv:
     """A tensor vector env seen in lockstep (module docstring). `device`: the agent's."""
+
+    on_host = False  # steps arrive on the agent's device
 
     def __init__(self, env: gym.vector.VectorEnv, task: str, device: torch.device | str):
         self.env, self.task, self.device = env, task, torch.device(device)
@@ -119,6 +122,10 @@ class TensorVectorEnv:
             next_obs = obs if final is None else torch.where(started.view(-1, *[1] * len(self.obs_shape)), final, obs)
         finite = torch.isfinite(next_obs.reshape(self.num_envs, -1)).all(1) & torch.isfinite(reward)
         return TensorStep(obs, next_obs, reward, terminated, truncated, transition, started, finite)
+
+    def rng_state(self) -> None:
+        """Nothing to save: a resumed run resets its tensor envs."""
+        return None
 
     def close(self) -> None:
         self.env.close()

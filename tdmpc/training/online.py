@@ -13,12 +13,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
+from torch import Tensor
 
 from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
-from tdmpc.envs import VectorEnvs, env_rng_state, set_env_rng_state
+from tdmpc.envs import EnvSource
+from tdmpc.envs.host import HostVectorEnv, LockstepEnv
+from tdmpc.envs.tensor import TensorStep
+from tdmpc.episodes import EvalResult, run_episodes
 from tdmpc.errors import BufferFileError, NonFiniteData, TaskError
 from tdmpc.offline.writer import EpisodeRecorder
 from tdmpc.runtime.faults import kill_point
@@ -27,14 +32,104 @@ from tdmpc.training.run_dir import RunDirLock, set_aside_damaged
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
-class ReplayTrainer(Trainer):
-    """What online training shares, whatever the envs speak: the replay buffer, the update schedule, the
-    pretraining burst. OnlineTrainer steps numpy envs; TensorOnlineTrainer (tdmpc.training.tensor_online)
-    tensor-native ones."""
+class OnlineTrainer(Trainer):
+    """Steps N envs in lockstep: a tensor-native vector env (TensorVectorEnv) or a numpy one behind HostVectorEnv,
+    one TensorStep per step. The step's bookkeeping (episode returns and lengths, non-finite rows) stays on the
+    device its data came on: nothing in a step reads a device value on the host."""
 
-    buffer: ReplayBuffer
-    env_tasks: np.ndarray | None
-    warned_termination: bool
+    def __init__(self, setup: RunSetup, agent: Agent, envs: LockstepEnv, buffer: ReplayBuffer,
+                 recorder: EpisodeRecorder | None, lock: RunDirLock, no_buffer: bool = False,
+                 on_log: Callback | None = None, on_eval: Callback | None = None):
+        self.envs, self.buffer, self.recorder = envs, buffer, recorder
+        self.num_envs = envs.num_envs
+        self.env_tasks = None if setup.tasks is None else setup.tasks.env_tasks(setup.cfg.num_envs)
+        # each env's task id and own action dims on the device, sent once
+        self.env_task_ids = None if self.env_tasks is None else agent.task_ids(self.env_tasks, self.num_envs)
+        self.action_masks = None if setup.tasks is None or self.env_tasks is None else \
+            torch.as_tensor(setup.tasks.action_masks(self.env_tasks), device=agent.device)
+        self.warned_termination = self.warned_nonfinite = False
+        if isinstance(envs, HostVectorEnv):  # host data: NaN or inf is handled at once, at its source
+            envs.on_nonfinite = self._on_nonfinite
+        super().__init__(setup, agent, lock, no_buffer, on_log, on_eval)
+        try:  # the agent acts on each env's newest row of the buffer: these first observations, then each step's
+            obs = envs.reset(seed=None if setup.resume else self.cfg.seed)
+        except NonFiniteData as e:  # before the run starts: bad input, and the run directory is left as it was
+            raise TaskError(str(e)) from None
+        # Made from the envs' data, so that they live where it does (and count as host data on the host).
+        self.ep_return = obs.new_zeros(self.num_envs, dtype=torch.float32)
+        self.ep_length = obs.new_zeros(self.num_envs, dtype=torch.long)
+        self.ended = obs.new_zeros((3, self.num_envs), dtype=torch.float64)  # per env since the last log row:
+        # episodes ended, their returns and lengths summed
+        self.unbooked = obs.new_zeros((), dtype=torch.long)  # episodes ended since counters.episodes was updated
+        self.terminated_seen = obs.new_zeros(self.num_envs, dtype=torch.bool)  # for a note if not episodic
+        self.bad_env = obs.new_full((), -1, dtype=torch.long)  # the first env with non-finite data, or -1
+        self.bad_step = obs.new_zeros((), dtype=torch.long)
+        self.bad_reward = obs.new_zeros((), dtype=torch.bool)  # its reward was the non-finite value
+        self._begin(obs)
+
+    def _begin(self, obs: Tensor) -> None:
+        """Every env starts an episode with these observations (a fresh or resumed run, or after an evaluation
+        played on the training envs)."""
+        self.buffer.start(obs)
+        if self.recorder is not None:
+            self.recorder.start(obs.numpy(), np.arange(self.num_envs))
+        self.ep_return.zero_()
+        self.ep_length.zero_()
+
+    def step(self) -> None:
+        """One step of all N envs, its rows into the buffer, then any updates due."""
+        cfg, c = self.cfg, self.counters
+        if c.step < cfg.seed_steps:  # type: ignore[operator]
+            kill_point("seeding")
+            action = self._random_actions()
+        else:
+            self.phase = "act"
+            action = self.agent.act_on_device(*self.buffer.newest(), task=self.env_task_ids)
+        self.run_queued_updates()  # with overlap_updates: queued on the GPU, run while the envs step
+        s = self.envs.step(action)
+        self._store(s, action)
+        c.vector_steps += 1
+        c.step += self.num_envs * (cfg.action_repeat or 1)
+        self._updates_due()
+
+    def _random_actions(self) -> Tensor:
+        """Uniform random actions on the device, from torch's RNG (which checkpoints save); a multi-task env's
+        are zero past its own action dims, as the policy's and the planner's are."""
+        n, a, dev = self.num_envs, self.spec.action_dim, self.device
+        if self.spec.discrete:
+            return torch.randint(0, a, (n,), device=dev)
+        action = torch.rand(n, a, device=dev) * 2 - 1
+        return action if self.action_masks is None else action * self.action_masks
+
+    def _store(self, s: TensorStep, action: Tensor) -> None:
+        """A step's rows into the buffer, its episodes booked, its non-finite rows flagged."""
+        bad = s.transition & ~s.finite
+        first_bad = bad.long().argmax()
+        fresh_bad = bad.any() & (self.bad_env < 0)
+        self.bad_env = torch.where(fresh_bad, first_bad, self.bad_env)
+        self.bad_step = torch.where(fresh_bad, self.counters.step, self.bad_step)
+        self.bad_reward = torch.where(fresh_bad, ~torch.isfinite(s.reward[first_bad]), self.bad_reward)
+        self.buffer.record(s, action)
+        counted = s.transition & s.finite
+        self.ep_return += torch.where(counted, s.reward, 0.0)  # not reward * counted: NaN * 0 is NaN
+        self.ep_length += counted.long()
+        ended = (s.terminated | s.truncated) & counted
+        self.ended += torch.stack([ended, self.ep_return * ended, self.ep_length * ended]).double()
+        self.unbooked += ended.sum()
+        if self.recorder is not None:
+            self._record_data(s, action.cpu().numpy(), counted.numpy(), ended.numpy())
+        self.ep_return = torch.where(ended | s.started, 0.0, self.ep_return)
+        self.ep_length = torch.where(ended | s.started, 0, self.ep_length)
+        self.terminated_seen |= s.terminated
+
+    def _record_data(self, s: TensorStep, action: np.ndarray, counted: np.ndarray, ended: np.ndarray) -> None:
+        """train --save-data: the step's transitions and the episodes that ended or began (host envs only)."""
+        assert self.recorder is not None
+        self.recorder.add(s.next_obs.numpy(), action, s.reward.numpy(), counted)
+        self.recorder.end(np.flatnonzero(ended), s.terminated.numpy())
+        started = s.started.numpy()
+        if started.any():
+            self.recorder.start(s.obs.numpy()[started], np.flatnonzero(started))
 
     def _updates_due(self) -> None:
         """After a vector step: a burst of pretraining updates on the seed data once seeding ends, then
@@ -83,14 +178,6 @@ class ReplayTrainer(Trainer):
 
     def sample(self) -> Batch:
         return self.buffer.sample(self.cfg.batch_size)
-
-    def _note_terminations(self, terminated: np.ndarray) -> None:
-        """A terminating env with episodic False: planning ignores terminations; say so once."""
-        if terminated.any() and not self.cfg.episodic and not self.warned_termination:
-            self.warned_termination = True
-            self.logger.message(f"note: {self.cfg.task} ended an episode in a terminal state, but episodic is off, "
-                                f"so the world model learns no termination head (values still stop there). If the "
-                                f"task can terminate, train with --episodic")
 
     def warn_if_disk_short(self) -> None:
         """Before the run: the space its checkpoints take once the replay buffer is full, beside the free space and
@@ -151,137 +238,81 @@ class ReplayTrainer(Trainer):
         self.buffer.end_episodes()
 
 
-class OnlineTrainer(ReplayTrainer):
-    def __init__(self, setup: RunSetup, agent: Agent, envs: VectorEnvs, buffer: ReplayBuffer,
-                 recorder: EpisodeRecorder | None, lock: RunDirLock, no_buffer: bool = False,
-                 on_log: Callback | None = None, on_eval: Callback | None = None):
-        self.envs, self.buffer, self.recorder = envs, buffer, recorder
-        self.num_envs = envs.num_envs
-        self.env_tasks = None if setup.tasks is None else setup.tasks.env_tasks(setup.cfg.num_envs)
-        # each env's task id on the device, sent once
-        self.env_task_ids = None if self.env_tasks is None else agent.task_ids(self.env_tasks, self.num_envs)
-        self.ended_episodes: list[tuple[float, int, int]] = []  # (return, length, env) since the last log row
-        self.ep_return = np.zeros(self.num_envs)
-        self.ep_length = np.zeros(self.num_envs, dtype=np.int64)
-        self.warned_termination = self.warned_nonfinite = False
-        super().__init__(setup, agent, lock, no_buffer, on_log, on_eval)
-        obs, _ = self.envs.reset(seed=None if setup.resume else self.cfg.seed)
-        try:  # the agent acts on each env's newest row of the buffer: these first observations, then each step's
-            self._start_episodes(np.arange(self.num_envs), obs)
-        except NonFiniteData as e:  # before the run starts: bad input, and the run directory is left as it was
-            raise TaskError(str(e)) from None
-
-    def step(self) -> None:
-        """One step of all N envs, its transitions into the buffer, then any updates due."""
-        cfg, c = self.cfg, self.counters
-        if c.step < cfg.seed_steps:  # type: ignore[operator]
-            kill_point("seeding")
-            action = self.spec.random_actions(self.rng, self.num_envs)
-            if self.tasks is not None and self.env_tasks is not None:
-                action *= self.tasks.action_masks(self.env_tasks)
-        else:
-            self.phase = "act"
-            action = self.agent.act_on_device(*self.buffer.newest(), task=self.env_task_ids).cpu().numpy()
-        self.run_queued_updates()  # with overlap_updates: queued on the GPU, run while the envs step
-        obs, reward, terminated, truncated, info = self.envs.step(action)
-        done = terminated | truncated
-        stored = obs
-        if done.any():  # SAME_STEP autoreset: obs already holds the next episode's first observation
-            stored = obs.copy()
-            for i in np.flatnonzero(done):
-                stored[i] = info["final_obs"][i]
-            self._note_terminations(terminated)
-        bad = ~(np.isfinite(stored.reshape(len(stored), -1)).all(1) & np.isfinite(reward))
-        if bad.any():  # one vectorised check on host data: no device sync
-            obs, reward, terminated, done = self._nonfinite(bad, stored, reward, obs, terminated, done)
-            stored = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), obs, stored)
-        keep = ~bad
-        self.buffer.add(torch.from_numpy(stored), torch.from_numpy(action),
-                        torch.from_numpy(reward.astype(np.float32)), torch.from_numpy(terminated), keep)
-        if self.recorder is not None:
-            self.recorder.add(stored, action, reward, keep)
-        self.ep_return += reward
-        self.ep_length += 1
-        if done.any():
-            ended = np.flatnonzero(done)
-            if self.recorder is not None:
-                self.recorder.end(ended[keep[ended]], terminated)
-            self._start_episodes(ended, obs[ended])
-            self.ended_episodes += [(float(self.ep_return[i]), int(self.ep_length[i]), int(i)) for i in ended if keep[i]]
-            self.ep_return[ended], self.ep_length[ended] = 0, 0
-            c.episodes += len(ended)
-        c.vector_steps += 1
-        c.step += self.num_envs * cfg.action_repeat  # type: ignore[operator]
-        self._updates_due()
-
-    def _start_episodes(self, envs: np.ndarray, first: np.ndarray) -> None:
-        """Episodes begin in `envs` with these first observations (checked as step() checks what it stores, an env
-        reset again if need be): the buffer's newest rows, which the agent acts on next."""
-        first = self._checked_resets(envs, first)
-        self.buffer.start(torch.from_numpy(first), envs)
-        if self.recorder is not None:
-            self.recorder.start(first, envs)
-
-    def _checked_resets(self, envs: np.ndarray, first: np.ndarray, tries: int = 3) -> np.ndarray:
-        """NaN or inf in a reset's observation is an error naming the env ('error'), or the env is reset again
-        ('drop'), a few times at most."""
-        for _ in range(tries):
-            bad = ~np.isfinite(first.reshape(len(first), -1)).all(1)
-            if not bad.any():
-                return first
-            self._on_nonfinite(int(envs[np.flatnonzero(bad)[0]]), "observation from reset()", "reset such envs again",
-                               "reset again")
-            mask = np.zeros(self.num_envs, dtype=bool)
-            mask[envs[bad]] = True
-            fresh, _ = self.envs.reset(options={"reset_mask": mask})
-            first = first.copy()
-            first[bad] = fresh[envs[bad]]
-        raise NonFiniteData(f"env {int(envs[np.flatnonzero(bad)[0]])} returned non-finite observations at {tries} "
-                            f"resets in a row")
-
+    # --- log rows ---------------------------------------------------------------------
     def episode_stats(self) -> dict[str, float]:
-        ended, self.ended_episodes = self.ended_episodes, []
-        row = {"episode_return": float(np.mean([r for r, _, _ in ended])) if ended else float("nan"),
-               "episode_length": float(np.mean([n for _, n, _ in ended])) if ended else float("nan")}
+        """The episodes ended since the last row (each task's own return too, multi-task), read from the device
+        with the flags a log row checks: non-finite data, terminations on a task trained as non-episodic."""
+        self._check_finite()
+        self._book_episodes()
+        if not self.cfg.episodic and not self.warned_termination and bool(self.terminated_seen.any()):
+            self.warned_termination = True
+            self.logger.message(f"note: {self.cfg.task} ended an episode in a terminal state, but episodic is off, "
+                                f"so the world model learns no termination head (values still stop there). If the "
+                                f"task can terminate, train with --episodic")
+        count, returns, lengths = (np.asarray(x) for x in self.ended.tolist())
+        self.ended.zero_()
+        mean = (lambda x, n: float(x.sum() / n.sum()) if n.sum() else float("nan"))  # noqa: E731
+        row = {"episode_return": mean(returns, count), "episode_length": mean(lengths, count)}
         if self.tasks is not None and self.env_tasks is not None:  # each task's own training return
+            names = np.asarray(self.tasks.task_set)[self.env_tasks]
             for t in self.tasks.tasks:
-                own = [r for r, _, e in ended if self.tasks.task_set[self.env_tasks[e]] == t]
-                row[f"episode_return_{t}"] = float(np.mean(own)) if own else float("nan")
+                row[f"episode_return_{t}"] = mean(returns[names == t], count[names == t])
         return row
 
-    def _nonfinite(self, bad: np.ndarray, stored: np.ndarray, reward: np.ndarray, obs: np.ndarray,
-                   terminated: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """NaN or inf from an env: named at its source ('error'), or the transition dropped and the env's
-        episode restarted ('drop'). Returns obs, reward, terminated and done with the dropped envs reset."""
-        i = int(np.flatnonzero(bad)[0])
-        self._on_nonfinite(i, "reward" if not np.isfinite(reward[i]) else "observation", "skip such transitions",
-                           "dropped, and its episode restarts")
-        fresh, _ = self.envs.reset(options={"reset_mask": bad})
-        obs = np.where(bad.reshape(-1, *[1] * (obs.ndim - 1)), fresh, obs)
-        return obs, np.where(bad, 0.0, reward), terminated & ~bad, done | bad
+    def _book_episodes(self) -> None:
+        """The episodes ended since the last call into counters.episodes (at a log row or a checkpoint)."""
+        self.counters.episodes += int(self.unbooked)
+        self.unbooked.zero_()
 
-    def _on_nonfinite(self, env: int, what: str, remedy: str, done: str) -> None:
-        """NaN or inf from env `env`: a NonFiniteData naming the env, its task, the step and `what` ('error'), or a
-        note the first time, saying what was `done` ('drop')."""
+    # --- non-finite data ----------------------------------------------------------------
+    def _on_nonfinite(self, env: int, what: str, remedy: str, done: str, step: int | None = None) -> None:
+        """NaN or inf in `what` of env `env` (at `step`, this one by default): a NonFiniteData naming the env, its
+        task and the step ('error'), or a note the first time, saying what was `done` ('drop')."""
         task = self.spec.task if self.tasks is None or self.env_tasks is None else self.tasks.task_set[self.env_tasks[env]]
-        where = f"env {env} ({task}) returned a non-finite {what} at env step {self.counters.step:,}"
+        where = f"env {env} ({task}) returned a non-finite {what} at env step {self.counters.step if step is None else step:,}"
         if self.cfg.nonfinite_data == "error":
+            self.bad_env.fill_(-1)  # reported once: the checkpoint written on the way out is consistent
             raise NonFiniteData(f"{where}; pass --nonfinite-data drop to {remedy}")
         if not self.warned_nonfinite:
             self.warned_nonfinite = True
             self.logger.message(f"note: {where}; {done} (--nonfinite-data drop)")
 
+    def _check_finite(self) -> None:
+        """At a log row or a checkpoint: non-finite data flagged on the device since the start (tensor envs; host
+        envs report it at once)."""
+        env = int(self.bad_env)
+        if env >= 0:
+            self._on_nonfinite(env, "reward" if bool(self.bad_reward) else "observation", "skip such transitions",
+                               "its transitions are dropped until its episode ends", int(self.bad_step))
+
+    # --- evaluation -------------------------------------------------------------------
+    def play_episodes(self, task: EnvSource, video: Path | None) -> EvalResult | None:
+        """A vector env object given to train on (there is no other to copy) plays the evaluation on the training
+        envs, whose episodes in flight then end (as truncated); any other source gets envs of its own."""
+        if not isinstance(task, gym.vector.VectorEnv):
+            return super().play_episodes(task, video)
+        result = run_episodes(self.agent, self.envs, self.cfg.eval_episodes, 1_000_003 * (self.cfg.seed + 1),
+                              stop=self._eval_interrupted)
+        self.buffer.end_episodes()
+        self._begin(self.envs.reset())
+        return result
+
     # --- checkpoints ----------------------------------------------------------------
     def save_data(self, ckpt_dir: Path) -> dict[str, Any]:
-        """The replay buffer under a new file name, the recorded episodes, the envs' RNG states."""
+        """The replay buffer under a new file name, the recorded episodes, the envs' RNG states (host envs)."""
+        self._check_finite()
+        self._book_episodes()
         buffer_file = self._save_buffer(ckpt_dir)
         if self.recorder is not None:  # the finished episodes, before the checkpoint that counts them
             self.recorder.writer.commit()
-        return {"rng": {"envs": env_rng_state(self.envs)}, "buffer_file": buffer_file,
+        state = self.envs.rng_state()
+        return {**({"rng": {"envs": state}} if state is not None else {}), "buffer_file": buffer_file,
                 "data_episodes": self.recorder.writer.episodes if self.recorder is not None else None}
 
     def restore_data(self, obj: dict, no_buffer: bool) -> None:
-        set_env_rng_state(self.envs, obj["rng"]["envs"])
+        state = obj["rng"].get("envs")
+        if state is not None and isinstance(self.envs, HostVectorEnv):
+            self.envs.set_rng_state(state)
         if self.recorder is not None and obj.get("data_episodes") is not None:
             self.recorder.writer.truncate(obj["data_episodes"])  # appended after this checkpoint: played again
         self._restore_buffer(obj.get("buffer_file"), no_buffer)

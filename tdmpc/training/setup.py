@@ -28,10 +28,11 @@ import torch
 
 from tdmpc import memory
 from tdmpc.agent import Agent
-from tdmpc.buffer import ReplayBuffer, TensorReplayBuffer
+from tdmpc.buffer import ReplayBuffer
 from tdmpc.config import SIZE_FIELDS, Config, NetworkSettings, changed_fields, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
-from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vector_env
+from tdmpc.envs.host import HostVectorEnv, LockstepEnv
+from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import check_dims_match, load_file, read_checkpoint
 from tdmpc.offline.data import offline_spec, open_offline
@@ -47,8 +48,7 @@ from tdmpc.training import speed
 from tdmpc.training.flags import TrainArgs, base_config, base_note
 from tdmpc.training.init_from import architecture_from_checkpoint, init_weights
 from tdmpc.training.offline import OfflineTrainer
-from tdmpc.training.online import OnlineTrainer, ReplayTrainer
-from tdmpc.training.tensor_online import TensorOnlineTrainer
+from tdmpc.training.online import OnlineTrainer
 from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
                                     resume_checkpoint, saved_config, saved_step, set_aside_unfinished)
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
@@ -259,8 +259,7 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
     data, envs = None, None
     try:
         data = open_offline(cfg, s.device, cfg.seed, (s.shard.rank, s.shard.world)).sampler if cfg.dataset else None
-        envs = None if cfg.dataset else _vector_envs(s) if not s.tensor_envs else \
-            make_tensor_vector_env(s.env, cfg.num_envs, seed=cfg.seed, device=s.device)[0]  # type: ignore[arg-type]
+        envs = None if cfg.dataset else _vector_envs(s)
         torch.manual_seed(cfg.seed)
         lengths = s.tasks.episode_lengths if s.tasks else s.spec.episode_length
         agent = Agent(cfg, model_dims(cfg, s.spec, s.tasks), lengths, s.device, s.shard)
@@ -271,11 +270,6 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
         trainer: Trainer
         if data is not None:
             trainer = OfflineTrainer(s, agent, data, lock, on_log, on_eval)
-        elif isinstance(envs, TensorVectorEnv):
-            tensor_buffer = TensorReplayBuffer(cfg.buffer_size, envs.num_envs, s.spec.obs_shape, s.spec.action_dim,
-                                        cfg.horizon, device=s.device, storage=s.buffer_storage,
-                                        discrete=s.spec.discrete)
-            trainer = TensorOnlineTrainer(s, agent, envs, tensor_buffer, lock, no_buffer, on_log, on_eval)
         else:
             assert envs is not None
             env_tasks = None if s.tasks is None else s.tasks.env_tasks(cfg.num_envs)
@@ -311,18 +305,22 @@ def model_dims(cfg: Config, spec: EnvSpec, tasks: TaskSetup | None) -> ModelDims
                                  tasks.action_dims)
 
 
-def _vector_envs(s: RunSetup):
-    """The training envs: num_envs of the task, or of each task of a multi-task run; async workers ignore
-    SIGINT/SIGTERM so only the trainer handles a stop."""
+def _vector_envs(s: RunSetup) -> LockstepEnv:
+    """The training envs: a tensor-native vector env, or numpy ones (num_envs of the task, or of each task of a
+    multi-task run) behind HostVectorEnv; async workers ignore SIGINT/SIGTERM so only the trainer handles a stop."""
     cfg = s.cfg
+    if s.tensor_envs:
+        return make_tensor_vector_env(s.env, cfg.num_envs, seed=cfg.seed, device=s.device)[0]  # type: ignore[arg-type]
     asynchronous = cfg.vectorization == "async"
     ignored = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)} if asynchronous else {}
     try:
         if s.tasks is None:
-            return make_envs(s.env, cfg.num_envs, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat,
+            envs = make_envs(s.env, cfg.num_envs, seed=cfg.seed, obs=cfg.obs, action_repeat=cfg.action_repeat,
                              asynchronous=asynchronous)
-        return make_envs(s.tasks.tasks, cfg.num_envs, seed=cfg.seed, action_repeat=s.tasks.action_repeat,
-                         pad_to=(s.tasks.obs_dim, s.tasks.action_dim), asynchronous=asynchronous)
+        else:
+            envs = make_envs(s.tasks.tasks, cfg.num_envs, seed=cfg.seed, action_repeat=s.tasks.action_repeat,
+                             pad_to=(s.tasks.obs_dim, s.tasks.action_dim), asynchronous=asynchronous)
+        return HostVectorEnv(envs, s.spec.task)
     finally:
         for sig, h in ignored.items():
             signal.signal(sig, h)
@@ -344,7 +342,7 @@ def open_run(req: RunRequest) -> Trainer | None:
 def run(trainer: Trainer) -> int:
     """The loop, to the config's steps (a finished run given more steps goes on), after a warning where a CPU
     would take hours (a trainer driven by hand, trainer_for's, sets its own end)."""
-    if trainer.device.type == "cpu" and isinstance(trainer, ReplayTrainer):
+    if trainer.device.type == "cpu" and isinstance(trainer, OnlineTrainer):
         speed.warn_if_slow(trainer)
     trainer.counters.finished = False
     return trainer.run()

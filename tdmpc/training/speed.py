@@ -16,7 +16,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import CPU_CONFIG, load_json
 
 if TYPE_CHECKING:
-    from tdmpc.training.online import ReplayTrainer
+    from tdmpc.training.online import OnlineTrainer
 
 
 def hours_left(agent: Agent, env_steps_left: int, env_tasks: np.ndarray | None = None) -> tuple[float, float, float]:
@@ -46,7 +46,7 @@ def hours_left(agent: Agent, env_steps_left: int, env_tasks: np.ndarray | None =
     return timings[0], timings[1], vector_steps * per_step / 3600
 
 
-def warn_if_slow(trainer: ReplayTrainer, limit_hours: float = 3.0) -> None:
+def warn_if_slow(trainer: OnlineTrainer, limit_hours: float = 3.0) -> None:
     """A config sized for a GPU on a CPU takes days; say so before it starts."""
     c, cfg = trainer.counters, trainer.cfg
     plan_s, update_s, hours = hours_left(trainer.agent, cfg.steps - c.step, trainer.env_tasks)

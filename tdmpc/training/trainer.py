@@ -57,7 +57,7 @@ class RunSetup:
     env: EnvSource
     eval_env: EnvSource
     notes: list[str] = field(default_factory=list)
-    tensor_envs: bool = False  # the envs speak torch tensors (tdmpc.envs.tensor): TensorOnlineTrainer steps them
+    tensor_envs: bool = False  # the envs speak torch tensors (tdmpc.envs.tensor), not numpy
 
     @property
     def resume(self) -> bool:
@@ -218,7 +218,7 @@ class Trainer(StopSignals):
         return EXIT_OK
 
     def finish_interrupted_work(self) -> None:
-        """What a stopped run still owed before its next step, done first on resume (ReplayTrainer: the rest of a
+        """What a stopped run still owed before its next step, done first on resume (OnlineTrainer: the rest of a
         pretraining burst), so a resumed run takes the steps an uninterrupted one would."""
 
     def _stopping(self) -> bool:
@@ -296,10 +296,11 @@ class Trainer(StopSignals):
         c = self.counters
         now = time.time()
         t0, s0, u0 = self.rate_mark
+        episodes = self.episode_stats()  # first: it counts the episodes ended since the last row
         row: dict[str, Any] = {
             "env_step": c.step, "episodes": c.episodes, "updates": c.updates, "elapsed": round(c.elapsed, 1),
             "env_steps_per_s": (c.step - s0) / max(now - t0, 1e-9),
-            "updates_per_s": (c.updates - u0) / max(now - t0, 1e-9), **self.episode_stats()}
+            "updates_per_s": (c.updates - u0) / max(now - t0, 1e-9), **episodes}
         if self.device.type == "cuda":  # the run's peak so far, to set beside its --dry-run estimate
             row["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
             row["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
