@@ -149,18 +149,18 @@ class ReplayBuffer:
         self._count += mask.sum()
         self._advance(mask)
 
-    def record(self, s: TensorStep, action: Tensor) -> None:
+    def record(self, s: TensorStep, action: Tensor) -> TensorStep:
         """A vector step's rows: its transitions (a non-finite one is not stored, and its env's episode stores
-        nothing more: stop()), then the episodes that start. A step of host data reaches the device in one copy."""
-        fields = (s.next_obs, s.reward, s.terminated, s.transition, s.finite, s.obs, s.started)
+        nothing more: stop()), then the episodes that start. Returns the step on the storage device, where a step
+        of host data arrives in one copy."""
         starts = not s.on_host or bool(s.started.any())  # on host data the check is free
-        if s.on_host:
-            fields = tuple(to_device(self.storage, *fields))
-        next_obs, reward, terminated, transition, finite, obs, started = (f.to(self.storage) for f in fields)
-        self.stop(transition & ~finite)
-        self.add(next_obs, action, reward, terminated, transition & finite)
+        fields = [s.obs, s.next_obs, s.reward, s.terminated, s.truncated, s.transition, s.started, s.finite]
+        sent = TensorStep(*(to_device(self.storage, *fields) if s.on_host else (f.to(self.storage) for f in fields)))
+        self.stop(sent.transition & ~sent.finite)
+        self.add(sent.next_obs, action, sent.reward, sent.terminated, sent.transition & sent.finite)
         if starts:
-            self.start(obs, started)
+            self.start(sent.obs, sent.started)
+        return sent
 
     def stop(self, mask: Tensor) -> None:
         """End the episodes in flight in the envs where `mask` is True: nothing more of them is stored."""

@@ -220,7 +220,10 @@ class TransferCounter(TorchDispatchMode):
                     if not counter._host(self):
                         counter.waits[name] += 1
                     out = original(self, *args, **kwargs)
-                    return counter._mark(out) if name == "cpu" else out
+                    if name != "cpu":
+                        return out
+                    # on the CPU, cpu() returns the tensor itself; on a GPU a host copy, which is what is marked
+                    return counter._mark(out.view_as(out) if out is self and not counter._host(self) else out)
                 return call
             return make
 

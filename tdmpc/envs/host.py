@@ -68,10 +68,11 @@ class HostVectorEnv:
         if started.any():
             obs = obs.copy()
             obs[started] = self._checked_resets(np.flatnonzero(started), obs[started])
-        flags = [torch.from_numpy(np.asarray(x, dtype=bool)) for x in (terminated, truncated, started, finite)]
-        return TensorStep(_obs(obs), _obs(next_obs),
-                          torch.from_numpy(np.asarray(reward, dtype=np.float32)), flags[0], flags[1],
-                          torch.ones(self.num_envs, dtype=torch.bool), flags[2], flags[3], on_host=True)
+        transition = np.ones(self.num_envs, dtype=bool)
+        flags = [torch.from_numpy(np.asarray(x, dtype=bool)) for x in (terminated, truncated, transition, started,
+                                                                         finite)]
+        return TensorStep(_obs(obs), _obs(next_obs), torch.from_numpy(np.asarray(reward, dtype=np.float32)), *flags,
+                          on_host=True)
 
     def render(self) -> np.ndarray:
         """The first env's frame (the evaluation's video)."""

@@ -55,16 +55,17 @@ class OnlineTrainer(Trainer):
             obs = envs.reset(seed=None if setup.resume else self.cfg.seed)
         except NonFiniteData as e:  # before the run starts: bad input, and the run directory is left as it was
             raise TaskError(str(e)) from None
-        # Made from the envs' data, so that they live where it does (and count as host data on the host).
-        self.ep_return = obs.new_zeros(self.num_envs, dtype=torch.float32)
-        self.ep_length = obs.new_zeros(self.num_envs, dtype=torch.long)
-        self.ended = obs.new_zeros((3, self.num_envs), dtype=torch.float64)  # per env since the last log row:
+        # The step's bookkeeping lives with the buffer's rows, where each step's data arrives.
+        dev, N = buffer.storage, self.num_envs
+        self.ep_return = torch.zeros(N, device=dev)
+        self.ep_length = torch.zeros(N, dtype=torch.long, device=dev)
+        self.ended = torch.zeros((3, N), dtype=torch.float64, device=dev)  # per env since the last log row:
         # episodes ended, their returns and lengths summed
-        self.unbooked = obs.new_zeros((), dtype=torch.long)  # episodes ended since counters.episodes was updated
-        self.terminated_seen = obs.new_zeros(self.num_envs, dtype=torch.bool)  # for a note if not episodic
-        self.bad_env = obs.new_full((), -1, dtype=torch.long)  # the first env with non-finite data, or -1
-        self.bad_step = obs.new_zeros((), dtype=torch.long)
-        self.bad_reward = obs.new_zeros((), dtype=torch.bool)  # its reward was the non-finite value
+        self.unbooked = torch.zeros((), dtype=torch.long, device=dev)  # ended, not yet in counters.episodes
+        self.terminated_seen = torch.zeros(N, dtype=torch.bool, device=dev)  # for a note if not episodic
+        self.bad_env = torch.full((), -1, dtype=torch.long, device=dev)  # the first env with non-finite data, or -1
+        self.bad_step = torch.zeros((), dtype=torch.long, device=dev)
+        self.bad_reward = torch.zeros((), dtype=torch.bool, device=dev)  # its reward was the non-finite value
         self._begin(obs)
 
     def _begin(self, obs: Tensor) -> None:
@@ -101,33 +102,33 @@ class OnlineTrainer(Trainer):
         action = torch.rand(n, a, device=dev) * 2 - 1
         return action if self.action_masks is None else action * self.action_masks
 
-    def _store(self, s: TensorStep, action: Tensor) -> None:
+    def _store(self, step: TensorStep, action: Tensor) -> None:
         """A step's rows into the buffer, its episodes booked, its non-finite rows flagged."""
+        s = self.buffer.record(step, action)  # the step where the buffer is
         bad = s.transition & ~s.finite
         first_bad = bad.long().argmax()
         fresh_bad = bad.any() & (self.bad_env < 0)
         self.bad_env = torch.where(fresh_bad, first_bad, self.bad_env)
         self.bad_step = torch.where(fresh_bad, self.counters.step, self.bad_step)
         self.bad_reward = torch.where(fresh_bad, ~torch.isfinite(s.reward[first_bad]), self.bad_reward)
-        self.buffer.record(s, action)
         counted = s.transition & s.finite
         self.ep_return += torch.where(counted, s.reward, 0.0)  # not reward * counted: NaN * 0 is NaN
         self.ep_length += counted.long()
         ended = (s.terminated | s.truncated) & counted
         self.ended += torch.stack([ended, self.ep_return * ended, self.ep_length * ended]).double()
         self.unbooked += ended.sum()
-        if self.recorder is not None:
-            self._record_data(s, action.cpu().numpy(), counted.numpy(), ended.numpy())
         self.ep_return = torch.where(ended | s.started, 0.0, self.ep_return)
         self.ep_length = torch.where(ended | s.started, 0, self.ep_length)
         self.terminated_seen |= s.terminated
+        if self.recorder is not None:
+            self._record_data(step, action.cpu().numpy())
 
-    def _record_data(self, s: TensorStep, action: np.ndarray, counted: np.ndarray, ended: np.ndarray) -> None:
-        """train --save-data: the step's transitions and the episodes that ended or began (host envs only)."""
+    def _record_data(self, s: TensorStep, action: np.ndarray) -> None:
+        """train --save-data: the step's transitions and the episodes that ended or began (host envs' data)."""
         assert self.recorder is not None
+        counted, terminated, started = (s.transition & s.finite).numpy(), s.terminated.numpy(), s.started.numpy()
         self.recorder.add(s.next_obs.numpy(), action, s.reward.numpy(), counted)
-        self.recorder.end(np.flatnonzero(ended), s.terminated.numpy())
-        started = s.started.numpy()
+        self.recorder.end(np.flatnonzero((terminated | s.truncated.numpy()) & counted), terminated)
         if started.any():
             self.recorder.start(s.obs.numpy()[started], np.flatnonzero(started))
 
