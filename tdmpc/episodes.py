@@ -79,11 +79,6 @@ def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed
     name = env.task if isinstance(env, (HostVectorEnv, TensorVectorEnv)) else env if isinstance(env, str) else \
         "the user's env"
 
-    def on_nonfinite(i: int, what: str, remedy: str, done: str) -> None:
-        if not drop_nonfinite:
-            raise NonFiniteData(f"evaluation env {i} ({name}) returned a non-finite {what}; pass --nonfinite-data "
-                                f"drop to leave such episodes out")
-
     tensor_task = isinstance(env, str) and not multitask and is_tensor_task(env)
     while len(result.returns) + result.dropped < episodes:
         left = episodes - len(result.returns) - result.dropped
@@ -96,12 +91,12 @@ def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed
         else:
             envs = HostVectorEnv(make_envs(cast(EnvSource, env), min(MAX_PARALLEL, left), seed=first_seed or 0,
                                            obs=obs, action_repeat=action_repeat, pad_to=agent.dims.pad_to,
-                                           render=record), name, on_nonfinite)
+                                           render=record), name)
         if record and not isinstance(envs, HostVectorEnv):
             raise BadInput(f"--video is not supported for tensor-native envs ({name}) yet")
         try:
             played = _play_round(agent, envs, first_seed, own_dims, cast(str, env) if multitask else None,
-                                 result.termination, frames if record else None, stop)
+                                 result.termination, frames if record else None, stop, drop_nonfinite)
         finally:
             if envs is not env:
                 envs.close()
@@ -126,48 +121,67 @@ def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed
 
 
 def _play_round(agent: Agent, envs: LockstepEnv, seed: int | None, own_dims: int, task: str | None,
-                termination: np.ndarray | None, frames: list[np.ndarray] | None, stop: Callable[[], bool] | None
-                ) -> tuple[np.ndarray, ...] | None:
+                termination: np.ndarray | None, frames: list[np.ndarray] | None, stop: Callable[[], bool] | None,
+                drop: bool) -> tuple[np.ndarray, ...] | None:
     """Each env plays one episode from a reset: its return, length, summed mean |action|, success (NaN where the
     env says nothing) and whether it held non-finite data, read back once all have ended (asked every step for
     host envs, every CHECK_EVERY steps for tensor ones); the termination head's confusion counts are added to
-    `termination`. None if `stop()` turned true."""
-    obs = envs.reset(seed=seed)
-    N = envs.num_envs
-    task_ids = agent.task_ids(task, N) if task is not None else None
-    first = obs.new_ones(N, dtype=torch.bool)
-    live, bad = first.clone(), obs.new_zeros(N, dtype=torch.bool)
-    ret, act_abs = obs.new_zeros(N, dtype=torch.float64), obs.new_zeros(N, dtype=torch.float64)
-    length = obs.new_zeros(N, dtype=torch.long)
-    confusion = obs.new_zeros(4, dtype=torch.long)  # [terminated, predicted], flattened
+    `termination`. None if `stop()` turned true. Host envs name non-finite data at once (unless `drop`)."""
+    N, dev = envs.num_envs, envs.device
+    live, bad = torch.ones(N, dtype=torch.bool, device=dev), torch.zeros(N, dtype=torch.bool, device=dev)
+    ret, act_abs = torch.zeros(N, dtype=torch.float64, device=dev), torch.zeros(N, dtype=torch.float64, device=dev)
+    length = torch.zeros(N, dtype=torch.long, device=dev)
+    confusion = torch.zeros(4, dtype=torch.long, device=dev)  # [terminated, predicted], flattened
     success = np.full(N, np.nan)
-    if frames is not None:
-        frames.append(_frame(cast(HostVectorEnv, envs)))
-    for t in itertools.count(1):
-        if stop is not None and stop():
-            return None
-        obs_d, first_d = to_device(agent.device, obs, first) if envs.on_host else (obs, first)
-        action = agent.act_on_device(obs_d, first_d, eval_mode=True, role=f"eval{N}", task=task_ids)
-        predicted = agent.predicts_termination(obs_d, action) if termination is not None else None
-        s = envs.step(action)
-        counted = live & s.transition
-        ret += torch.where(counted, s.reward, 0.0)
-        length += counted.long()
-        if not agent.dims.discrete:
-            act_abs += torch.where(counted, action[:, :own_dims].abs().mean(-1).to(act_abs), 0.0)
-        if predicted is not None:
-            pairs = s.terminated.long() * 2 + predicted.to(s.terminated.device).long()
-            confusion += (torch.nn.functional.one_hot(pairs, 4) * counted[:, None]).sum(0)
-        bad |= counted & ~s.finite
-        ended = (s.terminated | s.truncated) & counted
+    stepping = False
+
+    def on_nonfinite(i: int, what: str, remedy: str, done: str) -> None:
+        """A host env's NaN or inf in an episode played is an error (unless `drop`); in the start of one after it
+        (autoreset) it is not."""
+        if drop or stepping and (what.endswith("reset()") or not bool(live[i])):
+            return
+        raise NonFiniteData(f"evaluation env {i} ({envs.task}) returned a non-finite {what} at step "
+                            f"{int(length[i]) + stepping} of its episode; pass --nonfinite-data drop to leave such "
+                            f"episodes out")
+
+    saved = envs.on_nonfinite if isinstance(envs, HostVectorEnv) else None
+    if isinstance(envs, HostVectorEnv):
+        envs.on_nonfinite = on_nonfinite
+    try:
+        obs = envs.reset(seed=seed)
+        stepping = True
+        task_ids = agent.task_ids(task, N) if task is not None else None
+        first = torch.ones(N, dtype=torch.bool, device=dev)
+        if frames is not None:
+            frames.append(_frame(cast(HostVectorEnv, envs)))
+        for t in itertools.count(1):
+            if stop is not None and stop():
+                return None
+            obs_d, first_d = to_device(agent.device, obs, first) if envs.on_host else (obs, first)
+            action = agent.act_on_device(obs_d, first_d, eval_mode=True, role=f"eval{N}", task=task_ids)
+            predicted = agent.predicts_termination(obs_d, action) if termination is not None else None
+            s = envs.step(action)
+            counted = live & s.transition
+            ret += torch.where(counted, s.reward, 0.0)
+            length += counted.long()
+            if not agent.dims.discrete:
+                act_abs += torch.where(counted, action[:, :own_dims].abs().mean(-1).to(act_abs), 0.0)
+            if predicted is not None:
+                pairs = s.terminated.long() * 2 + predicted.to(dev).long()
+                confusion += (torch.nn.functional.one_hot(pairs, 4) * counted[:, None]).sum(0)
+            bad |= counted & ~s.finite
+            ended = (s.terminated | s.truncated) & counted
+            if isinstance(envs, HostVectorEnv):
+                _success(envs.info, success, live.numpy(), ended.numpy())
+                if frames is not None and bool(live[0]):
+                    frames.append(_frame(envs) if not bool(ended[0]) else frames[-1])
+            live &= ~(ended | ~s.finite)
+            obs, first = s.obs, s.started
+            if (envs.on_host or t % CHECK_EVERY == 0) and not bool(live.any()):
+                break
+    finally:
         if isinstance(envs, HostVectorEnv):
-            _success(envs.info, success, live.numpy(), ended.numpy())
-            if frames is not None and bool(live[0]):
-                frames.append(_frame(envs) if not bool(ended[0]) else frames[-1])
-        live &= ~(ended | ~s.finite)
-        obs, first = s.obs, s.started
-        if (envs.on_host or t % CHECK_EVERY == 0) and not bool(live.any()):
-            break
+            envs.on_nonfinite = saved  # type: ignore[assignment]
     if termination is not None:
         termination += confusion.view(2, 2).cpu().numpy()
     return ret.cpu().numpy(), length.cpu().numpy(), act_abs.cpu().numpy(), success, bad.cpu().numpy()

@@ -50,11 +50,6 @@ class OnlineTrainer(Trainer):
         self.warned_termination = self.warned_nonfinite = False
         if isinstance(envs, HostVectorEnv):  # host data: NaN or inf is handled at once, at its source
             envs.on_nonfinite = self._on_nonfinite
-        super().__init__(setup, agent, lock, no_buffer, on_log, on_eval)
-        try:  # the agent acts on each env's newest row of the buffer: these first observations, then each step's
-            obs = envs.reset(seed=None if setup.resume else self.cfg.seed)
-        except NonFiniteData as e:  # before the run starts: bad input, and the run directory is left as it was
-            raise TaskError(str(e)) from None
         # The step's bookkeeping lives with the buffer's rows, where each step's data arrives.
         dev, N = buffer.storage, self.num_envs
         self.ep_return = torch.zeros(N, device=dev)
@@ -66,6 +61,11 @@ class OnlineTrainer(Trainer):
         self.bad_env = torch.full((), -1, dtype=torch.long, device=dev)  # the first env with non-finite data, or -1
         self.bad_step = torch.zeros((), dtype=torch.long, device=dev)
         self.bad_reward = torch.zeros((), dtype=torch.bool, device=dev)  # its reward was the non-finite value
+        super().__init__(setup, agent, lock, no_buffer, on_log, on_eval)
+        try:  # the agent acts on each env's newest row of the buffer: these first observations, then each step's
+            obs = envs.reset(seed=None if setup.resume else self.cfg.seed)
+        except NonFiniteData as e:  # before the run starts: bad input, and the run directory is left as it was
+            raise TaskError(str(e)) from None
         self._begin(obs)
 
     def _begin(self, obs: Tensor) -> None:

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Issue 53, point 1: the numpy path end to end before (eb8d28a: two step paths) and after (one step path), in
+# the same run, alternating, twice. BEFORE_SITE: the earlier commit installed with
+#   git worktree add /tmp/before eb8d28a && pip install --no-deps --no-build-isolation --target /tmp/before_site /tmp/before
+# Runs from /tmp so that the checkout's tdmpc/ does not shadow either install.
+set -euo pipefail
+R=$(cd "$(dirname "$0")/../.." && pwd)
+OUT=$R/results/one-step-path
+BEFORE_SITE=${BEFORE_SITE:-/tmp/before_site}
+E2E="--quick --device cpu --sizes 1 --envs 1 --task Pendulum-v1 --e2e-envs 1 8 --e2e-steps 100 --rss-steps 0 --offline-updates 0"
+cd /tmp
+for round in 1 2; do
+  for which in before after; do
+    site=$([ "$which" = before ] && echo "$BEFORE_SITE" || echo "")
+    echo "== round $round, $which: end to end" >&2
+    PYTHONPATH=$site python -m tdmpc.bench $E2E --out "$OUT/e2e-$which-$round.json" > "$OUT/e2e-$which-$round.txt"
+    echo "== round $round, $which: 64 and 256 envs (--tensor-envs: both paths)" >&2
+    PYTHONPATH=$site python -m tdmpc.bench --tensor-envs --quick --device cpu --threads 1 \
+      --tensor-envs-out "$OUT/paths-$which-$round.json" > "$OUT/paths-$which-$round.txt"
+  done
+done
