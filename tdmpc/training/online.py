@@ -1,10 +1,16 @@
 """Online training: N vector envs step into a replay buffer, and the agent updates every k agent steps.
 
-One step reads top to bottom: act on each env's newest row of the replay buffer, already on the device (random
-actions while seeding), step the envs, check the data, store the transitions, book the episodes that ended,
-then the updates due: a burst of pretraining updates on the seed data once seeding ends, then
-updates_per_round every update_every steps. With overlap_updates (CUDA's default) a round waits for the next
-step's actions, so the GPU runs it while the host steps the envs.
+Every env speaks one step form (tdmpc.envs.tensor.TensorStep): a tensor-native vector env as it is, a numpy one
+through tdmpc.envs.host.HostVectorEnv. One step reads top to bottom: act on each env's newest row of the replay
+buffer, already on the device (random actions while seeding), step the envs, store the step's rows (the buffer
+sends host data over in one copy), book the episodes that ended, then the updates due: a burst of pretraining
+updates on the seed data once seeding ends, then updates_per_round every update_every steps. With
+overlap_updates (CUDA's default for numpy envs) a round waits for the next step's actions, so the GPU runs it
+while the host steps the envs.
+
+NaN or inf: a numpy env's is named at once, at its source (HostVectorEnv); a tensor env's is flagged on the
+device (its transition is not stored, and that env's episode stores nothing more) and reported at the next log
+row or checkpoint, an error naming the env ('error') or a note ('drop').
 """
 
 from __future__ import annotations
