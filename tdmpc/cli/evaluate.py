@@ -16,14 +16,13 @@ import torch
 
 from tdmpc.agent import Agent
 from tdmpc.envs import check_observations, make_env
-from tdmpc.envs.tensor import is_tensor_task
+from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
 from tdmpc.episodes import check_video_path, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.model.checkpoint import check_dims_match
 from tdmpc.runtime.device import set_threads
 from tdmpc.runtime.files import json_text, write_text_atomic
 from tdmpc.tasks.sets import task_set_name
-from tdmpc.training.setup import tensor_spec
 
 
 @dataclass
@@ -87,11 +86,11 @@ def evaluate(args: EvalArgs) -> int:
             raise BadInput(f"{args.checkpoint} is a multi-task model: choose the task to evaluate with --task, one "
                            f"of {task_set_name(agent.dims.tasks)}")
         agent.task_ids(args.task, 1)
-    tensor = not agent.dims.multitask and is_tensor_task(cfg.task)  # a GPU simulator's: its episodes all at once
-    if tensor and args.video:
-        raise BadInput(f"--video is not supported for tensor-native envs ({cfg.task}) yet")
-    if tensor:
-        spec, _ = tensor_spec(cfg.task, cfg)
+    envs = None  # a GPU simulator's: its episodes all at once, on envs built here
+    if not agent.dims.multitask and is_tensor_task(cfg.task):
+        if args.video:
+            raise BadInput(f"--video is not supported for tensor-native envs ({cfg.task}) yet")
+        envs, spec = make_tensor_vector_env(cfg.task, args.episodes, seed=args.seed, device=agent.device)
     elif not agent.dims.multitask:
         env, spec = make_env(cfg.task, seed=args.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
         try:
@@ -105,8 +104,12 @@ def evaluate(args: EvalArgs) -> int:
     set_threads(args.threads)
     torch.manual_seed(args.seed)  # the planner's samples: the same seed repeats the same evaluation
     t0 = time.time()
-    res = run_episodes(agent, cfg.task, args.episodes, args.seed, cfg.obs, cfg.action_repeat, args.video,
-                       drop_nonfinite=cfg.nonfinite_data == "drop")
+    try:
+        res = run_episodes(agent, envs or cfg.task, args.episodes, args.seed, cfg.obs, cfg.action_repeat, args.video,
+                           drop_nonfinite=cfg.nonfinite_data == "drop")
+    finally:
+        if envs is not None:
+            envs.close()
     assert res is not None  # only a stop() callback ends it early
     imported = agent.imported_from_reference
     summary = {"checkpoint": str(args.checkpoint), "imported_reference": imported, "task": cfg.task,

@@ -33,7 +33,8 @@ from tdmpc.envs.make import EnvSpec
 from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, custom_task_name, resolve_task
 from tdmpc.errors import TaskError
 
-__all__ = ["TensorStep", "TensorVectorEnv", "autoreset_mode", "is_tensor_task", "make_tensor_vector_env"]
+__all__ = ["TensorStep", "TensorVectorEnv", "autoreset_mode", "is_tensor_task", "make_tensor_vector_env",
+           "tensor_task_spec"]
 
 
 @dataclass
@@ -180,19 +181,52 @@ def is_tensor_task(env: Any) -> bool:
     taken as one, so that building it says what to install."""
     if isinstance(env, gym.vector.VectorEnv):
         return True
+    tensor, probe = _probe(env)
+    if probe is not None:
+        probe.close()
+    return tensor
+
+
+def tensor_task_spec(env: Any, num_envs: int, *, seed: int | None, action_repeat: int | None) -> EnvSpec | None:
+    """A tensor-native task's spec, read off the one-env copy that tells whether it is one (is_tensor_task; then
+    closed: a GPU simulator's N envs are built once, for the run); a vector env object's off itself (left open:
+    it is trained on); None for a task of the numpy path."""
+    if isinstance(env, gym.vector.VectorEnv):
+        return make_tensor_vector_env(env, num_envs, seed=seed, device="cpu", action_repeat=action_repeat)[1]
+    tensor, probe = _probe(env)
+    if not tensor:
+        return None
+    try:
+        envs, spec = make_tensor_vector_env(env, 1, seed=seed, device="cpu", action_repeat=action_repeat,
+                                            built=probe)
+    except BaseException:
+        if probe is not None:
+            probe.close()
+        raise
+    envs.close()
+    return spec
+
+
+def _probe(env: Any) -> tuple[bool, gym.vector.VectorEnv | None]:
+    """Whether id `env` is a tensor task (is_tensor_task), and the one-env vector env built to tell when it is
+    one (None where nothing was built)."""
     if not isinstance(env, str) or ":" in env and not _importable(env.rpartition(":")[0]):
-        return False
+        return False, None
     spec = gym.registry.get(env.rpartition(":")[2])
     if spec is None or spec.vector_entry_point is None:
-        return False
+        return False, None
     try:
-        vec = gym.make_vec(env, 1, vectorization_mode="vector_entry_point")
+        vec = gym.make_vec(resolve_task(env).name, 1, vectorization_mode="vector_entry_point")
     except (ImportError, gym.error.DependencyNotInstalled):
-        return True
+        return True, None
     try:
-        return bool(vec.metadata.get("jax", False)) or isinstance(vec.reset(seed=0)[0], torch.Tensor)
-    finally:
+        tensor = bool(vec.metadata.get("jax", False)) or isinstance(vec.reset(seed=0)[0], torch.Tensor)
+    except BaseException:
         vec.close()
+        raise
+    if not tensor:
+        vec.close()
+    return tensor, vec if tensor else None
 
 
 def _importable(module: str) -> bool:
@@ -204,15 +238,16 @@ def _importable(module: str) -> bool:
 
 
 def make_tensor_vector_env(env: str | gym.vector.VectorEnv, num_envs: int, *, seed: int | None,
-                           device: torch.device | str, action_repeat: int | None = None
-                           ) -> tuple[TensorVectorEnv, EnvSpec]:
+                           device: torch.device | str, action_repeat: int | None = None,
+                           built: gym.vector.VectorEnv | None = None) -> tuple[TensorVectorEnv, EnvSpec]:
     """A tensor vector env and its spec: a gymnasium id with a vector_entry_point, made by
     ``gymnasium.make_vec(id, num_envs, vectorization_mode="vector_entry_point")`` (a JAX env through
-    ``JaxToTorch``: DLPack, no copy on a GPU), or a vector env object as it is. Reset once, with `seed`."""
+    ``JaxToTorch``: DLPack, no copy on a GPU) unless `built` is that already, or a vector env object as it is.
+    Reset once, with `seed`."""
     if isinstance(env, str):
         task = resolve_task(env)
         try:
-            vec = gym.make_vec(task.name, num_envs, vectorization_mode="vector_entry_point")
+            vec = built or gym.make_vec(task.name, num_envs, vectorization_mode="vector_entry_point")
         except (ImportError, gym.error.DependencyNotInstalled) as e:
             raise TaskError(f"task {env!r} needs what its vector env imports ({str(e).splitlines()[0]}); for "
                             f"gymnasium's JAX envs: pip install 'tdmpc[jax]'") from None

@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor
@@ -28,7 +27,7 @@ from tdmpc.agent import Agent
 from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.envs import EnvSource
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
-from tdmpc.envs.tensor import TensorStep
+from tdmpc.envs.tensor import TensorStep, TensorVectorEnv, make_tensor_vector_env
 from tdmpc.episodes import EvalResult, run_episodes
 from tdmpc.errors import BufferFileError, NonFiniteData, TaskError
 from tdmpc.offline.writer import EpisodeRecorder
@@ -294,12 +293,19 @@ class OnlineTrainer(Trainer):
 
     # --- evaluation -------------------------------------------------------------------
     def play_episodes(self, task: EnvSource, video: Path | None) -> EvalResult | None:
-        """A vector env object given to train on (there is no other to copy) plays the evaluation on the training
-        envs, whose episodes in flight then end (as truncated); any other source gets envs of its own."""
-        if not isinstance(task, gym.vector.VectorEnv):
+        """Tensor envs: a task id gets eval_episodes envs of its own, played at once; a vector env object given to
+        train on (there is no other to copy) plays on the training envs, whose episodes in flight then end (as
+        truncated). Numpy envs: as any run evaluates."""
+        if not isinstance(self.envs, TensorVectorEnv):
             return super().play_episodes(task, video)
-        result = run_episodes(self.agent, self.envs, self.cfg.eval_episodes, 1_000_003 * (self.cfg.seed + 1),
-                              stop=self._eval_interrupted)
+        cfg, seed = self.cfg, 1_000_003 * (self.cfg.seed + 1)
+        if isinstance(task, str):
+            envs, _ = make_tensor_vector_env(task, cfg.eval_episodes, seed=seed, device=self.device)
+            try:
+                return run_episodes(self.agent, envs, cfg.eval_episodes, seed, stop=self._eval_interrupted)
+            finally:
+                envs.close()
+        result = run_episodes(self.agent, self.envs, cfg.eval_episodes, seed, stop=self._eval_interrupted)
         self.buffer.end_episodes()
         self._begin(self.envs.reset())
         return result

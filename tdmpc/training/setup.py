@@ -32,7 +32,7 @@ from tdmpc.buffer import ReplayBuffer
 from tdmpc.config import SIZE_FIELDS, Config, NetworkSettings, changed_fields, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
-from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
+from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env, tensor_task_spec
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import check_dims_match, load_file, read_checkpoint
 from tdmpc.offline.data import offline_spec, open_offline
@@ -101,12 +101,14 @@ def prepare(req: RunRequest) -> RunSetup | None:
         device = None  # a dry run still estimates (for --gpu-mem, or to say there is no GPU)
     off_cuda = cuda_only_notes(cfg, device, req.given)
     source: EnvSource = cfg.task if req.env is None else req.env
-    tensor = not cfg.dataset and is_tensor_task(source)
+    tensor_spec = None if cfg.dataset else tensor_task_spec(source, cfg.num_envs, seed=cfg.seed,
+                                                            action_repeat=cfg.action_repeat)
+    tensor = tensor_spec is not None
     if tensor:
         _check_tensor_run(cfg)
     elif not cfg.dataset and isinstance(source, str):
         _check_no_tensor_task_among(source)
-    spec, tasks = tensor_spec(source, cfg) if tensor else env_spec(source, cfg)
+    spec, tasks = (tensor_spec, None) if tensor_spec is not None else env_spec(source, cfg)
     if init_from:  # weights for another task's sizes or kind of action: refused now, --dry-run included
         check_dims_match(read_checkpoint(init_from, mmap=True).dims, spec.obs_shape, spec.action_dim, spec.discrete,
                          spec.task, init_from)
@@ -196,7 +198,9 @@ def _check_resume(req: RunRequest) -> None:
 
 def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
     """What the model is built for: the data's (offline), a multi-task run's padded dims, or the task's, read
-    off one environment (closed at once, unless it is the user's own env object)."""
+    off one environment (closed at once, unless it is the user's own env object). That env is stepped once (an
+    observation of another shape than declared is refused now), so it is not one of the training envs: an env
+    may keep state across resets."""
     if cfg.dataset:
         return offline_spec(cfg)
     tasks = task_setup(cfg) if isinstance(env, str) and env == cfg.task else None
@@ -231,17 +235,6 @@ def _check_no_tensor_task_among(task: str) -> None:
             if is_tensor_task(name):
                 raise BadInput(f"multi-task runs are not supported with tensor-native envs ({name} in --task {task}); "
                                f"train it alone, see docs/gpu-simulators.md")
-
-
-def tensor_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, None]:
-    """A tensor-native task's spec, read off its vector env (an id's is built with one env and closed: a GPU
-    simulator's thousands are built once, by build(); a user's object is left open, to be trained on)."""
-    n = 1 if isinstance(env, str) else cfg.num_envs
-    envs, spec = make_tensor_vector_env(env, n, seed=cfg.seed, device="cpu",  # type: ignore[arg-type]
-                                        action_repeat=cfg.action_repeat)
-    if isinstance(env, str):
-        envs.close()
-    return spec, None
 
 
 def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
