@@ -156,7 +156,8 @@ class ReplayBuffer:
         starts = not s.on_host or bool(s.started.any())  # on host data the check is free
         fields = [s.obs, s.next_obs, s.reward, s.terminated, s.truncated, s.transition, s.started, s.finite]
         sent = TensorStep(*(to_device(self.storage, *fields) if s.on_host else (f.to(self.storage) for f in fields)))
-        self.stop(sent.transition & ~sent.finite)
+        if not s.on_host or not bool(s.finite.all()):  # (a host env's rows: known for free)
+            self.stop(sent.transition & ~sent.finite)
         self.add(sent.next_obs, action, sent.reward, sent.terminated, sent.transition & sent.finite)
         if starts:
             self.start(sent.obs, sent.started)

@@ -1,7 +1,8 @@
 """Evaluation episodes: a saved or training agent plays N episodes without exploration noise.
 
-Episodes run in parallel environments, planned for in one batched call per step; the first can be
-recorded to a video. Training evaluates with this, and so does python -m tdmpc.evaluate.
+Episodes run in parallel environments, planned for in one batched call per step, through one loop whatever the
+envs speak (numpy ones behind tdmpc.envs.host.HostVectorEnv, tensor-native ones as they are); the first can be
+recorded to a video (numpy envs). Training evaluates with this, and so does python -m tdmpc.evaluate.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed
         elif tensor_task:
             envs = make_tensor_vector_env(cast(str, env), left, seed=first_seed, device=agent.device)[0]
         else:
-            envs = HostVectorEnv(make_envs(cast(EnvSource, env), min(MAX_PARALLEL, left), seed=first_seed or 0,
+            envs = HostVectorEnv(make_envs(env, min(MAX_PARALLEL, left), seed=first_seed or 0,
                                            obs=obs, action_repeat=action_repeat, pad_to=agent.dims.pad_to,
                                            render=record), name)
         if record and not isinstance(envs, HostVectorEnv):

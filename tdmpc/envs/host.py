@@ -54,8 +54,8 @@ class HostVectorEnv:
         next_obs = obs
         if started.any():  # same-step autoreset: obs already holds the next episode's first observation
             next_obs = obs.copy()
-            for i in np.flatnonzero(started):
-                next_obs[i] = info["final_obs"][i]
+            for e in np.flatnonzero(started):
+                next_obs[e] = info["final_obs"][e]
         finite = np.isfinite(next_obs.reshape(self.num_envs, -1)).all(1) & np.isfinite(reward)
         if not finite.all():
             i = int(np.flatnonzero(~finite)[0])
@@ -68,11 +68,10 @@ class HostVectorEnv:
         if started.any():
             obs = obs.copy()
             obs[started] = self._checked_resets(np.flatnonzero(started), obs[started])
-        transition = np.ones(self.num_envs, dtype=bool)
-        flags = [torch.from_numpy(np.asarray(x, dtype=bool)) for x in (terminated, truncated, transition, started,
-                                                                         finite)]
-        return TensorStep(_obs(obs), _obs(next_obs), torch.from_numpy(np.asarray(reward, dtype=np.float32)), *flags,
-                          on_host=True)
+        term, trunc, transition, start, ok = (torch.from_numpy(np.asarray(x, dtype=bool)) for x in (
+            terminated, truncated, np.ones(self.num_envs, dtype=bool), started, finite))
+        return TensorStep(_obs(obs), _obs(next_obs), torch.from_numpy(np.asarray(reward, dtype=np.float32)), term,
+                          trunc, transition, start, ok, on_host=True)
 
     def render(self) -> np.ndarray:
         """The first env's frame (the evaluation's video)."""

@@ -39,8 +39,8 @@ from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 class OnlineTrainer(Trainer):
     """Steps N envs in lockstep: a tensor-native vector env (TensorVectorEnv) or a numpy one behind HostVectorEnv,
-    one TensorStep per step. The step's bookkeeping (episode returns and lengths, non-finite rows) stays on the
-    device its data came on: nothing in a step reads a device value on the host."""
+    one TensorStep per step. The step's bookkeeping (episode returns and lengths, non-finite rows) lives with the
+    buffer's rows: nothing in a step reads a device value on the host but a numpy env's actions."""
 
     def __init__(self, setup: RunSetup, agent: Agent, envs: LockstepEnv, buffer: ReplayBuffer,
                  recorder: EpisodeRecorder | None, lock: RunDirLock, no_buffer: bool = False,
@@ -108,25 +108,34 @@ class OnlineTrainer(Trainer):
         return action if self.action_masks is None else action * self.action_masks
 
     def _store(self, step: TensorStep, action: Tensor) -> None:
-        """A step's rows into the buffer, its episodes booked, its non-finite rows flagged."""
+        """A step's rows into the buffer, its episodes booked, its non-finite rows flagged. On host data what is
+        known for free is used: a host env reports NaN or inf itself, and most steps end no episode."""
         s = self.buffer.record(step, action)  # the step where the buffer is
-        bad = s.transition & ~s.finite
-        first_bad = bad.long().argmax()
-        fresh_bad = bad.any() & (self.bad_env < 0)
-        self.bad_env = torch.where(fresh_bad, first_bad, self.bad_env)
-        self.bad_step = torch.where(fresh_bad, self.counters.step, self.bad_step)
-        self.bad_reward = torch.where(fresh_bad, ~torch.isfinite(s.reward[first_bad]), self.bad_reward)
+        if self.recorder is not None:
+            self._record_data(step, action.cpu().numpy())
         counted = s.transition & s.finite
         self.ep_return += torch.where(counted, s.reward, 0.0)  # not reward * counted: NaN * 0 is NaN
         self.ep_length += counted.long()
+        if not step.on_host:
+            self._flag_nonfinite(s)
+        elif not bool((step.terminated | step.truncated | step.started).any()):
+            return  # no episode ended or began
         ended = (s.terminated | s.truncated) & counted
         self.ended += torch.stack([ended, self.ep_return * ended, self.ep_length * ended]).double()
         self.unbooked += ended.sum()
         self.ep_return = torch.where(ended | s.started, 0.0, self.ep_return)
         self.ep_length = torch.where(ended | s.started, 0, self.ep_length)
         self.terminated_seen |= s.terminated
-        if self.recorder is not None:
-            self._record_data(step, action.cpu().numpy())
+
+    def _flag_nonfinite(self, s: TensorStep) -> None:
+        """The first env with a non-finite observation or reward, its step and which, kept on the device for the
+        next log row or checkpoint to report (_check_finite)."""
+        bad = s.transition & ~s.finite
+        first_bad = bad.long().argmax()
+        fresh_bad = bad.any() & (self.bad_env < 0)
+        self.bad_env = torch.where(fresh_bad, first_bad, self.bad_env)
+        self.bad_step = torch.where(fresh_bad, self.counters.step, self.bad_step)
+        self.bad_reward = torch.where(fresh_bad, ~torch.isfinite(s.reward[first_bad]), self.bad_reward)
 
     def _record_data(self, s: TensorStep, action: np.ndarray) -> None:
         """train --save-data: the step's transitions and the episodes that ended or began (host envs' data)."""
