@@ -155,7 +155,11 @@ class ReplayBuffer:
         of host data arrives in one copy."""
         starts = not s.on_host or bool(s.started.any())  # on host data the check is free
         fields = [s.obs, s.next_obs, s.reward, s.terminated, s.truncated, s.transition, s.started, s.finite]
-        sent = TensorStep(*(to_device(self.storage, *fields) if s.on_host else (f.to(self.storage) for f in fields)))
+        host_action = s.on_host and action.device != self.storage  # seeding's, drawn on the host: sent along
+        if s.on_host:
+            fields = to_device(self.storage, *fields, *([action] if host_action else []))
+            action = fields.pop() if host_action else action
+        sent = TensorStep(*(f.to(self.storage) for f in fields))
         if not s.on_host or not bool(s.finite.all()):  # (a host env's rows: known for free)
             self.stop(sent.transition & ~sent.finite)
         self.add(sent.next_obs, action, sent.reward, sent.terminated, sent.transition & sent.finite)

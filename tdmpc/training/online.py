@@ -50,7 +50,7 @@ class OnlineTrainer(Trainer):
         self.env_tasks = None if setup.tasks is None else setup.tasks.env_tasks(setup.cfg.num_envs)
         # each env's task id and own action dims on the device, sent once
         self.env_task_ids = None if self.env_tasks is None else agent.task_ids(self.env_tasks, self.num_envs)
-        self.action_masks = None if setup.tasks is None or self.env_tasks is None else \
+        self.action_masks = None if setup.tasks is None or self.env_tasks is None or envs.on_host else \
             torch.as_tensor(setup.tasks.action_masks(self.env_tasks), device=agent.device)
         self.warned_termination = self.warned_nonfinite = False
         if isinstance(envs, HostVectorEnv):  # host data: NaN or inf is handled at once, at its source
@@ -99,12 +99,19 @@ class OnlineTrainer(Trainer):
         self._updates_due()
 
     def _random_actions(self) -> Tensor:
-        """Uniform random actions on the device, from torch's RNG (which checkpoints save); a multi-task env's
-        are zero past its own action dims, as the policy's and the planner's are."""
-        n, a, dev = self.num_envs, self.spec.action_dim, self.device
+        """Uniform random actions where the envs live: for host envs from the trainer's numpy RNG (no device work;
+        the draws of the numpy path before the step paths were one), for tensor envs on the device from torch's
+        (no numpy on that path); checkpoints save both. A multi-task env's are zero past its own action dims, as
+        the policy's and the planner's are."""
+        n, a = self.num_envs, self.spec.action_dim
+        if self.envs.on_host:
+            action = self.spec.random_actions(self.rng, n)
+            if self.tasks is not None and self.env_tasks is not None and not self.spec.discrete:
+                action *= self.tasks.action_masks(self.env_tasks)
+            return torch.from_numpy(action)
         if self.spec.discrete:
-            return torch.randint(0, a, (n,), device=dev)
-        action = torch.rand(n, a, device=dev) * 2 - 1
+            return torch.randint(0, a, (n,), device=self.device)
+        action = torch.rand(n, a, device=self.device) * 2 - 1
         return action if self.action_masks is None else action * self.action_masks
 
     def _store(self, step: TensorStep, action: Tensor) -> None:
