@@ -159,7 +159,8 @@ class ReplayBuffer:
         if s.on_host:
             fields = to_device(self.storage, *fields, *([action] if host_action else []))
             action = fields.pop() if host_action else action
-        sent = TensorStep(*(f.to(self.storage) for f in fields))
+        obs, next_obs, reward, terminated, truncated, transition, started, finite = (f.to(self.storage) for f in fields)
+        sent = TensorStep(obs, next_obs, reward, terminated, truncated, transition, started, finite)
         if not s.on_host or not bool(s.finite.all()):  # (a host env's rows: known for free)
             self.stop(sent.transition & ~sent.finite)
         self.add(sent.next_obs, action, sent.reward, sent.terminated, sent.transition & sent.finite)

@@ -105,10 +105,10 @@ class OnlineTrainer(Trainer):
         the policy's and the planner's are."""
         n, a = self.num_envs, self.spec.action_dim
         if self.envs.on_host:
-            action = self.spec.random_actions(self.rng, n)
+            drawn = self.spec.random_actions(self.rng, n)
             if self.tasks is not None and self.env_tasks is not None and not self.spec.discrete:
-                action *= self.tasks.action_masks(self.env_tasks)
-            return torch.from_numpy(action)
+                drawn *= self.tasks.action_masks(self.env_tasks)
+            return torch.from_numpy(drawn)
         if self.spec.discrete:
             return torch.randint(0, a, (n,), device=self.device)
         action = torch.rand(n, a, device=self.device) * 2 - 1

@@ -8,8 +8,8 @@ from pathlib import Path
 here = Path(__file__).parent
 
 
-def runs_and_mean(values: list[float]) -> dict:
-    return {"runs": [round(v, 3) for v in values], "mean": round(sum(values) / len(values), 3)}
+def runs_and_mean(values: list[float]) -> dict | None:
+    return {"runs": [round(v, 3) for v in values], "mean": round(sum(values) / len(values), 3)} if values else None
 
 
 out: dict = {"commits": (here / "commits.txt").read_text().strip()}
