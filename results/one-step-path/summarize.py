@@ -1,11 +1,12 @@
 """The bench runs of bench.sh side by side: agent steps/s end to end (1 and 8 envs) and the numpy path's seeding
 and acting env steps/s (64 and 256 envs), each round's and the mean per side. Writes summary.json beside them:
-python results/one-step-path/summarize.py"""
+python results/one-step-path/summarize.py [FOLDER] (default: this one; v1/ and v2/ hold earlier runs)"""
 
 import json
+import sys
 from pathlib import Path
 
-here = Path(__file__).parent
+here = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent
 
 
 def runs_and_mean(values: list[float]) -> dict | None:
