@@ -48,6 +48,14 @@ mkdir -p $W/mps
 cd $W
 
 if [ "$STAGE" = start ]; then
+  # Preflight (about 20 s): the first task at CFG, eager, a few hundred steps past seeding, on this device. A run
+  # that fails only on the device (2026-11-27: every numpy-env run failed on CUDA right after seeding, a path no
+  # CPU test takes) ends the call here, with a lease's minutes left, not after the lanes' compile and the tests.
+  if [ "${PREFLIGHT:-1}" = 1 ]; then
+    timeout 120 python3 -m tdmpc.train --cfg "$CFG" --task "${TASKS%%,*}" --device $DEVICE --steps 600 --seed-steps 400 \
+      --eval-freq 600 --eval-episodes 1 --no-compile --no-progress --no-tensorboard --threads 1 --run-dir $W/preflight \
+      > $O/preflight.log 2>&1 || { echo "preflight failed (out/preflight.log):"; tail -n 5 $O/preflight.log; exit 1; }
+  fi
   { nvidia-smi; python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
     nproc; } > $O/machine.txt 2>&1
   mkdir -p runs && cp -r $R/results/gpu/learning/runs/. runs/ 2>/dev/null  # finished in an earlier lease
