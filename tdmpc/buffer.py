@@ -58,7 +58,11 @@ class ReplayBuffer:
     """Every env's rows, written by mask: each start() or add() claims the next row of the envs its mask selects,
     so that a step's rows go in with no host sync, whatever device the buffer is on (write pointers and episode
     steps live there too). `filled` counts the columns ever written: exact on the CPU; on a GPU an upper bound
-    (one per call), so that nothing reads the device."""
+    (one per call), so that nothing reads the device.
+
+    Each field holds a spare row per env past its C: an env the mask leaves out writes there, so a masked write
+    is one indexed write (not a read, a select and a write back), whoever steps the envs. The fields seen from
+    outside (obs, valid, ...) are views without it."""
 
     def __init__(self, capacity: int, num_envs: int, obs_shape: tuple[int, ...], action_dim: int,
                  horizon: int, obs_dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
@@ -76,13 +80,16 @@ class ReplayBuffer:
         pin = self.storage.type == "cpu" and self.device.type == "cuda"
         kw: dict[str, Any] = dict(device=self.storage, pin_memory=pin)
         N, C = self.N, self.C
-        self.obs = torch.zeros((N, C, *obs_shape), dtype=obs_dtype, **kw)
-        self.action = torch.zeros((N, C) if discrete else (N, C, action_dim), dtype=torch.int32 if discrete else
-                                  torch.float32, **kw)
-        self.reward = torch.zeros((N, C), **kw)
-        self.terminated = torch.zeros((N, C), dtype=torch.bool, **kw)
-        self.first = torch.zeros((N, C), dtype=torch.bool, device=self.storage)  # the row starts an episode
-        self.valid = torch.zeros((N, C), dtype=torch.bool, device=self.storage)
+        self._rows: dict[str, Tensor] = {  # (N, C + 1, ...): the spare row last
+            "obs": torch.zeros((N, C + 1, *obs_shape), dtype=obs_dtype, **kw),
+            "action": torch.zeros((N, C + 1) if discrete else (N, C + 1, action_dim),
+                                  dtype=torch.int32 if discrete else torch.float32, **kw),
+            "reward": torch.zeros((N, C + 1), **kw),
+            "terminated": torch.zeros((N, C + 1), dtype=torch.bool, **kw),
+            "first": torch.zeros((N, C + 1), dtype=torch.bool, device=self.storage),  # the row starts an episode
+            "valid": torch.zeros((N, C + 1), dtype=torch.bool, device=self.storage)}
+        self.obs, self.action, self.reward, self.terminated, self.first, self.valid = (
+            self._rows[name][:, :C] for name in BUFFER_FIELDS)
         self.ptr = torch.zeros(N, dtype=torch.long, device=self.storage)  # each env's next row
         self.ep_step = torch.full((N,), -1, dtype=torch.long, device=self.storage)  # -1: no episode in progress
         self._newest = torch.zeros(N, dtype=torch.long, device=self.storage)  # each env's last written row
@@ -92,7 +99,10 @@ class ReplayBuffer:
         self._envs = torch.arange(N, device="cpu").to(self.storage)
         self._all = torch.ones(N, dtype=torch.bool, device=self.storage)
         self.env_tasks = None if env_tasks is None else torch.as_tensor(env_tasks, dtype=torch.long, device=self.storage)
-        self._offsets = torch.arange(horizon + 1, device="cpu").to(self.storage)
+        offsets = torch.arange(horizon + 1, device="cpu")
+        self._offsets, self._back, self._farthest = (t.to(self.storage) for t in (offsets, offsets[1:],
+                                                                                  offsets[1:] == horizon))
+        self._constants: dict[tuple[object, torch.dtype], Tensor] = {}
 
     @property
     def transitions(self) -> int:
@@ -119,11 +129,11 @@ class ReplayBuffer:
         if isinstance(mask, np.ndarray) and not mask.any():
             return
         mask = self._mask(mask)
-        self._write("obs", mask, obs.to(self.storage))
-        for name, zero in (("action", 0), ("reward", 0.0), ("terminated", False)):
-            self._write(name, mask, zero)
-        self._write("first", mask, True)
-        self._mark(self.ptr, mask, False)
+        rows = self._rows_of(mask, self.ptr)
+        self._write("obs", rows, obs.to(self.storage))
+        for name, zero in (("action", 0), ("reward", 0.0), ("terminated", False), ("valid", False)):
+            self._write(name, rows, zero)
+        self._write("first", rows, True)
         self.ep_step = torch.where(mask, 0, self.ep_step)
         self._advance(mask)
 
@@ -137,15 +147,17 @@ class ReplayBuffer:
         starts whose sub-trajectory reaches past a terminal row."""
         mask = self._mask(keep) & (self.ep_step >= 0)
         term = terminated.to(self.storage) & mask
+        rows = self._rows_of(mask, self.ptr)
         for name, value in (("obs", obs), ("action", action), ("reward", reward), ("terminated", term)):
-            self._write(name, mask, value.to(self.storage))
-        self._write("first", mask, False)
-        rows = self.ptr
-        self._mark(rows, mask, False)
+            self._write(name, rows, value.to(self.storage))
+        self._write("first", rows, False)
+        self._write("valid", rows, False)
         self.ep_step = self.ep_step + mask.long()
-        self._mark((rows - self.H) % self.C, mask & (self.ep_step >= self.H), True)
-        for k in range(1, self.H):
-            self._mark((rows - k) % self.C, term & (self.ep_step >= k), True)
+        # the starts k = 1..H rows back (N, H): the H-th where the episode is that long, the nearer ones too where
+        # this row is terminal and they are in its episode
+        k = self._back
+        reach = (term.unsqueeze(1) | mask.unsqueeze(1) & self._farthest) & (self.ep_step.unsqueeze(1) >= k)
+        self._write("valid", self._rows_of(reach, (self.ptr.unsqueeze(1) - k) % self.C), True)
         self._count += mask.sum()
         self._advance(mask)
 
@@ -180,16 +192,21 @@ class ReplayBuffer:
     def _mask(self, mask: Tensor | np.ndarray | None) -> Tensor:
         return self._all if mask is None else torch.as_tensor(mask, device=self.storage)
 
-    def _write(self, name: str, mask: Tensor, value: Tensor | float) -> None:
-        """Field `name` at each env's next row, where mask (N,) is True (the others are written back as they were:
-        a masked write, not an index, so that nothing waits for the device)."""
-        field = getattr(self, name)
-        old = field[self._envs, self.ptr]
-        m = mask.view(-1, *[1] * (old.dim() - 1))
-        field[self._envs, self.ptr] = torch.where(m, value.to(field.dtype) if isinstance(value, Tensor) else value, old)
+    def _rows_of(self, mask: Tensor, rows: Tensor) -> Tensor:
+        """Each env's rows in `rows` (N,) or (N, K) where mask is True, its spare row where not."""
+        return torch.where(mask, rows, self.C)
 
-    def _mark(self, rows: Tensor, mask: Tensor, value: bool) -> None:
-        self.valid[self._envs, rows] = torch.where(mask, value, self.valid[self._envs, rows])
+    def _write(self, name: str, rows: Tensor, value: Tensor | float | bool) -> None:
+        """Field `name` at each env's rows in `rows` (N,) or (N, K) (_rows_of: a masked write in one indexed write,
+        with no read of the device). A constant is made on the device once, not at each write."""
+        field = self._rows[name]
+        if not isinstance(value, Tensor):
+            key = (value, field.dtype)
+            if key not in self._constants:
+                self._constants[key] = torch.tensor(value, dtype=field.dtype).to(self.storage)
+            value = self._constants[key]
+        envs = self._envs if rows.dim() == 1 else self._envs.unsqueeze(1)
+        field[envs, rows] = value.to(field.dtype)
 
     def _advance(self, mask: Tensor) -> None:
         """The masked envs' rows are written: their pointers move on."""
