@@ -167,8 +167,9 @@ class ReplayBuffer:
         of host data arrives in one copy."""
         starts = not s.on_host or bool(s.started.any())  # on host data the check is free
         fields = [s.obs, s.next_obs, s.reward, s.terminated, s.truncated, s.transition, s.started, s.finite]
-        # seeding's action, drawn on the host, is sent along (device types compared: "cuda" != "cuda:0")
-        host_action = s.on_host and action.device.type == "cpu" and self.storage.type != "cpu"
+        # a host action (seeding's, or the planner's a numpy env took) is sent along; device types compared, as
+        # "cuda" != "cuda:0"
+        host_action = s.on_host and action.device.type == "cpu" and not cpu_fast_paths(self.storage)
         if s.on_host:
             fields = to_device(self.storage, *fields, *([action] if host_action else []))
             action = fields.pop() if host_action else action

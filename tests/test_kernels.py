@@ -109,8 +109,9 @@ def test_a_training_step_copies_to_the_device_once_and_waits_once():
     from tdmpc.bench.kernel_counts import step_transfers
 
     with cuda_code_path():
-        c = step_transfers(1)
+        c, waits_before_updates = step_transfers(1)
     assert c.h2d == {"Tensor.to": 1} and c.waits == {"cpu": 1}, (c.h2d, c.waits)
+    assert waits_before_updates == 1
 
 
 def test_the_categorical_planner_launches_about_as_many_kernels_as_mppi():

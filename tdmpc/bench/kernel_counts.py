@@ -89,9 +89,10 @@ def _optimizer_step_kernels(agent: Agent, optim: torch.optim.Optimizer) -> Count
         agent.learner._clip_stats[optim] = stats
 
 
-def step_transfers(size: int) -> TransferCounter:
+def step_transfers(size: int) -> tuple[TransferCounter, int]:
     """Host-to-device copies and host waits of one training step of the real loop (Pendulum-v1, one env), a step
-    that acts with the planner, stores its transition, samples a batch and updates."""
+    that acts with the planner, stores its transition, samples a batch and updates; and the waits made before its
+    first update began (on one CUDA stream a wait after the updates are queued waits for them too)."""
     from tdmpc.training.setup import trainer_for
 
     cfg = validate(Config(task="Pendulum-v1", model_size=size, device="cpu", precision="bf16", seed_steps=20,
@@ -104,12 +105,18 @@ def step_transfers(size: int) -> TransferCounter:
         assert cfg.seed_steps is not None
         while trainer.counters.step < 2 * cfg.seed_steps:  # seeding, pretraining, then steps like the one counted
             trainer.step()
-        updates = trainer.counters.updates
+        updates, update, before = trainer.counters.updates, trainer.update, []
+
+        def counted_update() -> None:
+            before.append(counter.blocking_waits)
+            update()
+
+        trainer.update = counted_update  # type: ignore[method-assign]
         with TransferCounter() as counter:
             trainer.step()
         assert trainer.counters.updates == updates + 1, "the counted step must update once"
         trainer.close()
-    return counter
+    return counter, before[0]
 
 
 def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
@@ -124,7 +131,7 @@ def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
             plan_compiled, plan_compiled_32 = plan_kernels(agent, 1, True), plan_kernels(agent, 32, True)
             update_eager = update_kernels(size, compiled=False)[1]
             inside, around = update_kernels(size, compiled=True)
-            transfers = step_transfers(size)
+            transfers, _ = step_transfers(size)
             row = {"plan_kernels_eager": sum(plan_eager.values()), "plan_kernels_eager_32env": sum(plan_32.values()),
                    "plan_kernels_compiled": sum(plan_compiled.values()),
                    "plan_kernels_compiled_32env": sum(plan_compiled_32.values()),

@@ -91,6 +91,8 @@ class OnlineTrainer(Trainer):
         else:
             self.phase = "act"
             action = self.agent.act_on_device(*self.buffer.newest(), task=self.env_task_ids)
+            if self.envs.on_host:  # before the updates are queued: on one CUDA stream the copy would wait for them
+                action = action.cpu()
         self.run_queued_updates()  # with overlap_updates: queued on the GPU, run while the envs step
         s = self.envs.step(action)
         self._store(s, action)
