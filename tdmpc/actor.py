@@ -25,6 +25,7 @@ from tdmpc.planners.mppi import MPPIConfig
 from tdmpc.runtime.compile import compile_enabled, compiled_if
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.device import cpu_fast_paths, resolve_dtype
+from tdmpc.runtime.streams import UpdateStream
 from tdmpc.runtime.transfer import to_device
 from tdmpc.tasks.sets import task_set_name
 
@@ -35,10 +36,11 @@ CPU_PLAN_CHUNK_ROWS = 1024
 
 class Actor:
     def __init__(self, cfg: Config, dims: ModelDims, model: WorldModel, discount: float | Tensor,
-                 device: torch.device, graphs: bool):
-        """model: the trained model, read through a planning copy; graphs: plan() replays as CUDA graphs."""
+                 device: torch.device, graphs: bool, streams: UpdateStream):
+        """model: the trained model, read through a planning copy; graphs: plan() replays as CUDA graphs;
+        streams: where the updates run, which the planning copy's refresh waits for."""
         self.cfg, self.dims, self.model, self.discount = cfg, dims, model, discount
-        self.device, self.graphs = device, graphs
+        self.device, self.graphs, self.streams = device, graphs, streams
         self.compile = compile_enabled(cfg.compile, device)
         self.random: RandomSource = TORCH  # Agent.use_random() sets the agent's
         self.plan_dtype = resolve_dtype(cfg.precision, device)
@@ -140,8 +142,10 @@ class Actor:
         # Inference mode, or no_grad for compiled planning: inductor cannot compile on inference tensors.
         with torch.no_grad() if self.compile else torch.inference_mode():
             if self.stale:
+                self.streams.before_refresh()
                 sync_copy(self.plan_model, self.model)
                 self.stale = False
+            self.streams.inputs_ready()  # the plan queued next runs beside the next round of updates
             n = obs.shape[0]
             if self.cfg.mpc:
                 plan = self._plan_fn(n, role or ("eval" if eval_mode else "train"), eval_mode)

@@ -24,6 +24,7 @@ from tdmpc.planners.base import Planner
 from tdmpc.planners.mppi import MPPIConfig
 from tdmpc.runtime.device import resolve_device, set_matmul_precision, set_threads
 from tdmpc.runtime.distributed import SINGLE, Shard
+from tdmpc.runtime.streams import UpdateStream
 from tdmpc.tasks.sets import reference_info
 
 
@@ -56,7 +57,8 @@ class Agent:
         # On CUDA, plan() and update() replay as CUDA graphs (static shapes, no host syncs); not across ranks.
         self.graphs = device.type == "cuda" and cfg.cuda_graphs and shard.world == 1
         self.learner = Learner(cfg, dims, self.model, self.discount, device, shard, self.graphs)
-        self.actor = Actor(cfg, dims, self.model, self.discount, device, self.graphs)
+        self.streams = UpdateStream(device, cfg.update_stream and bool(cfg.overlap_updates))
+        self.actor = Actor(cfg, dims, self.model, self.discount, device, self.graphs, self.streams)
 
     # --- acting (Actor) -----------------------------------------------------------
     def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None = None,

@@ -196,6 +196,34 @@ def test_cuda_graphs_capture_the_compiled_plan_and_update():
         assert (means[0] - means[1]).abs().max() < 1e-3
 
 
+def test_updates_on_their_own_stream_compute_what_the_serial_order_does(tmp_path):
+    """--update-stream: the same run (seed, steps, overlap_updates) with its rounds of updates on a side stream and
+    on the default one. A plan that read a half-written planning copy, or a batch drawn from rows being written,
+    would send the runs apart; the serial order run twice bounds what the GPU's own nondeterminism accounts for."""
+    from tdmpc.config import validate
+    from tdmpc.training.setup import trainer_for
+
+    from helpers import TINY
+
+    def run(name: str, stream: bool) -> list[torch.Tensor]:
+        cfg = validate(Config(**{**TINY, "device": "cuda", "seed_steps": 100, "steps": 10**6, "eval_freq": 10**6,
+                                 "log_every": 10**6, "save_every": 10**6, "overlap_updates": True,
+                                 "update_stream": stream}))
+        trainer = trainer_for(cfg, tmp_path / name, CUDA)
+        assert (trainer.agent.streams.stream is not None) == stream
+        while trainer.counters.step < 300:
+            trainer.step()
+        trainer.evaluate()  # joins the side stream
+        params = [p.detach().clone() for p in trainer.agent.model.parameters()]
+        trainer.close()
+        return params
+
+    serial, again, side = run("serial", False), run("again", False), run("side", True)
+    noise = max((a - b).abs().max().item() for a, b in zip(serial, again))
+    apart = max((a - b).abs().max().item() for a, b in zip(serial, side))
+    assert apart <= max(10 * noise, 1e-5), (apart, noise)
+
+
 def test_pendulum_learns_on_cuda(tmp_path):
     """The CI learning task, on the GPU (bf16 planning, fp32 updates, CUDA graphs): the same bar as on the CPU."""
     from test_learning import CONFIG, THRESHOLD

@@ -97,6 +97,9 @@ class BenchArgs:
     overlap_updates: Optional[bool] = None
     """End to end: run each step's updates while the envs step (None: Config's default, on with CUDA); compare
     --no-overlap-updates for what it gains."""
+    update_stream: bool = False
+    """End to end, with overlap_updates on CUDA: each round of updates on a stream of its own, beside the next plan
+    (Config.update_stream); compare without it for what it gains."""
     profile: bool = False
     """On CUDA: count the kernels of one plan() and one update() with torch.profiler (graphs off, and as run),
     and the GPU's busy fraction over end-to-end steps."""
@@ -214,6 +217,8 @@ def _main(args: BenchArgs) -> int:
                                         ("num_samples", args.num_samples)) if v})
     OVERRIDES.update({k: v for k, v in (("compile", args.compile), ("overlap_updates", args.overlap_updates))
                       if v is not None})
+    if args.update_stream:
+        OVERRIDES["update_stream"] = True
     if args.gpu_mem and device.type == "cuda":
         from tdmpc.memory import parse_size
         from tdmpc.runtime.device import cap_cuda_memory

@@ -79,7 +79,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
                "rss_growth_mb": rss_mb() - rss0, "rss_samples_mb": samples[:: max(1, len(samples) // 20)],
                "config": {k: getattr(trainer.cfg, k) for k in ("model_size", "horizon", "num_samples", "iterations",
                                                                "batch_size", "compile", "cuda_graphs",
-                                                               "overlap_updates")}}
+                                                               "overlap_updates", "update_stream")}}
         if device.type == "cuda":
             from tdmpc.memory import assess_run
             est = assess_run(trainer.cfg, trainer.spec.obs_shape, trainer.spec.action_dim, trainer.spec.episodic,

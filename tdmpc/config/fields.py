@@ -98,6 +98,10 @@ class _Training:
     steps the envs (the reference waits for them before planning: each action sees one round of updates more).
     None: on with a CUDA device and host envs, where it hides the env step; off elsewhere (nothing to overlap).
     --overlap-updates / --no-overlap-updates."""
+    update_stream: bool = False
+    """With overlap_updates on a CUDA device: run each round of updates on a stream of its own, beside the next
+    plan, with the same staleness (tdmpc/runtime/streams.py). Off until measured on a GPU; elsewhere it changes
+    nothing. --update-stream."""
     batch_size: int = 256
     """Sub-trajectories per gradient step."""
     buffer_size: int = 1_000_000

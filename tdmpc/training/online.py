@@ -119,7 +119,9 @@ class OnlineTrainer(Trainer):
     def _store(self, step: TensorStep, action: Tensor) -> None:
         """A step's rows into the buffer, its episodes booked, its non-finite rows flagged. On host data what is
         known for free is used: a host env reports NaN or inf itself, and most steps end no episode."""
+        self.agent.streams.before_store()
         s = self.buffer.record(step, action)  # the step where the buffer is
+        self.agent.streams.inputs_ready()  # a round queued before the next plan (evaluate()'s) samples these rows
         if self.recorder is not None:
             self._record_data(step, action.cpu().numpy())
         counted = s.transition & s.finite
@@ -181,9 +183,12 @@ class OnlineTrainer(Trainer):
         """The round of updates due after the last step. With overlap_updates, step() calls this once the next
         actions are chosen: the GPU runs the updates while the host steps the envs."""
         c = self.counters
-        while c.updates_queued > 0:
-            self.update()
-            c.updates_queued -= 1
+        if c.updates_queued == 0:
+            return
+        with self.agent.streams.round():  # with --update-stream beside the next plan, else where the rest runs
+            while c.updates_queued > 0:
+                self.update()
+                c.updates_queued -= 1
 
     def evaluate(self) -> bool:
         self.run_queued_updates()  # the agent evaluated (and saved after) has every update due, overlap or not

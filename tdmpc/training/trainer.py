@@ -231,7 +231,9 @@ class Trainer(StopSignals):
         """One gradient step on a sampled batch; its metrics are summed on the device until the next log row."""
         self.phase = "update"
         kill_point("update")
-        metrics = self.agent.update(self.sample())
+        batch = self.sample()
+        self.agent.streams.sampled()
+        metrics = self.agent.update(batch)
         if self.cfg.debug:
             bad = [k for k, v in metrics.items() if not torch.isfinite(v).all()]
             if bad:
@@ -247,6 +249,7 @@ class Trainer(StopSignals):
     def evaluate(self) -> bool:
         """Run the eval episodes (of every task); False if a stop signal arrived meanwhile (redone on resume)."""
         cfg, c = self.cfg, self.counters
+        self.agent.streams.join()
         if cfg.eval_episodes == 0:
             c.next_eval = next_multiple(c.step, cfg.eval_freq)
             return True
@@ -294,6 +297,7 @@ class Trainer(StopSignals):
     def _log(self) -> None:
         """One train.csv row: the only place device metrics are read back to the host."""
         c = self.counters
+        self.agent.streams.join()
         now = time.time()
         t0, s0, u0 = self.rate_mark
         episodes = self.episode_stats()  # first: it counts the episodes ended since the last row
@@ -368,6 +372,7 @@ class Trainer(StopSignals):
         foreseen, leaves no partial file, and is a one-line DiskError saying where the last good checkpoint is."""
         if not self.shard.main:  # rank 0 writes the run
             return
+        self.agent.streams.join()
         ckpt_dir = self.checkpoint_path.parent
         try:
             self._ensure_checkpoint_space()
