@@ -12,10 +12,12 @@ first. The estimate is built from the shapes the code allocates:
   update (beside the losses, tdmpc/losses.py), the largest plan() call's temporaries
   (below), CUDA graph pools.
 * constants: the CUDA context (CUDA_CONTEXT) and allocator slack (ALLOCATOR_SLACK).
-* cuBLAS workspaces: PyTorch allocates them per stream a matmul ran on through its caching
-  allocator, so they are live tensors: the default stream's, and with CUDA graphs the one
+* cuBLAS workspaces: one per stream a matmul ran on: the default stream's, and with CUDA graphs the one
   side stream every graph warms up and is captured on (tdmpc.runtime.cuda_graphs). Their size is
-  PyTorch's default or what its environment variables set (cublas_workspace_bytes).
+  PyTorch's default or what its environment variables set (cublas_workspace_bytes). Eager, they were
+  live tensors of PyTorch's allocator (an H100, docs/memory.md); compiled (CUDA's default), seven runs on
+  an H200 peaked below the estimate by the workspaces, within 1.3% without them
+  (results/gpu/learning/estimate-vs-peaks.txt): there they count in the total, not in the live tensors.
 
 Update activations: tdmpc/losses.py estimates them beside the losses (update_activation_bytes).
 
@@ -45,6 +47,7 @@ from tdmpc.config import Config
 from tdmpc.buffer import ReplayBuffer
 from tdmpc.planners.make import make_planner
 from tdmpc.config.planner import MPPIConfig
+from tdmpc.runtime.compile import compile_enabled
 from tdmpc.runtime.device import resolve_dtype
 from tdmpc.runtime.files import MiB, fmt_bytes
 from tdmpc.losses import update_activation_bytes
@@ -150,13 +153,13 @@ class MemoryEstimate:
     planner_activations: int  # the largest plan() call's temporaries
     cuda_graph_pools: int
     cuda_context: int
-    cublas_workspaces: int = 0  # one per stream a matmul runs on, allocated through torch's allocator
+    cublas_workspaces: int = 0  # one per stream a matmul runs on
+    cublas_live: bool = True  # the workspaces are in torch's allocated memory (eager); compiled, outside it
     host_buffer: int = 0  # pinned host memory for the replay buffer (not in the total)
     learnable: int = 0  # learnable parameters (count)
     notes: dict[str, str] = field(default_factory=dict)
 
-    PERSISTENT = ("parameters", "optimizer", "target_qs", "planning_copy", "planner_buffers", "replay_buffer",
-                  "cublas_workspaces")
+    PERSISTENT = ("parameters", "optimizer", "target_qs", "planning_copy", "planner_buffers", "replay_buffer")
 
     @property
     def transient(self) -> int:
@@ -166,7 +169,8 @@ class MemoryEstimate:
     def peak_allocated(self) -> int:
         """What torch.cuda.max_memory_allocated() should read: live tensors at the peak (graph
         pools, slack and the context are reserved memory, not live tensors)."""
-        return sum(getattr(self, p) for p in self.PERSISTENT) + self.transient
+        live = sum(getattr(self, p) for p in self.PERSISTENT) + self.transient
+        return live + (self.cublas_workspaces if self.cublas_live else 0)
 
     @property
     def allocator_slack(self) -> int:
@@ -174,7 +178,8 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.peak_allocated + self.cuda_graph_pools + self.allocator_slack + self.cuda_context
+        outside = 0 if self.cublas_live else self.cublas_workspaces
+        return self.peak_allocated + outside + self.cuda_graph_pools + self.allocator_slack + self.cuda_context
 
     def table(self) -> str:
         """The breakdown, one component a line, in MiB."""
@@ -274,6 +279,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     update = update_activation_bytes(cfg, dims, model, target.train_dtype)
     buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs, discrete)  # offline: none
     graphs = target.cuda and cfg.cuda_graphs
+    compiled = compile_enabled(cfg.compile, torch.device("cuda" if target.cuda else "cpu"))
     plan_horizon = MPPIConfig.from_config(cfg, action_dim).horizon
     dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
     row = _row_bytes(cfg, obs_shape, action_dim, discrete)
@@ -291,6 +297,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
         cuda_graph_pools=(gradients + update + sum(plan_acts)) if graphs else 0,
         cuda_context=CUDA_CONTEXT if target.cuda else 0,
         cublas_workspaces=(2 if graphs else 1) * target.cublas_workspace,
+        cublas_live=not compiled,
         host_buffer=0 if buffer_on_device else buffer,
         learnable=sum(p.numel() for p in learnable),
         notes={"parameters": f"{sum(p.numel() for p in learnable) / 1e6:.2f}M learnable",
@@ -301,4 +308,5 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
                "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",
                "cuda_graph_pools": "update() + one per planner" if graphs else "",
                "cublas_workspaces": (f"{'2 streams' if graphs else '1 stream'} x {fmt_bytes(target.cublas_workspace)}"
+                                     + ("; compiled: not in allocated memory" if compiled else "")
                                      if target.cuda else "")})

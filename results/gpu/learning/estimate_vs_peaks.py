@@ -1,6 +1,8 @@
-"""The memory estimate beside the peaks the three H200 runs at a4000.json measured (compiled, CUDA graphs; their
+"""The memory estimate beside the peaks the H200 runs at a4000.json measured (compiled, CUDA graphs; their
 train.csv's largest gpu_peak_allocated_gib and gpu_peak_reserved_gib): peak allocated against the estimate's live
-tensors, peak reserved against its total less the CUDA context. python results/gpu/learning/estimate_vs_peaks.py"""
+tensors, peak reserved against its total less the CUDA context. The three finished runs, and the four of the second
+lease that stopped after 5,000 env steps (seeding, 2,500 pretraining updates, the first evaluation; not the
+training planner's steady state). python results/gpu/learning/estimate_vs_peaks.py"""
 
 import csv
 import dataclasses
@@ -10,9 +12,12 @@ from tdmpc import memory
 from tdmpc.config import load_json
 from tdmpc.envs import make_env
 
-runs = Path(__file__).parent / "runs"
-for task in ("walker-walk", "cheetah-run", "cartpole-swingup"):
-    rows = list(csv.DictReader(open(runs / task / "seed1" / "train.csv")))
+here = Path(__file__).parent
+runs = [(t, here / "runs" / t / "seed1") for t in ("walker-walk", "cheetah-run", "cartpole-swingup")]
+runs += [(t, here / "lease-2026-11-27-h200-b" / "stopped" / t)
+         for t in ("cup-catch", "finger-spin", "reacher-easy", "pendulum-swingup")]
+for task, folder in runs:
+    rows = list(csv.DictReader(open(folder / "train.csv")))
     alloc, reserved = (max(float(r[k]) for r in rows if r.get(k)) for k in ("gpu_peak_allocated_gib",
                                                                              "gpu_peak_reserved_gib"))
     env, spec = make_env(task, seed=1)
@@ -20,5 +25,6 @@ for task in ("walker-walk", "cheetah-run", "cartpole-swingup"):
     cfg = dataclasses.replace(load_json("a4000.json"), task=task).for_task(spec)
     est = memory.estimate(cfg, spec.obs_shape, spec.action_dim, spec.episodic, memory.detect_target(cfg, None, "16GiB"))
     live, held = est.peak_allocated / 2**30, (est.total - est.cuda_context) / 2**30
-    print(f"{task}: estimate {live:.3f} GiB live against {alloc:.3f} allocated ({live / alloc - 1:+.0%}); "
-          f"{held:.3f} GiB less the context against {reserved:.3f} reserved ({held / reserved - 1:+.0%})")
+    print(f"{task} (to env step {rows[-1]['env_step']}): estimate {live:.3f} GiB live against {alloc:.3f} allocated "
+          f"({live / alloc - 1:+.1%}); {held:.3f} GiB less the context against {reserved:.3f} reserved "
+          f"({held / reserved - 1:+.0%})")
