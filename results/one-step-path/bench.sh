@@ -7,7 +7,7 @@
 # Runs from /tmp so that the checkout's tdmpc/ does not shadow either install.
 set -euo pipefail
 R=$(cd "$(dirname "$0")/../.." && pwd)
-OUT=$R/results/one-step-path
+OUT=${OUT:-$R/results/one-step-path}  # later comparisons name their own folder
 BEFORE_SITE=${BEFORE_SITE:-/tmp/before_site}
 AFTER_SITE=${AFTER_SITE:-/tmp/after_site}
 E2E="--quick --device cpu --threads 2 --sizes 1 --envs 1 --task Pendulum-v1 --e2e-envs 1 8 --e2e-steps 100 --rss-steps 0 --offline-updates 0"
