@@ -98,7 +98,7 @@ def test_optional_bool_fields_take_the_flag_pair_and_the_value_form(argv, episod
     assert found == {name for name, v in (("episodic", "episodic"), ("overlap_updates", "overlap")) if v in " ".join(argv)}
 
 
-def test_bench_takes_no_overlap_updates_and_the_compile_pair():
+def test_bench_takes_no_overlap_updates_the_compile_pair_and_update_stream():
     from tdmpc.bench.cli import BenchArgs
     from tdmpc.errors import parse_args
 
@@ -106,6 +106,7 @@ def test_bench_takes_no_overlap_updates_and_the_compile_pair():
     assert parse_args(BenchArgs, [], "bench", "").overlap_updates is None
     assert [parse_args(BenchArgs, argv, "bench", "").compile for argv in ([], ["--compile"], ["--no-compile"])] == \
         [None, True, False]
+    assert [parse_args(BenchArgs, argv, "bench", "").update_stream for argv in ([], ["--update-stream"])] == [False, True]
 
 
 @pytest.mark.parametrize("argv,given,expected_cpu,expected_cuda", [
