@@ -5,18 +5,18 @@ plus an entropy bonus). tdmpc.parity checks both against the reference's own num
 
 Plain functions of a LossSetup: the learner (tdmpc/learner.py) compiles them (--compile) and steps the optimisers.
 
-Update activations. Under bf16 autocast on CUDA, one hidden Linear -> LayerNorm -> Mish
-element keeps 3 fp32 copies for backward (LayerNorm input, LayerNorm output kept by the
-affine multiply, Mish input) plus the next layer's autocast input (2 bytes): 14 bytes
-(16 in fp32). A Linear -> LayerNorm -> SimNorm element keeps 12 (LayerNorm input and
-output, softmax output), a logit kept by log_softmax 4, a dropout mask 1. Rows: the
-encoder sees B observations, dynamics H x B, reward/termination H x B, the Q ensemble
-num_q x H x B; each layer input is kept in the autocast dtype, and every weight is cast
-once per call (the dynamics H times). Add the sampled batch, the no-grad TD targets, the
-world model's gradients and a backward working set (2 fp32 copies of the widest
-activation). The policy update (pi, and 2 Q heads on (H+1) x B detached latents) runs
-after the world model's tensors are freed, so the larger of the two counts.
-update_activation_bytes() is that estimate (tdmpc.memory adds it to its peak).
+Update activations: what the losses keep for backward, counted per element (_kept). Eager, a hidden
+Linear -> LayerNorm -> Mish element keeps LayerNorm's input and output in fp32 and the next layer's input in
+the autocast dtype (12 bytes in fp32), a per-head LayerNorm (the Q ensemble) also its normalised copy, a
+SimNorm latent 2 fp32 copies, a dropout mask 4 bytes; compiled, AOTAutograd's min-cut recomputes LayerNorm in
+backward: a layer's output and the next layer's input (8 bytes in fp32), 1 copy of a latent, a bool mask. Rows:
+the encoder sees (H+1) x B observations, dynamics H x B, reward/termination H x B, the Q ensemble num_q x H x B
+from one shared input. world_model_saved_bytes() is that sum, checked against what autograd really saves
+(tests/test_memory.py; fp32, eager and compiled); bf16 autocast is modelled, not checked. Add the sampled
+batch, the no-grad TD targets, the world model's gradients and a backward working set (2 fp32 copies of the
+widest activation). The policy update (pi, and 2 Q heads on (H+1) x B detached latents) runs after the world
+model's tensors are freed, so the larger of the two counts. update_activation_bytes() is that estimate
+(tdmpc.memory adds it to its peak).
 """
 
 from __future__ import annotations
@@ -151,33 +151,58 @@ def _encoder_saved(dims: ModelDims, rows: int, d: int, hid: int, sim: int) -> in
     return rows * (dims.obs_shape[0] * d + hidden * hid + dims.latent_dim * sim)
 
 
-def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dtype: torch.dtype) -> int:
+def _kept(d: int, compiled: bool) -> dict[str, int]:
+    """Bytes kept for backward per element of each kind (module docstring); d: the autocast dtype's size."""
+    if compiled:  # AOTAutograd's min-cut keeps a layer's output and the next layer's input, recomputing the rest
+        return {"hidden": 4 + d, "head_hidden": 4 + d, "latent": 4, "stacked": 1, "dropout": 1, "logits": 1}
+    return {"hidden": 2 * 4 + d,  # LayerNorm's input and output (Mish's input), the next layer's input
+            "head_hidden": 3 * 4 + d,  # and the normalised copy a per-head affine (addcmul) keeps
+            "latent": 2 * 4,  # LayerNorm's input, SimNorm's softmax output
+            "stacked": 2,  # copies of the stacked rollout latents
+            "dropout": 4,  # a float mask
+            "logits": 3}  # fp32 R x num_bins copies beside the Q heads' log-probabilities
+
+
+def world_model_saved_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dtype: torch.dtype,
+                            compiled: bool) -> int:
+    """What world_model_loss keeps for backward: tests/test_memory.py checks it against the tensors autograd
+    saves, eager and compiled, on CUDA's code path."""
+    B, H = cfg.batch_size, cfg.horizon
+    L, A, M, Q, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_q, dims.num_bins
+    d, k, R = dtype.itemsize, _kept(dtype.itemsize, compiled), H * B
+    hid = k["hidden"]
+    saved = (_encoder_saved(dims, B if dims.pixels else (H + 1) * B, d, hid, 4)  # state: one pass (all H+1)
+             + H * B * ((L + A) * d + 2 * M * hid + L * k["latent"])  # dynamics rollout
+             + k["stacked"] * (H + 1) * B * L * 4  # the stacked latents (the consistency loss's input)
+             + R * ((L + A) * d + 2 * M * hid)  # reward head
+             + R * (L + A) * d + Q * R * M * (2 * k["head_hidden"] + k["dropout"])  # Q ensemble: one input for all
+             + (Q + k["logits"]) * R * nb * 4  # log-probabilities, two-hot targets
+             + (R * (L * d + 2 * M * hid + 4) if dims.episodic else 0))  # termination head
+    if d < 4 and not compiled:  # autocast casts every weight at each call (no weight cache under CUDA graphs)
+        saved += d * (_numel(model._encoder) + H * _numel(model._dynamics) + _numel(model._reward)
+                      + _numel(model._Qs) + _numel(model._termination))
+    return saved
+
+
+def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dtype: torch.dtype,
+                            compiled: bool) -> int:
     """Temporaries of one update() besides the gradients (formulas in the module docstring)."""
     B, H = cfg.batch_size, cfg.horizon
     L, A, M, Q, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_q, dims.num_bins
-    d = dtype.itemsize
-    hid, sim = 3 * 4 + d, 3 * 4  # bytes kept per hidden (LN -> Mish) and per SimNorm element
-    R = H * B
+    d, k = dtype.itemsize, _kept(dtype.itemsize, compiled)
+    hid, R = k["hidden"], H * B
     obs_bytes = math.prod(dims.obs_shape) * (1 if dims.pixels else 4)
     batch = (H + 1) * B * obs_bytes + R * (4 * A + 4 + 1)
     targets = R * L * 4 + 2 * R * 4  # next_z, TD targets
-    world = (_encoder_saved(dims, B if dims.pixels else (H + 1) * B, d, hid, sim)  # state: one pass (Agent)
-             + H * B * ((L + A) * d + 2 * M * hid + L * sim)  # dynamics rollout
-             + 2 * (H + 1) * B * L * 4  # the stacked latents (kept by the consistency loss) and their inputs
-             + R * ((L + A) * d + 2 * M * hid + nb * 4)  # reward head
-             + Q * R * ((L + A) * d + 2 * M * hid + M + nb * 4) + 2 * R * nb * 4  # Q ensemble, two-hot targets
-             + (R * (L * d + 2 * M * hid + 4) if dims.episodic else 0)  # termination head
+    world = (world_model_saved_bytes(cfg, dims, model, dtype, compiled)
              + 2 * Q * R * M * 4)  # backward working set: gradients of the widest activation
-    if d < 4:  # autocast casts every weight at each call (no weight cache under CUDA graphs)
-        world += d * (_numel(model._encoder) + H * _numel(model._dynamics) + _numel(model._reward)
-                      + _numel(model._Qs) + _numel(model._termination))
     # The policy update and the no-grad TD targets run while the world model's gradients are not
     # allocated (they are counted apart, in MemoryEstimate.gradients): subtract them there.
     wm_grads = 4 * sum(p.numel() for p in model.world_model_parameters())
     Rp = (H + 1) * B
     # the prior's Q: of its action, or of each of a categorical prior's A actions (its expectation)
     policy = (Rp * (L * d + 2 * M * hid + 2 * A * 4 * 4)
-              + 2 * Rp * (A if dims.discrete else 1) * ((L + A) * d + 2 * M * hid + nb * 4)
+              + 2 * Rp * (A if dims.discrete else 1) * ((L + A) * d + 2 * M * k["head_hidden"] + nb * 4)
               + 4 * _numel(model._pi) - wm_grads)
-    no_grad = R * (_encoder_saved(dims, 1, d, hid, sim) + 2 * ((L + A) * d + 3 * M * d + nb * 4)) - wm_grads
+    no_grad = R * (_encoder_saved(dims, 1, d, hid, 12) + 2 * ((L + A) * d + 3 * M * d + nb * 4)) - wm_grads
     return batch + targets + max(world, policy, no_grad)

@@ -59,6 +59,32 @@ class LiveOutputs(TorchDispatchMode):
         return sum(storages.values())
 
 
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.compile)])
+@pytest.mark.parametrize("episodic,discrete", [(False, False), (True, True)])
+def test_world_model_saved_bytes_match_what_autograd_keeps(compiled, episodic, discrete):
+    """The estimate's update activations rest on world_model_saved_bytes: within 2% of the tensors the
+    world-model loss really keeps for backward, on CUDA's code path, eager and compiled (inductor on the CPU:
+    AOTAutograd's partitioner picks them as it does for CUDA). The termination head and one-hot actions too."""
+    from tdmpc.runtime.device import cuda_code_path
+    cfg = dataclasses.replace(load_json("a4000.json"), model_size=1, compile=False, cuda_graphs=False)
+    obs_shape, A, H, B = (17,), 6, cfg.horizon, cfg.batch_size
+    dims = ModelDims.from_config(cfg, obs_shape, A, episodic, discrete=discrete)
+    agent = Agent(cfg, dims, 1000, torch.device("cpu"))
+    learner = agent.learner
+    fn = torch.compile(learner._model_loss_eager, dynamic=False) if compiled else learner._model_loss_eager
+    action = torch.randint(0, A, (H, B)) if discrete else torch.rand(H, B, A) * 2 - 1
+    terminated = torch.zeros(H, B)
+    terminated[1, :8] = 1
+    agent.model.train()
+    with cuda_code_path():
+        kept, (total, *_) = memory.saved_tensor_bytes(agent.model, fn, torch.randn(H + 1, B, *obs_shape),
+                                                      agent.model.action_input(action), torch.rand(H, B),
+                                                      terminated, None)
+    total.backward()
+    modelled = memory.world_model_saved_bytes(cfg, dims, agent.model, torch.float32, compiled)
+    assert abs(modelled / kept - 1) <= 0.02, (modelled, kept)
+
+
 @pytest.mark.parametrize("model_size,discrete,plan_horizon",
                          [(1, False, None), (5, False, None), (1, True, None), (1, False, 5), (1, True, 1)])
 def test_exact_parts_equal_the_bytes_allocated(model_size, discrete, plan_horizon):

@@ -12,14 +12,13 @@ first. The estimate is built from the shapes the code allocates:
   update (beside the losses, tdmpc/losses.py), the largest plan() call's temporaries
   (below), CUDA graph pools.
 * constants: the CUDA context (CUDA_CONTEXT) and allocator slack (ALLOCATOR_SLACK).
-* cuBLAS workspaces: one per stream a matmul ran on: the default stream's, and with CUDA graphs the one
+* cuBLAS workspaces: PyTorch allocates them per stream a matmul ran on through its caching
+  allocator, so they are live tensors: the default stream's, and with CUDA graphs the one
   side stream every graph warms up and is captured on (tdmpc.runtime.cuda_graphs). Their size is
-  PyTorch's default or what its environment variables set (cublas_workspace_bytes). Eager, they were
-  live tensors of PyTorch's allocator (an H100, docs/memory.md); compiled (CUDA's default), seven runs on
-  an H200 peaked below the estimate by the workspaces, within 1.3% without them
-  (results/gpu/learning/estimate-vs-peaks.txt): there they count in the total, not in the live tensors.
+  PyTorch's default or what its environment variables set (cublas_workspace_bytes).
 
-Update activations: tdmpc/losses.py estimates them beside the losses (update_activation_bytes).
+Update activations: tdmpc/losses.py estimates them beside the losses (update_activation_bytes), eager or
+compiled (a compiled update keeps about half: it recomputes LayerNorm in backward).
 
 Planner activations. One plan() call holds, at its peak, the inputs [z, a] of the
 N x (S - P) sampled candidates, the fused dynamics+reward first layer (2 x mlp_dim)
@@ -39,7 +38,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
@@ -153,13 +152,13 @@ class MemoryEstimate:
     planner_activations: int  # the largest plan() call's temporaries
     cuda_graph_pools: int
     cuda_context: int
-    cublas_workspaces: int = 0  # one per stream a matmul runs on
-    cublas_live: bool = True  # the workspaces are in torch's allocated memory (eager); compiled, outside it
+    cublas_workspaces: int = 0  # one per stream a matmul runs on, allocated through torch's allocator
     host_buffer: int = 0  # pinned host memory for the replay buffer (not in the total)
     learnable: int = 0  # learnable parameters (count)
     notes: dict[str, str] = field(default_factory=dict)
 
-    PERSISTENT = ("parameters", "optimizer", "target_qs", "planning_copy", "planner_buffers", "replay_buffer")
+    PERSISTENT = ("parameters", "optimizer", "target_qs", "planning_copy", "planner_buffers", "replay_buffer",
+                  "cublas_workspaces")
 
     @property
     def transient(self) -> int:
@@ -169,8 +168,7 @@ class MemoryEstimate:
     def peak_allocated(self) -> int:
         """What torch.cuda.max_memory_allocated() should read: live tensors at the peak (graph
         pools, slack and the context are reserved memory, not live tensors)."""
-        live = sum(getattr(self, p) for p in self.PERSISTENT) + self.transient
-        return live + (self.cublas_workspaces if self.cublas_live else 0)
+        return sum(getattr(self, p) for p in self.PERSISTENT) + self.transient
 
     @property
     def allocator_slack(self) -> int:
@@ -178,8 +176,7 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        outside = 0 if self.cublas_live else self.cublas_workspaces
-        return self.peak_allocated + outside + self.cuda_graph_pools + self.allocator_slack + self.cuda_context
+        return self.peak_allocated + self.cuda_graph_pools + self.allocator_slack + self.cuda_context
 
     def table(self) -> str:
         """The breakdown, one component a line, in MiB."""
@@ -203,6 +200,24 @@ class MemoryEstimate:
         lines = [f"  {name:<{width}} {_mib(v):>13}  {note}".rstrip() for name, v, note in rows]
         lines.append(f"  {'total (peak)':<{width}} {_mib(self.total):>13}  {fmt_bytes(self.total)}")
         return "\n".join(lines)
+
+
+def saved_tensor_bytes(model: torch.nn.Module, fn: Callable[..., Any], *args: Any) -> tuple[int, Any]:
+    """fn(*args) and the bytes of the distinct storages its autograd graph keeps for backward, the model's
+    parameters (and views of them) excluded: what update_activation_bytes models. A compiled graph's saves
+    are seen too (its autograd.Function saves through the same hooks)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*args)
+    return sum(kept.values()), out
 
 
 def _mib(n: int) -> str:
@@ -276,10 +291,10 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     envs = ([] if cfg.dataset else [num_envs]) + eval_sizes(cfg)  # one planner per (num_envs, role)
     plan_acts = [plan_activation_bytes(cfg, n, dims, target.dtype) for n in envs] if cfg.mpc else [0]
     gradients = _nbytes(model.world_model_parameters())
-    update = update_activation_bytes(cfg, dims, model, target.train_dtype)
+    compiled = compile_enabled(cfg.compile, torch.device("cuda" if target.cuda else "cpu"))
+    update = update_activation_bytes(cfg, dims, model, target.train_dtype, compiled)
     buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs, discrete)  # offline: none
     graphs = target.cuda and cfg.cuda_graphs
-    compiled = compile_enabled(cfg.compile, torch.device("cuda" if target.cuda else "cpu"))
     plan_horizon = MPPIConfig.from_config(cfg, action_dim).horizon
     dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
     row = _row_bytes(cfg, obs_shape, action_dim, discrete)
@@ -297,16 +312,15 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
         cuda_graph_pools=(gradients + update + sum(plan_acts)) if graphs else 0,
         cuda_context=CUDA_CONTEXT if target.cuda else 0,
         cublas_workspaces=(2 if graphs else 1) * target.cublas_workspace,
-        cublas_live=not compiled,
         host_buffer=0 if buffer_on_device else buffer,
         learnable=sum(p.numel() for p in learnable),
         notes={"parameters": f"{sum(p.numel() for p in learnable) / 1e6:.2f}M learnable",
                "planning_copy": f"matmul weights in {dt}",
-               "update_activations": f"batch {cfg.batch_size}, horizon {cfg.horizon}, {train_dt}",
+               "update_activations": f"batch {cfg.batch_size}, horizon {cfg.horizon}, {train_dt}"
+                                     + (", compiled" if compiled else ", eager"),
                "planner_buffers": f"{cfg.num_samples} samples, horizon {plan_horizon}; train {num_envs} env(s)"
                                   + (f", eval {'/'.join(map(str, eval_sizes(cfg)))}" if eval_sizes(cfg) else ""),
                "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",
                "cuda_graph_pools": "update() + one per planner" if graphs else "",
                "cublas_workspaces": (f"{'2 streams' if graphs else '1 stream'} x {fmt_bytes(target.cublas_workspace)}"
-                                     + ("; compiled: not in allocated memory" if compiled else "")
                                      if target.cuda else "")})
