@@ -18,12 +18,17 @@ import torch
 
 from tdmpc import Agent
 from tdmpc.config import load_json
+from tdmpc.losses import policy_loss, world_model_loss
 from tdmpc.memory import saved_tensor_bytes, world_model_saved_bytes
 from tdmpc.model.world_model import ModelDims
 from tdmpc.runtime.device import cuda_code_path
 
 MiB = 2**20
 DOG_OBS, DOG_ACTIONS = (223,), 38  # dog-run, the largest single-task DMC observation (tests/test_memory.py)
+
+
+def unit_scale(q: torch.Tensor, task: torch.Tensor | None) -> torch.Tensor:
+    return torch.ones(())
 
 
 def main() -> None:
@@ -40,19 +45,19 @@ def main() -> None:
                                   cuda_graphs=False, train_precision="fp32")
         dims = ModelDims.from_config(cfg, DOG_OBS, DOG_ACTIONS, False)
         agent = Agent(cfg, dims, 1000, torch.device("cpu"))
-        learner, H, B = agent.learner, cfg.horizon, cfg.batch_size
+        losses, H, B = agent.learner.losses, cfg.horizon, cfg.batch_size
         batch = (torch.randn(H + 1, B, *DOG_OBS), torch.rand(H, B, DOG_ACTIONS) * 2 - 1, torch.rand(H, B),
                  torch.zeros(H, B), None)
         agent.model.train()
         row: list[float] = []
         with cuda_code_path():
             for compiled in (False, True):
-                fn = torch.compile(learner._model_loss_eager, dynamic=False) if compiled else learner._model_loss_eager
-                n, (total, _, zs, reached) = saved_tensor_bytes(agent.model, fn, *batch)
+                fn = torch.compile(world_model_loss, dynamic=False) if compiled else world_model_loss
+                n, (total, _, zs, reached) = saved_tensor_bytes(agent.model, fn, losses, *batch)
                 total.backward()
                 row += [n, world_model_saved_bytes(cfg, dims, agent.model, torch.float32, compiled)]
-            for fn in (learner._pi_loss_eager, torch.compile(learner._pi_loss_eager, dynamic=False)):
-                n, (loss, _) = saved_tensor_bytes(agent.model, fn, zs.detach(), None, reached)
+            for fn in (policy_loss, torch.compile(policy_loss, dynamic=False)):  # a fixed Q scale: no running one
+                n, (loss, _) = saved_tensor_bytes(agent.model, fn, losses, zs.detach(), None, reached, unit_scale)
                 loss.backward()
                 row.append(n)
         we, fe, wc, fc, pe, pc = (v / MiB for v in row)
