@@ -126,6 +126,24 @@ def test_no_recompilation_after_the_first_calls(tmp_path):
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
+def test_a_second_agent_of_the_same_shapes_compiles_nothing(capsys):
+    """The bench and the tests build many agents: one of shapes already compiled reuses those graphs (no
+    recompile, no line saying it compiled); one of new shapes compiles its own and says so."""
+    first = make(True, "single")
+    first.update(batch(first, False))
+    first.act(torch.randn(2, OBS), first_step=True)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    capsys.readouterr()
+    second = make(True, "single")
+    second.update(batch(second, False))
+    second.act(torch.randn(2, OBS), first_step=True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+    assert "compiled in" not in capsys.readouterr().err
+    second.act(torch.randn(3, OBS), first_step=True)  # a planner for 3 envs: new shapes
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+    assert "compile: plan() for 3 env(s), train compiled in" in capsys.readouterr().err
+
+
 def test_a_failed_compile_falls_back_to_eager_with_one_line(capsys):
     from tdmpc.runtime.compile import Compiled
 

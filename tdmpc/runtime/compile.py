@@ -12,7 +12,9 @@ import torch
 
 class Compiled:
     """fn through torch.compile (inductor, static shapes). The first call compiles: its time is printed; if it
-    fails, fn runs eagerly from then on. Tracing runs no real computation, so the eager retry starts clean."""
+    fails, fn runs eagerly from then on. Tracing runs no real computation, so the eager retry starts clean.
+    Another agent of the same shapes reuses the graphs an earlier one compiled (dynamo guards on the modules'
+    structure, not their identity): its first call compiles nothing and prints nothing."""
 
     def __init__(self, fn: Callable[..., Any], name: str, fullgraph: bool = True):
         self.eager, self.name = fn, name
@@ -22,7 +24,7 @@ class Compiled:
     def __call__(self, *args: Any) -> Any:
         if self.ready:
             return self.fn(*args)
-        start = time.perf_counter()
+        start, graphs = time.perf_counter(), compiled_graphs()
         try:
             out = self.fn(*args)
         except Exception as e:  # dynamo or inductor could not compile it: the eager function still works
@@ -30,9 +32,15 @@ class Compiled:
             print(f"compile: {self.name} runs eagerly, its compile failed ({type(e).__name__}: {why})", file=sys.stderr)
             self.fn, self.ready = self.eager, True
             return self.eager(*args)
-        print(f"compile: {self.name} compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        if compiled_graphs() > graphs:
+            print(f"compile: {self.name} compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         self.ready = True
         return out
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process (inductor's cache may have supplied their code)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def compile_enabled(flag: bool | None, device: torch.device) -> bool:
