@@ -63,7 +63,7 @@ def main() -> None:
         we, fe, wc, fc, pe, pc = (v / MiB for v in row)
         print(f"{size:>4}  {we:11.1f}  {fe:7.1f}  {wc:14.1f}  {fc:7.1f}  {wc / we:14.2f}  {pe:12.1f}  {pc:15.1f}",
               flush=True)
-        torch._dynamo.reset()
+        torch.compiler.reset()
 
 
 if __name__ == "__main__":
