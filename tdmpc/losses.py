@@ -7,15 +7,16 @@ Plain functions of a LossSetup: the learner (tdmpc/learner.py) compiles them (--
 
 Update activations: what the losses keep for backward, counted per element (_kept). Eager, a hidden
 Linear -> LayerNorm -> Mish element keeps LayerNorm's input and output in fp32 and the next layer's input in
-the autocast dtype (12 bytes in fp32), a per-head LayerNorm (the Q ensemble) also its normalised copy, a
-SimNorm latent 2 fp32 copies, a dropout mask 4 bytes; compiled, AOTAutograd's min-cut recomputes LayerNorm in
-backward: a layer's output and the next layer's input (8 bytes in fp32), 1 copy of a latent, a bool mask. Rows:
+the autocast dtype (12 bytes in fp32), a SimNorm latent 2 fp32 copies, dropout (the Q ensemble's first layer)
+3 more; compiled, AOTAutograd's min-cut recomputes LayerNorm in backward: a layer's output and the next layer's
+input (8 bytes in fp32), 1 copy of a latent, a bool mask. Rows:
 the encoder sees (H+1) x B observations, dynamics H x B, reward/termination H x B, the Q ensemble num_q x H x B
 from one shared input. world_model_saved_bytes() is that sum, checked against what autograd really saves
 (tests/test_memory.py; fp32, eager and compiled); bf16 autocast is modelled, not checked. Add the sampled
 batch, the no-grad TD targets, the world model's gradients and a backward working set (2 fp32 copies of the
 widest activation). The policy update (pi, and 2 Q heads on (H+1) x B detached latents) runs after the world
-model's tensors are freed, so the larger of the two counts. update_activation_bytes() is that estimate
+model's tensors are freed, so the larger of the two counts; policy_saved_bytes() is an upper bound of what the
+policy loss keeps (within 25%, checked the same way). update_activation_bytes() is that estimate
 (tdmpc.memory adds it to its peak).
 """
 
@@ -154,12 +155,11 @@ def _encoder_saved(dims: ModelDims, rows: int, d: int, hid: int, sim: int) -> in
 def _kept(d: int, compiled: bool) -> dict[str, int]:
     """Bytes kept for backward per element of each kind (module docstring); d: the autocast dtype's size."""
     if compiled:  # AOTAutograd's min-cut keeps a layer's output and the next layer's input, recomputing the rest
-        return {"hidden": 4 + d, "head_hidden": 4 + d, "latent": 4, "stacked": 1, "dropout": 1, "logits": 1}
+        return {"hidden": 4 + d, "latent": 4, "stacked": 1, "dropout": 1, "logits": 1}
     return {"hidden": 2 * 4 + d,  # LayerNorm's input and output (Mish's input), the next layer's input
-            "head_hidden": 3 * 4 + d,  # and the normalised copy a per-head affine (addcmul) keeps
             "latent": 2 * 4,  # LayerNorm's input, SimNorm's softmax output
             "stacked": 2,  # copies of the stacked rollout latents
-            "dropout": 4,  # a float mask
+            "dropout": 3 * 4,  # a float mask and the masked copies
             "logits": 3}  # fp32 R x num_bins copies beside the Q heads' log-probabilities
 
 
@@ -175,7 +175,7 @@ def world_model_saved_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dty
              + H * B * ((L + A) * d + 2 * M * hid + L * k["latent"])  # dynamics rollout
              + k["stacked"] * (H + 1) * B * L * 4  # the stacked latents (the consistency loss's input)
              + R * ((L + A) * d + 2 * M * hid)  # reward head
-             + R * (L + A) * d + Q * R * M * (2 * k["head_hidden"] + k["dropout"])  # Q ensemble: one input for all
+             + R * (L + A) * d + Q * R * M * (2 * hid + k["dropout"])  # Q ensemble: one input for all
              + (Q + k["logits"]) * R * nb * 4  # log-probabilities, two-hot targets
              + (R * (L * d + 2 * M * hid + 4) if dims.episodic else 0))  # termination head
     if d < 4 and not compiled:  # autocast casts every weight at each call (no weight cache under CUDA graphs)
@@ -184,13 +184,28 @@ def world_model_saved_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dty
     return saved
 
 
+def policy_saved_bytes(cfg: Config, dims: ModelDims, dtype: torch.dtype, compiled: bool) -> int:
+    """What policy_loss keeps for backward, an upper bound (tests/test_memory.py): pi on the (H+1) x B latents and
+    its action statistics, and a Gaussian prior's Q of its action through 2 heads (a categorical prior's expected
+    Q keeps nothing: neither the latents nor the Q weights take gradients there)."""
+    L, A, M, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_bins
+    d, hid, Rp = dtype.itemsize, _kept(dtype.itemsize, compiled)["hidden"], (cfg.horizon + 1) * cfg.batch_size
+    pi = Rp * (L * d + 2 * M * hid + 2 * A * 4 * 4)
+    # The Q weights take no gradient here, so no layer input is kept: compiled, one fp32 copy and a mask per
+    # hidden element; eager counted as a hidden layer's (an upper bound). Their 2 heads' weights, selected
+    # (copied) from the ensemble's, are kept.
+    q_hidden = 4 + 1 if compiled else hid
+    heads = 2 * 4 * M * (L + A + M + nb)
+    return pi if dims.discrete else pi + 2 * Rp * (2 * M * q_hidden + nb * 4) + heads
+
+
 def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dtype: torch.dtype,
                             compiled: bool) -> int:
     """Temporaries of one update() besides the gradients (formulas in the module docstring)."""
     B, H = cfg.batch_size, cfg.horizon
     L, A, M, Q, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_q, dims.num_bins
-    d, k = dtype.itemsize, _kept(dtype.itemsize, compiled)
-    hid, R = k["hidden"], H * B
+    d, R = dtype.itemsize, H * B
+    hid = _kept(d, compiled)["hidden"]
     obs_bytes = math.prod(dims.obs_shape) * (1 if dims.pixels else 4)
     batch = (H + 1) * B * obs_bytes + R * (4 * A + 4 + 1)
     targets = R * L * 4 + 2 * R * 4  # next_z, TD targets
@@ -199,10 +214,6 @@ def update_activation_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dty
     # The policy update and the no-grad TD targets run while the world model's gradients are not
     # allocated (they are counted apart, in MemoryEstimate.gradients): subtract them there.
     wm_grads = 4 * sum(p.numel() for p in model.world_model_parameters())
-    Rp = (H + 1) * B
-    # the prior's Q: of its action, or of each of a categorical prior's A actions (its expectation)
-    policy = (Rp * (L * d + 2 * M * hid + 2 * A * 4 * 4)
-              + 2 * Rp * (A if dims.discrete else 1) * ((L + A) * d + 2 * M * k["head_hidden"] + nb * 4)
-              + 4 * _numel(model._pi) - wm_grads)
+    policy = policy_saved_bytes(cfg, dims, dtype, compiled) + 4 * _numel(model._pi) - wm_grads
     no_grad = R * (_encoder_saved(dims, 1, d, hid, 12) + 2 * ((L + A) * d + 3 * M * d + nb * 4)) - wm_grads
     return batch + targets + max(world, policy, no_grad)

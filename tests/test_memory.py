@@ -61,10 +61,12 @@ class LiveOutputs(TorchDispatchMode):
 
 @pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.compile)])
 @pytest.mark.parametrize("episodic,discrete", [(False, False), (True, True)])
-def test_world_model_saved_bytes_match_what_autograd_keeps(compiled, episodic, discrete):
+def test_loss_saved_bytes_match_what_autograd_keeps(compiled, episodic, discrete):
     """The estimate's update activations rest on world_model_saved_bytes: within 2% of the tensors the
     world-model loss really keeps for backward, on CUDA's code path, eager and compiled (inductor on the CPU:
-    AOTAutograd's partitioner picks them as it does for CUDA). The termination head and one-hot actions too."""
+    AOTAutograd's partitioner picks them as it does for CUDA). The termination head and one-hot actions too.
+    policy_saved_bytes: an upper bound of the policy loss's, within 25% (a categorical prior's Q of every action)."""
+    from tdmpc.losses import policy_loss
     from tdmpc.runtime.device import cuda_code_path
     cfg = dataclasses.replace(load_json("a4000.json"), model_size=1, compile=False, cuda_graphs=False)
     obs_shape, A, H, B = (17,), 6, cfg.horizon, cfg.batch_size
@@ -76,13 +78,19 @@ def test_world_model_saved_bytes_match_what_autograd_keeps(compiled, episodic, d
     terminated = torch.zeros(H, B)
     terminated[1, :8] = 1
     agent.model.train()
+    pi_fn = torch.compile(policy_loss, dynamic=False) if compiled else policy_loss
     with cuda_code_path():
-        kept, (total, *_) = memory.saved_tensor_bytes(agent.model, fn, torch.randn(H + 1, B, *obs_shape),
-                                                      agent.model.action_input(action), torch.rand(H, B),
-                                                      terminated, None)
-    total.backward()
+        kept, (total, _, zs, reached) = memory.saved_tensor_bytes(
+            agent.model, fn, torch.randn(H + 1, B, *obs_shape), agent.model.action_input(action), torch.rand(H, B),
+            terminated, None)
+        total.backward()
+        pi_kept, (loss, _) = memory.saved_tensor_bytes(agent.model, pi_fn, learner.losses, zs.detach(), None, reached,
+                                                       lambda q, task: torch.ones(()))
+    loss.backward()
     modelled = memory.world_model_saved_bytes(cfg, dims, agent.model, torch.float32, compiled)
     assert abs(modelled / kept - 1) <= 0.02, (modelled, kept)
+    pi_modelled = memory.policy_saved_bytes(cfg, dims, torch.float32, compiled)
+    assert pi_kept <= pi_modelled <= 1.25 * pi_kept, (pi_modelled, pi_kept)
 
 
 @pytest.mark.parametrize("model_size,discrete,plan_horizon",

@@ -1,5 +1,5 @@
 """Bytes the world-model and policy losses keep for backward, eager and compiled (inductor), on the CPU,
-beside the formula the memory estimate uses (tdmpc.memory.world_model_saved_bytes).
+beside the formulas the memory estimate uses (tdmpc.memory.world_model_saved_bytes, policy_saved_bytes).
 
 Counted by tdmpc.memory.saved_tensor_bytes (autograd's saved-tensor hooks, which also see what a compiled
 graph saves). Both run CUDA's code path (tdmpc.runtime.device.cuda_code_path: no fused CPU kernels), so the
@@ -19,7 +19,7 @@ import torch
 from tdmpc import Agent
 from tdmpc.config import load_json
 from tdmpc.losses import policy_loss, world_model_loss
-from tdmpc.memory import saved_tensor_bytes, world_model_saved_bytes
+from tdmpc.memory import policy_saved_bytes, saved_tensor_bytes, world_model_saved_bytes
 from tdmpc.model.world_model import ModelDims
 from tdmpc.runtime.device import cuda_code_path
 
@@ -38,8 +38,9 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     print(f"# {args.cfg}, dog-run shapes (obs {DOG_OBS}, {DOG_ACTIONS} actions), fp32 updates, torch {torch.__version__}")
-    print("# MiB kept for backward; 'formula': tdmpc.memory.world_model_saved_bytes")
-    print("size  world eager  formula  world compiled  formula  compiled/eager  policy eager  policy compiled")
+    print("# MiB kept for backward; 'formula': tdmpc.memory.world_model_saved_bytes, policy_saved_bytes")
+    print("size  world eager  formula  world compiled  formula  compiled/eager  policy eager  formula"
+          "  policy compiled  formula")
     for size in args.sizes:
         cfg = dataclasses.replace(load_json(args.cfg), task="dog-run", model_size=size, compile=False,
                                   cuda_graphs=False, train_precision="fp32")
@@ -56,13 +57,14 @@ def main() -> None:
                 n, (total, _, zs, reached) = saved_tensor_bytes(agent.model, fn, losses, *batch)
                 total.backward()
                 row += [n, world_model_saved_bytes(cfg, dims, agent.model, torch.float32, compiled)]
-            for fn in (policy_loss, torch.compile(policy_loss, dynamic=False)):  # a fixed Q scale: no running one
+            for compiled in (False, True):  # a fixed Q scale: no running one
+                fn = torch.compile(policy_loss, dynamic=False) if compiled else policy_loss
                 n, (loss, _) = saved_tensor_bytes(agent.model, fn, losses, zs.detach(), None, reached, unit_scale)
                 loss.backward()
-                row.append(n)
-        we, fe, wc, fc, pe, pc = (v / MiB for v in row)
-        print(f"{size:>4}  {we:11.1f}  {fe:7.1f}  {wc:14.1f}  {fc:7.1f}  {wc / we:14.2f}  {pe:12.1f}  {pc:15.1f}",
-              flush=True)
+                row += [n, policy_saved_bytes(cfg, dims, torch.float32, compiled)]
+        we, fe, wc, fc, pe, fpe, pc, fpc = (v / MiB for v in row)
+        print(f"{size:>4}  {we:11.1f}  {fe:7.1f}  {wc:14.1f}  {fc:7.1f}  {wc / we:14.2f}  {pe:12.1f}  {fpe:7.1f}"
+              f"  {pc:15.1f}  {fpc:7.1f}", flush=True)
         torch.compiler.reset()
 
 
