@@ -9,9 +9,8 @@ Update activations: what the losses keep for backward, counted per element (_kep
 Linear -> LayerNorm -> Mish element keeps LayerNorm's input and output in fp32 and the next layer's input in
 the autocast dtype (12 bytes in fp32), a SimNorm latent 2 fp32 copies, dropout (the Q ensemble's first layer)
 3 more; compiled, AOTAutograd's min-cut recomputes LayerNorm in backward: a layer's output and the next layer's
-input (8 bytes in fp32), 1 copy of a latent, a bool mask. Rows:
-the encoder sees (H+1) x B observations, dynamics H x B, reward/termination H x B, the Q ensemble num_q x H x B
-from one shared input. world_model_saved_bytes() is that sum, checked against what autograd really saves
+input (8 bytes in fp32), 1 copy of a latent, a bool mask. Rows: the encoder sees (H+1) x B observations,
+dynamics H x B, reward/termination H x B, the Q ensemble num_q x H x B from one shared input. world_model_saved_bytes() is that sum, checked against what autograd really saves
 (tests/test_memory.py; fp32, eager and compiled); bf16 autocast is modelled, not checked. Add the sampled
 batch, the no-grad TD targets, the world model's gradients and a backward working set (2 fp32 copies of the
 widest activation). The policy update (pi, and 2 Q heads on (H+1) x B detached latents) runs after the world
@@ -171,7 +170,8 @@ def world_model_saved_bytes(cfg: Config, dims: ModelDims, model: WorldModel, dty
     L, A, M, Q, nb = dims.latent_dim, dims.action_dim, dims.mlp_dim, dims.num_q, dims.num_bins
     d, k, R = dtype.itemsize, _kept(dtype.itemsize, compiled), H * B
     hid = k["hidden"]
-    saved = (_encoder_saved(dims, B if dims.pixels else (H + 1) * B, d, hid, 4)  # state: one pass (all H+1)
+    # the encoder: one pass over all H+1 steps' states (its latent's one fp32 copy kept), or B frames
+    saved = (_encoder_saved(dims, B if dims.pixels else (H + 1) * B, d, hid, 4)
              + H * B * ((L + A) * d + 2 * M * hid + L * k["latent"])  # dynamics rollout
              + k["stacked"] * (H + 1) * B * L * 4  # the stacked latents (the consistency loss's input)
              + R * ((L + A) * d + 2 * M * hid)  # reward head

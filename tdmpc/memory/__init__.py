@@ -11,5 +11,5 @@ from tdmpc.runtime.files import GiB, MiB, fmt_bytes
 __all__ = ["ALLOCATOR_SLACK", "CUDA_CONTEXT", "EVAL_PARALLEL", "FIT_ORDER", "SAFETY_MARGIN", "Change", "GiB", "MemoryEstimate",
            "MemoryPlan", "MiB", "Target", "assess", "assess_run", "buffer_storage", "cublas_workspace_bytes", "cuda_target",
            "detect_target", "dry_run_report", "estimate", "eval_sizes", "fmt_bytes", "out_of_memory_report",
-           "parse_size", "plan_activation_bytes", "policy_saved_bytes", "planner_buffer_bytes", "replay_buffer_bytes", "saved_tensor_bytes",
-           "summary_line", "update_activation_bytes", "update_dtype", "world_model_saved_bytes"]
+           "parse_size", "plan_activation_bytes", "planner_buffer_bytes", "policy_saved_bytes", "replay_buffer_bytes",
+           "saved_tensor_bytes", "summary_line", "update_activation_bytes", "update_dtype", "world_model_saved_bytes"]
