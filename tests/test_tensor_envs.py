@@ -185,6 +185,18 @@ def test_envs_without_autoreset_or_with_other_spaces_are_refused():
     assert not is_tensor_task("CartPole-v1") and not is_tensor_task("Pendulum-v1") and not is_tensor_task("walker-walk")
 
 
+def test_an_ids_kind_is_probed_once(monkeypatch):
+    """Each training-time evaluation asks whether its id is a tensor task: CartPole-v1's probe (a vector env built
+    from its vector_entry_point) is built once, not once per evaluation."""
+    from tdmpc.envs import tensor
+    monkeypatch.setattr(tensor, "_KIND", {})
+    built = []
+    make_vec = gym.make_vec
+    monkeypatch.setattr(gym, "make_vec", lambda *a, **k: built.append(a) or make_vec(*a, **k))
+    assert not any(is_tensor_task("CartPole-v1") for _ in range(3))
+    assert len(built) == 1
+
+
 def test_a_vector_env_object_and_its_spec():
     envs, spec = make_tensor_vector_env(TorchPointEnv(num_envs=4), 4, seed=0, device="cpu")
     assert spec.obs_shape == (2,) and spec.action_dim == 1 and not spec.discrete and spec.action_repeat == 1

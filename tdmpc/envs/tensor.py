@@ -181,10 +181,17 @@ def is_tensor_task(env: Any) -> bool:
     taken as one, so that building it says what to install."""
     if isinstance(env, gym.vector.VectorEnv):
         return True
+    if isinstance(env, str) and env in _KIND:
+        return _KIND[env]
     tensor, probe = _probe(env)
     if probe is not None:
         probe.close()
+    if isinstance(env, str) and gym.registry.get(env.rpartition(":")[2]) is not None:
+        _KIND[env] = tensor  # a registered id keeps its kind: each evaluation need not build a probe env again
     return tensor
+
+
+_KIND: dict[str, bool] = {}  # is_tensor_task's answer per registered id
 
 
 def tensor_task_spec(env: Any, num_envs: int, *, seed: int | None, action_repeat: int | None) -> EnvSpec | None:
