@@ -35,6 +35,19 @@ def test_item_is_a_wait_not_a_kernel():
     assert c.counts == {"sum": 1} and sum(c.waits.values()) == 1
 
 
+def test_sites_name_the_package_line_that_launched_each_op():
+    from tdmpc.buffer import ReplayBuffer
+    buf = ReplayBuffer(64, 2, (3,), 1, 3)
+    buf.start(torch.zeros(2, 3))
+    with cuda_code_path():
+        counter = count_kernels(lambda: buf.add(torch.ones(2, 3), torch.zeros(2, 1), torch.ones(2),
+                                                torch.zeros(2, dtype=torch.bool)), sites=True)
+    assert counter.sites is not None and sum(counter.sites.values()) == counter.total > 0
+    writes = [site for (op, site), n in counter.sites.items() if op == "index_put_"]
+    assert writes and all(site.startswith("buffer.py:") and "field[envs, rows]" in site for site in writes)
+    assert count_kernels(lambda: torch.ones(2) + 1).sites is None  # off unless asked: a stack walk per op
+
+
 def test_compiled_count_reads_the_generated_code():
     """relu(x @ w) * 2 + 1: one extern matmul and one fused pointwise kernel."""
     torch._dynamo.reset()

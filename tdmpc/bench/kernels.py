@@ -18,8 +18,10 @@ counters see that on the CPU:
 from __future__ import annotations
 
 import re
+import traceback
 import weakref
 from collections import Counter
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -45,15 +47,17 @@ class KernelCounter(TorchDispatchMode):
     """Kernel-launching ATen ops of the code run inside it, by op name (`counts`) and in all (`total`).
 
     `waits` counts the ops that make the host wait for the device on CUDA (item(), bool(), a nonzero()
-    whose size the host needs); those launch no kernel of their own."""
+    whose size the host needs); those launch no kernel of their own. With sites=True, `sites` counts each op
+    by the line of the package that called it (slower: a stack walk per op)."""
 
     SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "nonzero", "masked_select", "unique_consecutive",
                        "_unique2"})
 
-    def __init__(self) -> None:
+    def __init__(self, sites: bool = False) -> None:
         super().__init__()
         self.counts: Counter[str] = Counter()
         self.waits: Counter[str] = Counter()
+        self.sites: Counter[tuple[str, str]] | None = Counter() if sites else None
 
     @property
     def total(self) -> int:
@@ -71,12 +75,22 @@ class KernelCounter(TorchDispatchMode):
             self.waits[name] += 1
         if launches_kernel(func):
             self.counts[name] += 1
+            if self.sites is not None:
+                self.sites[(name, _call_site())] += 1
         return func(*args, **kwargs)
 
 
-def count_kernels(fn: Callable[[], Any]) -> KernelCounter:
-    """Run fn() once under a KernelCounter and return it."""
-    with KernelCounter() as counter:
+def _call_site() -> str:
+    """'file.py:line code' of the innermost frame in tdmpc/ or planners/."""
+    for frame in reversed(traceback.extract_stack()):
+        if ("/tdmpc/" in frame.filename or "/planners/" in frame.filename) and "/bench/" not in frame.filename:
+            return f"{Path(frame.filename).name}:{frame.lineno} {(frame.line or '').strip()[:70]}"
+    return "?"
+
+
+def count_kernels(fn: Callable[[], Any], sites: bool = False) -> KernelCounter:
+    """Run fn() once under a KernelCounter (sites: with each op's call site) and return it."""
+    with KernelCounter(sites) as counter:
         fn()
     return counter
 
