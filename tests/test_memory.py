@@ -348,6 +348,19 @@ def test_cublas_workspaces_follow_pytorchs_sizes_and_count_a_stream_each(monkeyp
     assert memory.estimate(cfg, (24,), 6, False, CPU_FP32).cublas_workspaces == 0
 
 
+def test_each_memory_pool_counts_its_unusable_segments():
+    """The default stream's pool; with CUDA graphs also the side stream's and a private pool per graph (update,
+    and a planner per env count: training's and evaluation's). Reserved, never live; none off CUDA."""
+    cfg = load_json("a4000.json")
+    card = memory.cuda_target(cfg, memory.parse_size("16GB"), "16 GB")
+    for graphs, pools in ((True, 1 + 1 + 1 + 2), (False, 1)):
+        est = memory.estimate(dataclasses.replace(cfg, cuda_graphs=graphs), (24,), 6, False, card)
+        assert est.pool_segments == pools * memory.POOL_SEGMENTS
+        without = dataclasses.replace(est, pool_segments=0)
+        assert est.total - without.total == est.pool_segments and est.peak_allocated == without.peak_allocated
+    assert memory.estimate(cfg, (24,), 6, False, CPU_FP32).pool_segments == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("model_size", [1, 5, 19, 48])

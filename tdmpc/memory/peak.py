@@ -11,7 +11,9 @@ first. The estimate is built from the shapes the code allocates:
 * modelled (formulas from the layer widths): activations saved for backward in an
   update (beside the losses, tdmpc/losses.py), the largest plan() call's temporaries
   (below), CUDA graph pools.
-* constants: the CUDA context (CUDA_CONTEXT) and allocator slack (ALLOCATOR_SLACK).
+* constants: the CUDA context (CUDA_CONTEXT), allocator slack (ALLOCATOR_SLACK) and, per memory pool (each
+  stream's and each CUDA graph's), the part of its segments it cannot use (POOL_SEGMENTS): PyTorch's caching
+  allocator serves small tensors from 2 MiB segments and 1-10 MiB ones from 20 MiB segments, per pool.
 * cuBLAS workspaces: PyTorch allocates them per stream a matmul ran on through its caching
   allocator, so they are live tensors: the default stream's, and with CUDA graphs the one
   side stream every graph warms up and is captured on (tdmpc.runtime.cuda_graphs). Their size is
@@ -58,6 +60,7 @@ if TYPE_CHECKING:
 
 CUDA_CONTEXT = 500 * MiB  # CUDA runtime, cuBLAS/cuDNN kernels: not seen by torch's allocator
 ALLOCATOR_SLACK = 0.10  # caching allocator rounding and fragmentation, a fraction of what tensors use
+POOL_SEGMENTS = 22 * MiB  # at most a 20 MiB and a 2 MiB segment per pool, unused (PyTorch's kLargeBuffer, kSmallBuffer)
 SAFETY_MARGIN = 0.10  # of the card's memory, left unplanned (other processes, driver, estimate error)
 EVAL_PARALLEL = 16  # evaluation episodes run at once (tdmpc.episodes), each group with a planner of its size
 SIZE_UNITS = {"": 10**9, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
@@ -152,6 +155,7 @@ class MemoryEstimate:
     planner_activations: int  # the largest plan() call's temporaries
     cuda_graph_pools: int
     cuda_context: int
+    pool_segments: int = 0  # POOL_SEGMENTS per memory pool: reserved, never live
     cublas_workspaces: int = 0  # one per stream a matmul runs on, allocated through torch's allocator
     host_buffer: int = 0  # pinned host memory for the replay buffer (not in the total)
     learnable: int = 0  # learnable parameters (count)
@@ -176,7 +180,8 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.peak_allocated + self.cuda_graph_pools + self.allocator_slack + self.cuda_context
+        return (self.peak_allocated + self.cuda_graph_pools + self.allocator_slack + self.pool_segments
+                + self.cuda_context)
 
     def table(self) -> str:
         """The breakdown, one component a line, in MiB."""
@@ -195,6 +200,7 @@ class MemoryEstimate:
                  "largest plan() call" + ("; not at the peak (an update is larger)" if update_peak else "")),
                 ("CUDA graph pools", self.cuda_graph_pools, self.notes.get("cuda_graph_pools", "")),
                 (f"allocator slack ({ALLOCATOR_SLACK:.0%})", self.allocator_slack, ""),
+                ("pool segments", self.pool_segments, self.notes.get("pool_segments", "")),
                 ("CUDA context", self.cuda_context, "runtime, kernels" if self.cuda_context else "")]
         width = max(len(r[0]) for r in rows)
         lines = [f"  {name:<{width}} {_mib(v):>13}  {note}".rstrip() for name, v, note in rows]
@@ -295,6 +301,8 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     update = update_activation_bytes(cfg, dims, model, target.train_dtype, compiled)
     buffer = 0 if cfg.dataset else replay_buffer_bytes(cfg, obs_shape, action_dim, num_envs, discrete)  # offline: none
     graphs = target.cuda and cfg.cuda_graphs
+    # the default stream's pool; with CUDA graphs, the side stream's (their warm-up) and one private pool per graph
+    pools = (1 + (2 + (len(envs) if cfg.mpc else 0) if graphs else 0)) if target.cuda else 0
     plan_horizon = MPPIConfig.from_config(cfg, action_dim).horizon
     dt, train_dt = (str(d).replace("torch.", "") for d in (target.dtype, target.train_dtype))
     row = _row_bytes(cfg, obs_shape, action_dim, discrete)
@@ -311,6 +319,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
         planner_activations=max(plan_acts, default=0),
         cuda_graph_pools=(gradients + update + sum(plan_acts)) if graphs else 0,
         cuda_context=CUDA_CONTEXT if target.cuda else 0,
+        pool_segments=pools * POOL_SEGMENTS,
         cublas_workspaces=(2 if graphs else 1) * target.cublas_workspace,
         host_buffer=0 if buffer_on_device else buffer,
         learnable=sum(p.numel() for p in learnable),
@@ -322,5 +331,6 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
                                   + (f", eval {'/'.join(map(str, eval_sizes(cfg)))}" if eval_sizes(cfg) else ""),
                "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",
                "cuda_graph_pools": "update() + one per planner" if graphs else "",
+               "pool_segments": f"{pools} pools (streams and graphs) x {fmt_bytes(POOL_SEGMENTS)}, at most" if pools else "",
                "cublas_workspaces": (f"{'2 streams' if graphs else '1 stream'} x {fmt_bytes(target.cublas_workspace)}"
                                      if target.cuda else "")})
