@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -190,6 +191,19 @@ def test_cuda_graphs_given_on_a_cpu_run_is_said_to_do_nothing(tmp_path, monkeypa
     assert code == 0 and "note: --cuda-graphs does nothing on the CPU" in err, err
     code, _, err = _dry_run(tmp_path, monkeypatch, capsys)  # the default (on) is not the user's: nothing said
     assert code == 0 and "cuda-graphs" not in err, err
+
+
+def test_update_stream_where_it_does_nothing_is_said(tmp_path, monkeypatch, capsys):
+    code, _, err = _dry_run(tmp_path, monkeypatch, capsys, "--update-stream")
+    assert code == 0 and "note: --update-stream does nothing on the CPU" in err, err
+    code, _, err = _dry_run(tmp_path, monkeypatch, capsys)
+    assert code == 0 and "update-stream" not in err, err
+    from tdmpc.training.setup import cuda_only_notes
+    cfg = dataclasses.replace(validate(Config()), update_stream=True, overlap_updates=False)
+    notes = cuda_only_notes(cfg, torch.device("cuda"), frozenset({"update_stream"}))
+    assert len(notes) == 1 and "without --overlap-updates" in notes[0]
+    assert not cuda_only_notes(dataclasses.replace(cfg, overlap_updates=True), torch.device("cuda"),
+                               frozenset({"update_stream"}))
 
 
 def test_gpu_mem_on_a_cpu_run_says_what_is_true_there(tmp_path, monkeypatch, capsys):

@@ -99,7 +99,6 @@ def prepare(req: RunRequest) -> RunSetup | None:
         if not req.dry_run:
             raise
         device = None  # a dry run still estimates (for --gpu-mem, or to say there is no GPU)
-    off_cuda = cuda_only_notes(cfg, device, req.given)
     source: EnvSource = cfg.task if req.env is None else req.env
     tensor_spec = None if cfg.dataset else tensor_task_spec(source, cfg.num_envs, seed=cfg.seed,
                                                             action_repeat=cfg.action_repeat)
@@ -122,6 +121,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
                                             overlap_updates=overlap))
 
     filled = for_run(cfg)
+    off_cuda = cuda_only_notes(filled, device, req.given)
     plan = memory.assess_run(filled, spec.obs_shape, spec.action_dim, spec.episodic, device, req.gpu_mem,
                              req.fit_memory, resuming=req.resume is not None, tasks=tasks, discrete=spec.discrete)
     if plan.applied and plan.changes:  # task-derived fields (updates per round) follow the lowered settings
@@ -153,14 +153,20 @@ def prepare(req: RunRequest) -> RunSetup | None:
 
 
 def cuda_only_notes(cfg: Config, device: torch.device | None, given: frozenset[str]) -> list[str]:
-    """A line for each CUDA-only setting given explicitly (flag or keyword) to a run on another device, where it does
-    nothing: said, not refused, as a config shared between machines keeps it on."""
-    if device is None or device.type == "cuda":  # None: a dry run for a device not here, planned as asked
+    """A line for each CUDA-only setting given explicitly (flag or keyword) to a run where it does nothing (another
+    device; --update-stream without overlapped updates): said, not refused, as a config shared between machines
+    keeps it on. cfg: the run's, its overlap_updates resolved."""
+    if device is None:  # a dry run for a device not here, planned as asked
         return []
     notes = []
-    if "cuda_graphs" in given and cfg.cuda_graphs:
+    if device.type != "cuda" and "cuda_graphs" in given and cfg.cuda_graphs:
         notes.append(f"note: --cuda-graphs does nothing on the {device.type.upper()}: CUDA graphs replay CUDA "
                      f"kernels, so plan() and update() run eagerly here")
+    if "update_stream" in given and cfg.update_stream and (device.type != "cuda" or not cfg.overlap_updates):
+        why = (f"on the {device.type.upper()}" if device.type != "cuda"
+               else "without --overlap-updates (off for this run)")
+        notes.append(f"note: --update-stream does nothing {why}: it runs overlapped CUDA updates on a stream of "
+                     f"their own, so updates run in order here")
     return notes
 
 
