@@ -92,6 +92,11 @@ def test_a_gpu_mem_of_zero_is_refused_before_measuring(tmp_path, capsys, nothing
     assert code == 2 and err.strip().startswith("error: --gpu-mem 0GB: must be more than 0"), err
 
 
+def test_an_unknown_model_size_is_refused_before_measuring(tmp_path, capsys, nothing_measured):
+    code, err = _bench(capsys, "--device", "cpu", "--sizes", "1", "7", "--out", tmp_path / "b.json")
+    assert code == 2 and err.strip().startswith("error: --sizes 7: unknown model size; choose from 1, 5"), err
+
+
 @pytest.mark.slow  # spawned interpreters: CI's slow step (.ci/run)
 def test_e2e_procs_children_run_with_their_share_of_threads_and_start_from_one_barrier():
     """Read back from the children: the threads each process's torch ran with (set by its own trainer, not the

@@ -23,7 +23,7 @@ from tdmpc.bench.gpu_profile import profile_kernels
 from tdmpc.bench.kernel_counts import write_kernel_counts
 from tdmpc.bench.offline import bench_offline
 from tdmpc.bench.timing import OVERRIDES, bench_model, bench_plain, machine_info, matmul_peak
-from tdmpc.config import Config
+from tdmpc.config import MODEL_SIZES, Config
 from tdmpc.errors import BadInput, parse_args, run_cli
 from tdmpc.memory.fit import gpu_mem_bytes
 from tdmpc.model import fused
@@ -182,7 +182,7 @@ def check_output(path: Path, flag: str) -> None:
 
 def check_args(args: BenchArgs) -> torch.device:
     """Every input checked before the first measurement, each a one-line error: the output file, the device,
-    --gpu-mem. Returns the device."""
+    --gpu-mem, the model sizes. Returns the device."""
     if args.kernels:
         check_output(args.kernels_out, "--kernels-out")
     elif args.tensor_envs:
@@ -193,6 +193,10 @@ def check_args(args: BenchArgs) -> torch.device:
         raise BadInput(f"--device {args.device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if args.gpu_mem is not None:
         gpu_mem_bytes(args.gpu_mem)
+    unknown = [s for s in args.sizes if s not in MODEL_SIZES]
+    if unknown:
+        raise BadInput(f"--sizes {unknown[0]}: unknown model size; choose from {', '.join(map(str, MODEL_SIZES))} "
+                       f"(millions of parameters)")
     return resolve_device(args.device)
 
 
