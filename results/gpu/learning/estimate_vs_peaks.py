@@ -2,10 +2,12 @@
 train.csv's largest gpu_peak_allocated_gib and gpu_peak_reserved_gib): peak allocated against the estimate's live
 tensors, peak reserved against its total less the CUDA context. The three finished runs, and the four of the second
 lease that stopped after 5,000 env steps (seeding, 2,500 pretraining updates, the first evaluation; not the
-training planner's steady state). python results/gpu/learning/estimate_vs_peaks.py"""
+training planner's steady state). Last, the -m gpu test's model size 48 (dog-run, compiled; the bytes it measured
+are in the second lease's cuda-tests-summary.txt, its assertion message). python results/gpu/learning/estimate_vs_peaks.py"""
 
 import csv
 import dataclasses
+import re
 from pathlib import Path
 
 from tdmpc import memory
@@ -28,3 +30,14 @@ for task, folder in runs:
     print(f"{task} (to env step {rows[-1]['env_step']}): estimate {live:.3f} GiB live against {alloc:.3f} allocated "
           f"({live / alloc - 1:+.1%}); {held:.3f} GiB less the context against {reserved:.3f} reserved "
           f"({held / reserved - 1:+.0%})")
+
+# test_estimate_matches_cuda_peak[48]: its assertion message holds (estimate then, measured) in bytes, on the H200
+summary = (here / "lease-2026-11-27-h200-b" / "cuda-tests-summary.txt").read_text()
+measured = int(re.search(r"AssertionError: \((\d+), (\d+), '  parameters", summary).group(2))
+env, dog = make_env("dog-run")
+env.close()
+cfg = dataclasses.replace(load_json("a4000.json"), task="dog-run", model_size=48).for_task(dog)
+target = dataclasses.replace(memory.cuda_target(cfg, 140 * 2**30, "H200"), cublas_workspace=memory.cublas_workspace_bytes(9))
+live = memory.estimate(cfg, dog.obs_shape, dog.action_dim, dog.episodic, target).peak_allocated
+print(f"dog-run model size 48 (-m gpu test): estimate {live / 2**30:.3f} GiB live against {measured / 2**30:.3f} "
+      f"allocated ({live / measured - 1:+.1%})")
