@@ -5,6 +5,8 @@ default suite. The random draws are inductor's own unless fallback_random is set
 eager draw the same numbers from the same seed, which is what lets the outputs be compared."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -155,6 +157,24 @@ def test_a_failed_compile_falls_back_to_eager_with_one_line(capsys):
     assert fn(torch.ones(2)).tolist() == [2.0, 2.0]
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("compile: a test function runs eagerly, its compile failed")
+    assert re.search(r"\) at [\w.]+\.py:\d+: \S", err[0]), err[0]  # where it raised, for a report
+
+
+CACHED = """
+import torch
+from tdmpc.runtime.compile import Compiled
+Compiled(lambda x: (x * 2).sin() @ x.T, "a test function")(torch.ones(3, 3))
+"""
+
+
+def test_a_compile_from_inductors_cache_says_so(tmp_path):
+    """A second process of the same graph takes it from inductor's on-disk cache (what a warm start or a cache
+    carried to another machine gives), and its line says so; the first says nothing of a cache."""
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    lines = [subprocess.run([sys.executable, "-c", CACHED], capture_output=True, text=True, env=env, timeout=600,
+                            check=True).stderr.strip() for _ in range(2)]
+    assert lines[0].startswith("compile: a test function compiled in") and "cache" not in lines[0], lines[0]
+    assert lines[1].endswith(", 1 of 1 graphs from inductor's cache"), lines[1]
 
 
 def test_compiled_training_learns_pendulum(tmp_path):

@@ -219,3 +219,22 @@ def test_a_gpu_mem_of_zero_must_be_more_than_0(tmp_path, monkeypatch, capsys, si
     code, _, err = _dry_run(tmp_path, monkeypatch, capsys, "--gpu-mem", size)
     assert code == 2 and err.strip() == (f"error: --gpu-mem {size}: must be more than 0 (the memory of the card to "
                                          f"plan for: 16GB, 16000MB or 8GiB)"), err
+
+
+def test_a_failed_compile_names_where_it_raised():
+    """The fallback line ends with where the failure was raised: the innermost frame (for a compiled graph that
+    failed as it ran, inductor's generated code) or the user code dynamo names for a trace it gave up on."""
+    from tdmpc.runtime.compile import raised_at
+
+    def inner():
+        raise ValueError("wrong number of dimensions1")
+
+    try:
+        inner()
+    except ValueError as e:
+        assert raised_at(e) == f" at test_config.py:{inner.__code__.co_firstlineno + 1}: " \
+                               'raise ValueError("wrong number of dimensions1")'
+    told = RuntimeError(f'Unsupported\nfrom user code:\n   File "{__file__}", line {inner.__code__.co_firstlineno}, '
+                        "in test")
+    assert raised_at(told) == f" at test_config.py:{inner.__code__.co_firstlineno}: def inner():"
+    assert raised_at(RuntimeError("no traceback")) == ""

@@ -3,16 +3,22 @@ once, and a failed compile that falls back to eager with one line saying why ins
 
 from __future__ import annotations
 
+import linecache
+import re
 import sys
 import time
+import traceback
 from typing import Any, Callable
 
 import torch
 
 
 class Compiled:
-    """fn through torch.compile (inductor, static shapes). The first call compiles: its time is printed; if it
-    fails, fn runs eagerly from then on. Tracing runs no real computation, so the eager retry starts clean.
+    """fn through torch.compile (inductor, static shapes). The first call compiles: its time is printed, with how
+    many of its graphs inductor's on-disk cache supplied (a warm start takes seconds, a cold one a minute on a
+    GPU); if it fails, fn runs eagerly from then on, and the line names the innermost code that raised (often
+    inductor's generated code: the one line a report needs). Tracing runs no real computation, so the eager retry
+    starts clean.
     Another agent of the same shapes reuses the graphs an earlier one compiled (dynamo guards on the modules'
     structure, not their identity): its first call compiles nothing and prints nothing."""
 
@@ -24,16 +30,19 @@ class Compiled:
     def __call__(self, *args: Any) -> Any:
         if self.ready:
             return self.fn(*args)
-        start, graphs = time.perf_counter(), compiled_graphs()
+        start, graphs, cached = time.perf_counter(), compiled_graphs(), cache_use()
         try:
             out = self.fn(*args)
         except Exception as e:  # dynamo or inductor could not compile it: the eager function still works
             why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-            print(f"compile: {self.name} runs eagerly, its compile failed ({type(e).__name__}: {why})", file=sys.stderr)
+            print(f"compile: {self.name} runs eagerly, its compile failed ({type(e).__name__}: {why}){raised_at(e)}",
+                  file=sys.stderr)
             self.fn, self.ready = self.eager, True
             return self.eager(*args)
         if compiled_graphs() > graphs:
-            print(f"compile: {self.name} compiled in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+            hits, misses = (now - before for now, before in zip(cache_use(), cached))
+            source = f", {hits} of {hits + misses} graphs from inductor's cache" if hits else ""
+            print(f"compile: {self.name} compiled in {time.perf_counter() - start:.0f} s{source}", file=sys.stderr)
         self.ready = True
         return out
 
@@ -41,6 +50,29 @@ class Compiled:
 def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process (inductor's cache may have supplied their code)."""
     return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def cache_use() -> tuple[int, int]:
+    """Inductor's on-disk graph cache so far in this process: (hits, misses). It lives in TORCHINDUCTOR_CACHE_DIR
+    (default /tmp/torchinductor_$USER), keyed by graph, shapes, torch version and device."""
+    inductor = torch._dynamo.utils.counters["inductor"]
+    return inductor["fxgraph_cache_hit"], inductor["fxgraph_cache_miss"]
+
+
+def raised_at(e: BaseException) -> str:
+    """' at FILE:LINE: CODE' where e was raised: the user code dynamo names for a trace it could not compile,
+    else the innermost frame of e's traceback (for a compiled graph that failed as it ran, inductor's generated
+    code, e.g. its assert_size_stride line); '' when there is neither."""
+    _, user_code, named_in = str(e).partition("from user code:")
+    named = re.findall(r'File "([^"]+)", line (\d+)', named_in) if user_code else []
+    frames = traceback.extract_tb(e.__traceback__)
+    if named:
+        file, line = named[-1][0], int(named[-1][1])
+    elif frames:
+        file, line = frames[-1].filename, frames[-1].lineno or 0
+    else:
+        return ""
+    return f" at {file.rsplit('/', 1)[-1]}:{line}: {linecache.getline(file, line).strip()[:160]}"
 
 
 def compile_enabled(flag: bool | None, device: torch.device) -> bool:
