@@ -1,8 +1,10 @@
 """The counters behind `python -m tdmpc.bench --kernels`: kernels per call and transfers per training step."""
 
+import re
 from collections import Counter
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -148,21 +150,34 @@ def test_gpu_kernels_are_set_beside_the_op_that_launched_them_and_the_cpu_count(
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from tdmpc.bench.gpu_profile import count_differences, kernels_by_op
+    from tdmpc.bench.gpu_profile import count_differences, kernels_by_op, kernels_by_site
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.ones(4, 4) @ torch.ones(4, 4)
     assert any(e.name == "aten::mm" for e in prof.events()) and kernels_by_op(prof.events()) == Counter()
     cpu, cuda = DeviceType.CPU, DeviceType.CUDA
+    def frames(*names):  # the profiler's Python frames above an op, innermost first (cpu_parent)
+        parent = None
+        for name in reversed(names):
+            parent = NS(name=name, cpu_parent=parent)
+        return parent
+
+    generated = frames("<built-in method mm>", "torchinductor_root/ab/cabc.py(71): call", "tdmpc/actor.py(9): act")
     events = [NS(device_type=cpu, name="aten::native_layer_norm_backward", kernels=[NS(name="grad_input"),
-                                                                                    NS(name="gamma_beta")]),
-              NS(device_type=cpu, name="aten::mm", kernels=[NS(name="sm90_gemm"), NS(name="Memset (Device)")]),
-              NS(device_type=cpu, name="aten::linear", kernels=[]),  # composite: its addmm launched the kernel
-              NS(device_type=cuda, name="sm90_gemm", kernels=[])]
+                                                                                    NS(name="gamma_beta")],
+                 cpu_parent=None),
+              NS(device_type=cpu, name="aten::mm", kernels=[NS(name="sm90_gemm"), NS(name="Memset (Device)")],
+                 cpu_parent=frames("torch/_ops.py(840): __call__", "x.py(3): f")),
+              NS(device_type=cpu, name="aten::copy_", kernels=[NS(name="direct_copy_kernel")], cpu_parent=generated,
+                 input_shapes=[[512, 24], [512, 24], []]),
+              NS(device_type=cpu, name="aten::linear", kernels=[], cpu_parent=None),  # composite: its addmm launched it
+              NS(device_type=cuda, name="sm90_gemm", kernels=[], cpu_parent=None)]
     by_op = kernels_by_op(events)
-    assert by_op == Counter({"native_layer_norm_backward": 2, "mm": 1})
+    assert by_op == Counter({"native_layer_norm_backward": 2, "mm": 1, "copy_": 1})
+    assert kernels_by_site(events) == {"native_layer_norm_backward [] <- ?": 2, "mm [] <- x.py(3): f": 1,
+                                       "copy_ [[512, 24], [512, 24]] <- cabc.py(71): call": 1}
     assert count_differences(by_op, Counter({"native_layer_norm_backward": 1, "mm": 1, "topk": 1})) == {
-        "native_layer_norm_backward": 1, "topk": -1}
+        "copy_": 1, "native_layer_norm_backward": 1, "topk": -1}
 
 
 def test_the_committed_kernel_counts_are_the_codes_eager_counts():
@@ -200,3 +215,19 @@ def test_the_cpu_count_predicts_the_last_gpu_profile_by_group():
     with cuda_code_path():
         plan = plan_kernels(counting_agent(5, False), 1, False)
     assert by_group(plan)["GEMM"] == by_group(p["gpu"]["plan_eager"], gpu_group)["GEMM"] == 108
+
+
+@pytest.mark.compile
+def test_a_compiled_calls_ops_are_traced_to_the_generated_codes_line():
+    """bench --profile's by_site on a real profile: an op a compiled function calls is traced to inductor's
+    generated code (here on the CPU: the profiler's frames are the same on CUDA)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tdmpc.bench.gpu_profile import call_site
+
+    fn = torch.compile(lambda x: torch.mm(x, x).sin() @ x, dynamic=False)
+    fn(torch.ones(8, 8))
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        fn(torch.ones(8, 8))
+    sites = [call_site(e) for e in prof.events() if e.name == "aten::mm"]
+    assert len(sites) == 2 and all(re.fullmatch(r"c\w+\.py\(\d+\): call", s) for s in sites), sites

@@ -3,6 +3,7 @@ the CPU's count of --kernels, and how busy the GPU keeps over end-to-end trainin
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from typing import Any, Callable
@@ -34,6 +35,31 @@ def kernels_by_op(events: Any) -> Counter[str]:
     return by_op
 
 
+def kernels_by_site(events: Any, top: int = 40) -> dict[str, int]:
+    """GPU kernels per launching op, its input shapes and the Python function that called it (profiled with
+    record_shapes and with_stack). For a compiled call that function is inductor's generated code, and the shapes
+    tell which buffer a copy or library kernel the CPU count cannot see serves (what the 37 copies of a compiled
+    plan() on the H200 still lack)."""
+    by_site: Counter[str] = Counter()
+    for e in events:
+        launched = [k for k in e.kernels if not k.name.startswith(("Memcpy", "Memset"))]
+        if e.device_type == DeviceType.CPU and launched:
+            shapes = [s for s in (getattr(e, "input_shapes", None) or []) if s]
+            by_site[f"{e.name.removeprefix('aten::')} {shapes} <- {call_site(e)}"] += len(launched)
+    return dict(by_site.most_common(top))
+
+
+def call_site(event: Any) -> str:
+    """The innermost Python function above a profiled op outside torch's own code, as the profiler names it
+    (FILE(LINE OF ITS DEF): NAME); '?' without one."""
+    parent = event.cpu_parent
+    while parent is not None:
+        if re.match(r".+\.py\(\d+\): ", parent.name) and not parent.name.startswith("torch/"):
+            return parent.name.rsplit("/", 1)[-1]
+        parent = parent.cpu_parent
+    return "?"
+
+
 def count_differences(gpu: Counter[str], cpu: Counter[str]) -> dict[str, int]:
     """Per op, the GPU's kernels less the CPU count's, where they differ: where the CPU count must learn."""
     return {op: gpu[op] - cpu[op] for op in sorted(gpu.keys() | cpu.keys()) if gpu[op] != cpu[op]}
@@ -41,10 +67,11 @@ def count_differences(gpu: Counter[str], cpu: Counter[str]) -> dict[str, int]:
 
 def profile_kernels(size: int, device: torch.device) -> dict:
     """Kernels of one plan() (1 env) and one update() (batch 256) as the GPU ran them (torch.profiler, CUPTI),
-    with CUDA graphs off and on. Graphs off, each kernel is set beside the op that launched it, and the ops'
-    counts beside tdmpc.bench --kernels's, counted here on the CPU along CUDA's code path: `differences` (for
-    plan() they include act()'s own few ops around the planner, which the CPU count leaves out; without
-    --compile, --horizon and --num-samples, whose agents the CPU count does not build)."""
+    with CUDA graphs off and on. Graphs off, each kernel is set beside the op that launched it, with its shapes
+    and the function that called it (by_site, compiled too), and the ops' counts beside tdmpc.bench --kernels's, counted here on the
+    CPU along CUDA's code path: `differences` (for plan() they include act()'s own few ops around the planner,
+    which the CPU count leaves out; without --compile, --horizon and --num-samples, whose agents the CPU count
+    does not build)."""
     from torch.profiler import ProfilerActivity, profile
 
     cpu: dict[str, Counter[str]] = {}
@@ -61,17 +88,20 @@ def profile_kernels(size: int, device: torch.device) -> dict:
             for _ in range(cuda_graphs.WARMUP + 2):
                 fn()
             sync(device)
-            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+            with profile(activities=activities, record_shapes=not graphs, with_stack=not graphs) as prof:
                 fn()
                 sync(device)
             kernels = _cuda_kernels(prof)
             row = out[f"{name}_graphs_{'on' if graphs else 'off'}"] = {
                 "kernels": len(kernels), "kernel_us": sum(e.device_time for e in kernels),
                 "by_name": dict(Counter(e.name[:120] for e in kernels).most_common())}
-            if not graphs and cpu:  # a graph's replay launches its kernels from no op
+            if not graphs:  # a graph's replay launches its kernels from no op
                 by_op = kernels_by_op(prof.events())
                 row.update(by_op=dict(by_op.most_common()), unattributed=len(kernels) - sum(by_op.values()),
-                           cpu_count=sum(cpu[name].values()), differences=count_differences(by_op, cpu[name]))
+                           by_site=kernels_by_site(prof.events()))
+                if cpu:
+                    row.update(cpu_count=sum(cpu[name].values()), differences=count_differences(by_op, cpu[name]))
     return out
 
 
