@@ -27,26 +27,11 @@ CUDA_TESTS_AT=${CUDA_TESTS_AT:-}  # seconds into call 1: the suite's CUDA tests 
 DEVICE=${DEVICE:-cuda}; CFG=${CFG:-a4000.json}; STEPS=${STEPS:-100000}; AGENT_STEPS=${AGENT_STEPS:-50000}
 BENCH_STEPS=${BENCH_STEPS:-"--e2e-steps 300 --warmup-steps 300"}; TRAIN_FLAGS=${TRAIN_FLAGS:-"--gpu-mem 16GiB --no-progress"}
 R=$PWD; W=/tmp/w30; O=$W/out; mkdir -p $O
+source results/gpu/compile_cache.sh
 pack() {
-  pack_cache
+  pack_compile_cache
   tar -czf $OUT/learning.tar.gz -C $W --exclude='*.pt' --exclude='*.h5' --exclude='*.tmp' --exclude='.lock' out runs 2>/dev/null
   cp $O/progress.txt $OUT/ 2>/dev/null
-}
-# Inductor's cache (issue 55): what this lease compiled comes back as $OUT/compile-cache.tar.xz and the next lease
-# unpacks it (CACHE_IN, default results/gpu/compile-cache.tar.*: committed, it travels with the tree), so no lease compiles the same
-# graphs twice. Inductor's graph entries hold their Triton kernels (its bundler, on by default), so triton/ stays
-# behind, and TRITON_STORE_BINARY_ONLY keeps only the kernels' binaries (no PTX or LLVM IR): what fits a returned
-# file. The cache is keyed by torch, Triton, the GPU's name and each graph: a miss only compiles.
-CACHE=$W/inductor; CACHE_IN=${CACHE_IN:-$(ls results/gpu/compile-cache.tar.* 2>/dev/null | head -n 1)}
-export TORCHINDUCTOR_CACHE_DIR=$CACHE TRITON_STORE_BINARY_ONLY=1
-pack_cache() {
-  [ -d $CACHE ] || return 0
-  local z=xz size; command -v xz > /dev/null || z=gzip  # tar -xf reads either
-  timeout 20 tar -cf - -C $CACHE --exclude=./triton --exclude='*.lock' --exclude='tmp*' . | $z -6 > $W/cache.tar.$z
-  size=$(stat -c %s $W/cache.tar.$z)
-  echo "compile cache: $(du -sh --exclude=triton $CACHE | cut -f1) in $CACHE (less triton/), $size bytes packed" >> $O/cache.txt
-  if (( size < 16 * 1024 * 1024 - 65536 )); then cp $W/cache.tar.$z $OUT/compile-cache.tar.$z
-  else split -b 15M -d $W/cache.tar.$z $OUT/compile-cache.tar.$z.part-; fi  # cat the parts back together
 }
 trap pack EXIT
 left() { echo $(( DEADLINE - (SECONDS - T0) )); }
@@ -60,9 +45,7 @@ if [ -f .devsite/site.tar.gz ]; then  # the device: the bundle and this checkout
 fi
 # MUJOCO_GL=glfw: state tasks render nothing, and the H200 image had no libEGL (results/gpu/README.md)
 export MUJOCO_GL=glfw PYTHONUNBUFFERED=1 CUDA_MPS_PIPE_DIRECTORY=$W/mps CUDA_MPS_LOG_DIRECTORY=$W/mps
-if [ ! -d $CACHE ] && [ -f "$CACHE_IN" ]; then  # a warm machine keeps its own
-  mkdir -p $CACHE && tar -xf "$CACHE_IN" -C $CACHE && echo "compile cache from $CACHE_IN: $(du -sh $CACHE | cut -f1)" >> $O/cache.txt
-fi
+use_compile_cache $W/inductor $O/cache.txt  # results/gpu/compile_cache.sh
 mkdir -p $W/mps
 cd $W
 
