@@ -24,11 +24,11 @@ EVAL_COLUMNS = ["env_step", "episodes", "episode_return", "episode_return_std", 
 
 
 def fake_run(run_dir: Path, task: str, seed: int, evals: list[tuple[int, float]], checkpoint: bool = True,
-             seconds_per_step: float = 0.02, exp_name: str = "default") -> Path:
+             seconds_per_step: float = 0.02, exp_name: str = "default", obs: str = "state") -> Path:
     """A run directory as tdmpc.train leaves it: config.json, eval.csv, checkpoints/latest.pt."""
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(json.dumps({"task": task, "seed": seed, "exp_name": exp_name,
-                                                     "steps": 100_000}))
+                                                     "steps": 100_000, "obs": obs}))
     with open(run_dir / "eval.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(EVAL_COLUMNS)
@@ -110,6 +110,37 @@ def test_gather_short_runs_compare_at_their_last_step_against_interpolation(tmp_
     assert check.env_step == 60_000 and check.interpolated and check.check == "PASS"
     assert check.ratio == pytest.approx(0.95)
     assert "60,000 | 1 |" in (tmp_path / "out/results.md").read_text()
+
+
+def test_a_pixel_run_is_compared_with_the_published_pixel_results_apart_from_state_runs(tmp_path):
+    """obs rgb: its own curve and rows (", pixels"), judged against TD-MPC2 from pixels (the reference's
+    results/tdmpc2-pixels: 463.7 at 100k on walker-walk, the mean of 495.4, 437.4 and 458.3), with no SAC beside it;
+    a state run of the same task and name keeps the state curve (962.0)."""
+    pixels = load_published("rgb")[("tdmpc2", "walker-walk")].at(100_000)[0]
+    assert pixels == pytest.approx((495.4 + 437.4 + 458.3) / 3) and ("sac", "walker-walk") not in load_published("rgb")
+    fake_run(tmp_path / "runs/pixels", "walker-walk", 1, [(100_000, 450.0)], obs="rgb")
+    fake_run(tmp_path / "runs/state", "walker-walk", 1, [(100_000, 950.0)])
+    rows = {r.exp_name: r for r in reproduce.gather(reproduce.find_runs([tmp_path / "runs"]), tmp_path / "out")
+            if r.check}
+    assert set(rows) == {"default", "default, pixels"}
+    assert rows["default, pixels"].published["tdmpc2"] == pytest.approx(pixels)
+    assert rows["default, pixels"].published["sac"] is None and rows["default, pixels"].check == "PASS"
+    assert rows["default"].published["tdmpc2"] == pytest.approx(ISSUE_MEANS_AT_100K["walker-walk"], abs=1)
+    assert rows["default"].published["sac"] is not None
+
+
+def test_a_grid_never_takes_a_run_from_other_observations_for_its_own(tmp_path, capsys):
+    """A finished state run where the pixel grid's run goes is a one-line error (exit 2), not a result skipped
+    as done; and the other way round."""
+    d = fake_run(tmp_path / "runs/walker-walk/seed1", "walker-walk", 1, [(100_000, 950.0)])
+    assert decide(d, "walker-walk", 1, 100_000) is Action.SKIP
+    with pytest.raises(BadInput, match="from state observations, not rgb"):
+        decide(d, "walker-walk", 1, 100_000, "rgb")
+    fake_run(d, "walker-walk", 1, [(100_000, 450.0)], obs="rgb")
+    assert decide(d, "walker-walk", 1, 100_000, "rgb") is Action.SKIP
+    assert main(["--tasks", "walker-walk", "--seeds", "1", "--runs-root", str(tmp_path / "runs"), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "from rgb observations, not state" in err and "\n" not in err
 
 
 def test_gather_unknown_task_and_runs_without_evals_are_fine(tmp_path, capsys):

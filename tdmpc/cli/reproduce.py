@@ -109,9 +109,10 @@ def seeds_text(seeds: list[int]) -> str:
     return ",".join(parts)
 
 
-def check_train_args(extra: list[str], args: ReproduceArgs, task: str) -> None:
+def check_train_args(extra: list[str], args: ReproduceArgs, task: str) -> str:
     """The flags after -- as tdmpc.train will read them (for `task`), before any run starts: a typo or a bad
-    value is one line now, not an error in the first run (or, with --slurm, in every array element)."""
+    value is one line now, not an error in the first run (or, with --slurm, in every array element). Returns
+    the runs' kind of observation (Config.obs), which a run already in the grid's folders must share."""
     from tdmpc.config import parse_cli
     from tdmpc.training.flags import TrainArgs, base_config
 
@@ -119,8 +120,9 @@ def check_train_args(extra: list[str], args: ReproduceArgs, task: str) -> None:
         if arg.split("=", 1)[0] in SET_HERE:
             raise BadInput(f"{arg.split('=', 1)[0]} after --: reproduce sets it itself "
                            f"(use --tasks, --seeds, --steps, --cfg, --runs-root)")
-    parse_cli(TrainArgs, [*(["--cfg", args.cfg] if args.cfg else []), "--task", task, "--steps", str(args.steps),
-                          *extra], base_config, prog="python -m tdmpc.train")
+    _, cfg, _, _ = parse_cli(TrainArgs, [*(["--cfg", args.cfg] if args.cfg else []), "--task", task, "--steps",
+                                         str(args.steps), *extra], base_config, prog="python -m tdmpc.train")
+    return cfg.obs
 
 
 # --- the runs ---------------------------------------------------------------------------
@@ -141,14 +143,15 @@ def last_eval_step(run_dir: Path) -> int | None:
     return max(steps, default=None)
 
 
-def decide(run_dir: Path, task: str, seed: int, steps: int) -> Action:
+def decide(run_dir: Path, task: str, seed: int, steps: int, obs: str = "state") -> Action:
     """What to do with one grid cell, so the whole command can simply be rerun after an interruption.
 
     Finished means evaluated at `steps` or later (the trainer evaluates at its last step), which
     still holds when someone deleted the checkpoints to free disk. A directory with files but no
     checkpoint died before its first save; the trainer would append to its eval.csv, so it is
     set aside rather than reused. A file where the directory (or a folder above it) goes, or a run going on
-    there (its lock is held: another tdmpc.reproduce or tdmpc.train writes it), is a one-line error.
+    there (its lock is held: another tdmpc.reproduce or tdmpc.train writes it), is a one-line error, and so is a
+    run from other observations (obs: a state run is not the pixel grid's result, nor the other way round).
     """
     for path in (run_dir, *run_dir.parents):
         if path.exists() or path.is_symlink():
@@ -171,6 +174,9 @@ def decide(run_dir: Path, task: str, seed: int, steps: int) -> Action:
         if (cfg.get("task"), cfg.get("seed")) != (task, seed):
             raise BadInput(f"{run_dir} holds a run of {cfg.get('task')} seed {cfg.get('seed')}, not {task} "
                            f"seed {seed}; choose another --runs-root")
+        if cfg.get("obs", "state") != obs:
+            raise BadInput(f"{run_dir} holds a run from {cfg.get('obs', 'state')} observations, not {obs}; choose "
+                           f"another --runs-root")
     last = last_eval_step(run_dir)
     if last is not None and last >= steps:
         return Action.SKIP
@@ -310,10 +316,10 @@ class Runner:
             print(f"{where}: finished in {minutes:.1f} min", flush=True)
 
 
-def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: list[str]) -> int:
+def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: list[str], obs: str) -> int:
     cells = [Cell(i, task, seed, args.runs_root / task / f"seed{seed}")
              for i, (task, seed) in enumerate(((t, s) for t in tasks for s in seeds), 1)]
-    actions = [decide(c.run_dir, c.task, c.seed, args.steps) for c in cells]  # a folder in the way: before any run
+    actions = [decide(c.run_dir, c.task, c.seed, args.steps, obs) for c in cells]  # before any run starts
     runner = Runner(args.jobs, len(cells), args.steps)
     old = {s: signal.signal(s, runner.on_signal) for s in STOP_SIGNALS}
     try:
@@ -425,8 +431,8 @@ def _main(args: ReproduceArgs, extra: list[str]) -> int:
         extra = ["--threads", str(threads), *extra]
     for task in tasks:  # a typo in the last task should not wait for the first runs to finish
         resolve_task(task)
-    check_train_args(extra, args, tasks[0])
-    return (submit_slurm if args.slurm else run_grid)(args, tasks, seeds, extra)
+    obs = check_train_args(extra, args, tasks[0])
+    return submit_slurm(args, tasks, seeds, extra) if args.slurm else run_grid(args, tasks, seeds, extra, obs)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ class Group:
     exp_name: str
     curve: Curve  # steps, returns (seeds x steps, NaN where a seed has no eval)
     sec_per_100k: float | None  # training wall-clock (earlier evals included), mean over seeds
+    obs: str = "state"  # Config.obs: compared with the published results from the same observations
 
 
 @dataclass
@@ -78,7 +79,7 @@ def load_groups(run_dirs: list[Path]) -> list[Group]:
         curve.label = f"ours ({exp_name}), {len(members)} seed{'s' * (len(members) > 1)}"
         curve.style = {"marker": "o", "markersize": 3}  # eval points, visible even when there is one
         secs = [s for s in (m.seconds_per_100k() for m in members) if s is not None]
-        groups.append(Group(task, exp_name, curve, float(np.mean(secs)) if secs else None))
+        groups.append(Group(task, exp_name, curve, float(np.mean(secs)) if secs else None, members[0].obs))
     return groups
 
 
@@ -88,10 +89,14 @@ def check_step(steps: np.ndarray, at: int) -> int:
     return int(before[-1] if before.size else steps[0])
 
 
-def compare(groups: list[Group], published: dict[tuple[str, str], Published], at: int, bar: float) -> list[Row]:
+Results = dict[str, dict[tuple[str, str], Published]]  # Config.obs -> (algorithm, task) -> curve
+
+
+def compare(groups: list[Group], results: Results, at: int, bar: float) -> list[Row]:
+    """Each group's evaluations beside the published curves of its kind of observation (results[g.obs])."""
     rows = []
     for g in groups:
-        judge = check_step(g.curve.steps, at)
+        judge, published = check_step(g.curve.steps, at), results[g.obs]
         threshold = solved_threshold(g.task) if not any(alg == "tdmpc2" and t == g.task for alg, t in published) \
             else None
         for j, step in enumerate(g.curve.steps):
@@ -123,7 +128,8 @@ def _num(x: float | None, fmt: str = ".1f") -> str:
 def write_markdown(rows: list[Row], path: Path, at: int, bar: float) -> None:
     lines = ["# Reproduction of published TD-MPC2 results", "",
              "Published: TD-MPC2 (ICLR 2024), mean over its 3 seeds, from the `results/` folder of "
-             "github.com/nicklashansen/tdmpc2 (copy in `tdmpc/data/`). Env steps include action repeat "
+             "github.com/nicklashansen/tdmpc2 (copy in `tdmpc/data/`); a pixel run (`, pixels`) beside TD-MPC2's "
+             "own from pixels (`results/tdmpc2-pixels`; no SAC there). Env steps include action repeat "
              "(DMC: 2, so 100k env steps = 50k agent steps).",
              f"Pass bar: our mean >= {bar:.0%} of the published TD-MPC2 mean at {at:,} env steps.", "",
              "## Summary", "",
@@ -189,8 +195,7 @@ def published_curve(pub: Published, label: str, last: int, style: dict) -> Curve
 PUBLISHED_STYLE = {"tdmpc2": {"linestyle": "--", "color": "black"}, "sac": {"linestyle": "--", "color": "tab:gray"}}
 
 
-def write_plot(groups: list[Group], published: dict[tuple[str, str], Published], path: Path,
-               columns: int = 3) -> None:
+def write_plot(groups: list[Group], results: Results, path: Path, columns: int = 3) -> None:
     """One panel per task, each drawn by plot.draw, tiled side by side into one image."""
     import matplotlib.image as mpimg  # draw() has checked that matplotlib is there
 
@@ -200,9 +205,12 @@ def write_plot(groups: list[Group], published: dict[tuple[str, str], Published],
         for i, task in enumerate(tasks):
             curves = [g.curve for g in groups if g.task == task]
             last = int(max(c.steps[-1] for c in curves))
-            for alg, style in PUBLISHED_STYLE.items():
-                if (alg, task) in published:
-                    curves.append(published_curve(published[(alg, task)], ALGORITHMS[alg], last, style))
+            for obs in dict.fromkeys(g.obs for g in groups if g.task == task):
+                for alg, style in PUBLISHED_STYLE.items():
+                    if (alg, task) in results[obs]:
+                        label = ALGORITHMS[alg] + (", pixels" if obs == "rgb" else "")
+                        style = {**style, "linestyle": ":"} if obs == "rgb" else style
+                        curves.append(published_curve(results[obs][(alg, task)], label, last, style))
             tiles.append(mpimg.imread(draw(curves, Path(tmp) / f"{i}.png", title=task)))
     h, w = max(t.shape[0] for t in tiles), max(t.shape[1] for t in tiles)
     blank = np.ones((h, w, 4), dtype=np.float32)
@@ -222,12 +230,12 @@ def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9)
     groups = load_groups(run_dirs)
     if not groups:
         raise BadInput("none of the run directories has an evaluation yet")
-    published = load_published()
-    rows = compare(groups, published, at, bar)
+    results = {obs: load_published(obs) for obs in dict.fromkeys(g.obs for g in groups)}
+    rows = compare(groups, results, at, bar)
     out.mkdir(parents=True, exist_ok=True)
     write_markdown(rows, out / "results.md", at, bar)
     write_csv(rows, out / "results.csv")
-    write_plot(groups, published, out / "results.png")
+    write_plot(groups, results, out / "results.png")
     for r in (r for r in rows if r.check):
         if r.ratio is not None:
             ref = f"published TD-MPC2 {r.published['tdmpc2']:.1f}{' (interpolated)' * r.interpolated}, ratio {r.ratio:.2f}"

@@ -34,10 +34,11 @@ class Series:
 
     run_dir: Path
     task: str
-    exp_name: str  # a multi-task run's gets ", multi-task"
+    exp_name: str  # a multi-task run's gets ", multi-task", a pixel run's ", pixels"
     steps: np.ndarray
     returns: np.ndarray
     elapsed: np.ndarray  # training seconds at each evaluation, over resumed sessions
+    obs: str = "state"  # Config.obs: which published results the run is compared with
 
     @property
     def label(self) -> str:
@@ -60,16 +61,18 @@ def read_run(run_dir: Path) -> list[Series]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"{cfg_file} is damaged ({e}); restore it or move it aside to plot this run by its "
                        f"directory name") from None
-    exp_name = cfg.get("exp_name", "default")
+    exp_name, obs = cfg.get("exp_name", "default"), cfg.get("obs", "state")
+    if obs == "rgb":  # never one curve with state runs of the same name
+        exp_name += ", pixels"
     by_task: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for task, point in _eval_points(eval_csv, cfg.get("task", run_dir.name)):
         by_task[task].append(point)
     by_task.pop("mean", None)
     if len(by_task) > 1:
         exp_name += ", multi-task"
-    return [Series(run_dir, task, exp_name, table[:, 0].astype(np.int64) // len(by_task), table[:, 1], table[:, 2])
-            for task, table in ((t, np.array(points)) for t, points in by_task.items())] \
-        or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3)]
+    return [Series(run_dir, task, exp_name, table[:, 0].astype(np.int64) // len(by_task), table[:, 1], table[:, 2],
+                   obs) for task, table in ((t, np.array(points)) for t, points in by_task.items())] \
+        or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3, obs)]
 
 
 def _eval_points(eval_csv: Path, default_task: str) -> list[tuple[str, tuple[float, float, float]]]:

@@ -1,7 +1,8 @@
 """The published TD-MPC2 curves (and the baselines beside them), packaged from the paper's results/ folder.
 
 tdmpc/data/dmc_published.csv holds the TD-MPC2 paper's DMControl results (ICLR 2024): TD-MPC2, SAC and
-DreamerV3, per task, seed and env step (action repeat included).
+DreamerV3, per task, seed and env step (action repeat included); dmc_pixels_published.csv TD-MPC2's from 64x64
+frames (the reference's results/tdmpc2-pixels), what a run with obs "rgb" is compared with.
 """
 
 from __future__ import annotations
@@ -47,9 +48,13 @@ def solved_threshold(task: str) -> float | None:
     return None if spec.reward_threshold is None else float(spec.reward_threshold)
 
 
-def load_published() -> dict[tuple[str, str], Published]:
-    """(algorithm, task) -> Published, from the packaged copy of the paper's results."""
-    text = (importlib.resources.files("tdmpc") / "data" / "dmc_published.csv").read_text()
+DATA = {"state": "dmc_published.csv", "rgb": "dmc_pixels_published.csv"}  # Config.obs -> its published results
+
+
+def load_published(obs: str = "state") -> dict[tuple[str, str], Published]:
+    """(algorithm, task) -> Published, from the packaged copy of the paper's results for that kind of
+    observation (Config.obs)."""
+    text = (importlib.resources.files("tdmpc") / "data" / DATA[obs]).read_text()
     values: dict[tuple[str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     seeds: dict[tuple[str, str], set] = defaultdict(set)
     for r in csv.DictReader(io.StringIO(text)):
