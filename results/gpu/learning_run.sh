@@ -12,7 +12,7 @@
 # A run's checkpoint (68 MiB at model size 5: weights, target Qs and Adam's moments; learning/dry-run-16GiB.txt)
 # can neither come back (16 MiB per file) nor travel in again (64 MiB in all), so a run cut off by the lease is
 # lost but for its CSVs: hence only runs that can finish are started. Finished runs come back as CSVs and logs;
-# commit them under results/gpu/learning/runs/ and the next lease's grid skips them (reproduce sees their
+# commit them under results/gpu/learning/runs/ (pixel-runs/) and the next lease's grid skips them (reproduce sees their
 # evaluation at 100k).
 set -u
 STAGE=${STAGE:-start}; DEADLINE=${DEADLINE:-560}; T0=$SECONDS
@@ -23,10 +23,15 @@ PROBE=${PROBE:-1 3 7}  # none: no probe (it costs 4-6 of a lease's 15 minutes); 
 JOBS=${JOBS:-7}; JOBS_SLICED=${JOBS_SLICED:-$JOBS}; PRUNE=${PRUNE:-0}  # PRUNE=1: stop the last-listed lane while the rates say not all finish in time
 # JOBS_SLICED: lanes when MPS does not start
 CUDA_TESTS_AT=${CUDA_TESTS_AT:-}  # seconds into call 1: the suite's CUDA tests beside the runs (nice, -n 2)
+# OBS=rgb: the pixel runs (64x64 frames, --obs rgb), rendered through EGL with the loader carried in .gl/ (the
+# device README: the image has no libEGL), in their own work folder and kept runs (learning/pixel-runs/)
+OBS=${OBS:-state}
 # Overridden only to rehearse the script on a CPU (results/gpu/README.md):
 DEVICE=${DEVICE:-cuda}; CFG=${CFG:-a4000.json}; STEPS=${STEPS:-100000}; AGENT_STEPS=${AGENT_STEPS:-50000}
 BENCH_STEPS=${BENCH_STEPS:-"--e2e-steps 300 --warmup-steps 300"}; TRAIN_FLAGS=${TRAIN_FLAGS:-"--gpu-mem 16GiB --no-progress"}
-R=$PWD; W=/tmp/w30; O=$W/out; mkdir -p $O
+R=$PWD; W=/tmp/w30; KEPT=$R/results/gpu/learning/runs
+if [ "$OBS" = rgb ]; then W=/tmp/w30-rgb KEPT=$R/results/gpu/learning/pixel-runs TRAIN_FLAGS="$TRAIN_FLAGS --obs rgb"; fi
+O=$W/out; mkdir -p $O
 source results/gpu/compile_cache.sh
 pack() {
   pack_compile_cache
@@ -45,6 +50,14 @@ if [ -f .devsite/site.tar.gz ]; then  # the device: the bundle and this checkout
 fi
 # MUJOCO_GL=glfw: state tasks render nothing, and the H200 image had no libEGL (results/gpu/README.md)
 export MUJOCO_GL=glfw PYTHONUNBUFFERED=1 CUDA_MPS_PIPE_DIRECTORY=$W/mps CUDA_MPS_LOG_DIRECTORY=$W/mps
+if [ "$OBS" = rgb ]; then
+  if [ -f .devsite/site.tar.gz ] && ls .gl/*.deb > /dev/null 2>&1; then  # the device: unpack the carried loader
+    for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+    nvidia=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+    [ -f $nvidia ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$nvidia
+  fi
+  export MUJOCO_GL=egl
+fi
 use_compile_cache $W/inductor $O/cache.txt  # results/gpu/compile_cache.sh
 mkdir -p $W/mps
 cd $W
@@ -56,11 +69,12 @@ if [ "$STAGE" = start ]; then
   if [ "${PREFLIGHT:-1}" = 1 ]; then
     timeout 120 python3 -m tdmpc.train --cfg "$CFG" --task "${TASKS%%,*}" --device $DEVICE --steps 600 --seed-steps 400 \
       --eval-freq 600 --eval-episodes 1 --no-compile --no-progress --no-tensorboard --threads 1 --run-dir $W/preflight \
+      --obs $OBS \
       > $O/preflight.log 2>&1 || { echo "preflight failed (out/preflight.log):"; tail -n 5 $O/preflight.log; exit 1; }
   fi
   { nvidia-smi; python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
     nproc; } > $O/machine.txt 2>&1
-  mkdir -p runs && cp -r $R/results/gpu/learning/runs/. runs/ 2>/dev/null  # finished in an earlier lease
+  mkdir -p runs && cp -r $KEPT/. runs/ 2>/dev/null  # finished in an earlier lease
   if [ "$PROBE" != none ]; then
     # Per-run rate alone and side by side, time-sliced; then with MPS (kernels of several processes at once; a
     # user-space daemon: no device setting changes).
