@@ -41,6 +41,9 @@
 #   TDMPC_RUNS       root of the run directories (default: runs, relative to the submit directory)
 #   TDMPC_RUN_DIR    the run directory itself, e.g. to resume an earlier job's run in a new
 #                    job; for a sweep, the directory holding <task>/seed<seed>
+#   TORCHINDUCTOR_CACHE_DIR  inductor's compile cache; on shared storage, a job on another node (a
+#                    requeue too) takes the compiled plan() and update() from it instead of compiling
+#                    again (default: /tmp/torchinductor_$USER on each node)
 # PYTORCH_CUDA_ALLOC_CONF defaults to expandable_segments:True (less fragmentation), and
 # OMP_NUM_THREADS to the job's --cpus-per-task.
 set -euo pipefail
