@@ -5,6 +5,7 @@ only: no private attribute, no private name imported, no source patching."""
 from __future__ import annotations
 
 import ast
+import json
 import importlib.util
 import sys
 import re
@@ -204,3 +205,27 @@ def test_the_documents_name_scripts_that_exist():
                 if not (ROOT / path).is_file():
                     missing.append(f"{doc.relative_to(ROOT)}:{n}: {path}")
     assert not missing, "\n".join(missing)
+
+
+def test_gpu_speed_json_takes_the_issues_keys_from_a_leases_stage_files(tmp_path):
+    """results/gpu/speed_json.py: results/gpu-speed.json's keys from device_run.sh's stage JSONs, null with a
+    reason for what a stage did not measure; the ratio only where both rates exist."""
+    spec = importlib.util.spec_from_file_location("speed_json", ROOT / "results" / "gpu" / "speed_json.py")
+    assert spec is not None and spec.loader is not None
+    speed_json = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(speed_json)
+    model = {"model_size": 5, "plan": {"1": {"ms": 1.0}}, "update": {"fp32": {"ms": 1.5}, "bf16": {"ms": 1.2}},
+             "gpu_kernels": {"plan_graphs_on": {"kernels": 250}, "update_graphs_on": {"kernels": 200}}}
+    (tmp_path / "ours-compile.json").write_text(json.dumps({
+        "machine": {"gpu": "NVIDIA H200", "torch": "2.11.0+cu130"}, "models": [model],
+        "end_to_end_by_envs": {"1": {"agent_steps_per_s": 300.0}, "32": {"agent_steps_per_s": 600.0}}}))
+    (tmp_path / "reference.json").write_text(json.dumps({"steady_steps_per_s": 100.0, "act_ms_median_last_half": 3.0,
+                                                         "update_ms_median_last_half": 10.0}))
+    got = speed_json.speed(tmp_path)
+    assert got["plan_ms_size5_1env"] == 1.0 and got["update_ms_size5"] == 1.5 and got["plan_kernels_gpu"] == 250
+    assert got["e2e_agent_steps_per_s_32env"] == 600.0 and got["ratio_e2e_vs_reference"] == pytest.approx(3.0)
+    assert got["seed_case_peak_gib_ours"] is None and set(got["missing"]) == {"seed_case_peak_gib_ours",
+                                                                             "seed_case_peak_gib_reference"}
+    (tmp_path / "reference.json").write_text(json.dumps({"stopped": "SIGTERM"}))
+    got = speed_json.speed(tmp_path)
+    assert got["ratio_e2e_vs_reference"] is None and "SIGTERM" in got["missing"]["reference_e2e_agent_steps_per_s"]
