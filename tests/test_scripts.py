@@ -227,5 +227,8 @@ def test_gpu_speed_json_takes_the_issues_keys_from_a_leases_stage_files(tmp_path
     assert got["seed_case_peak_gib_ours"] is None and set(got["missing"]) == {"seed_case_peak_gib_ours",
                                                                              "seed_case_peak_gib_reference"}
     (tmp_path / "reference.json").write_text(json.dumps({"stopped": "SIGTERM"}))
+    (tmp_path / "ours-compile.log").write_text("compile: plan() for 1 env(s), train runs eagerly, its compile failed")
     got = speed_json.speed(tmp_path)
     assert got["ratio_e2e_vs_reference"] is None and "SIGTERM" in got["missing"]["reference_e2e_agent_steps_per_s"]
+    assert "ran eagerly" in got["missing"]["compiled"]
+    assert speed_json.main([str(tmp_path), "--out"]) == 2

@@ -15,7 +15,7 @@ stage() {  # stage NAME CAP CMD...: run CMD with min(CAP, time left) seconds, lo
 }
 source results/gpu/compile_cache.sh
 use_compile_cache /tmp/w/inductor $O/cache.txt  # the reference's compiles too
-pack() { pack_compile_cache; cp $O/stages.txt $OUT/ 2>/dev/null; tar -czf $OUT/gpu.tar.gz -C $O . ; }
+pack() { cp $O/stages.txt $OUT/ 2>/dev/null; tar -czf $OUT/gpu.tar.gz -C $O . ; pack_compile_cache; cp $O/cache.txt $OUT/ 2>/dev/null; }
 trap pack EXIT
 mkdir -p /tmp/site && tar -xzf .devsite/site.tar.gz -C /tmp/site &&
 python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . > $O/install.log 2>&1  # --upgrade: a warm machine keeps the last call's copy

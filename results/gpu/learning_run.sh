@@ -19,24 +19,35 @@ STAGE=${STAGE:-start}; DEADLINE=${DEADLINE:-560}; T0=$SECONDS
 DEADLINE_ALL=${DEADLINE_ALL:-720}  # seconds of runs this lease can still give, counted from this call's start
 TASKS=${TASKS:-cartpole-swingup,cup-catch,finger-spin,reacher-easy,walker-walk,pendulum-swingup,cheetah-run}
 SEEDS=${SEEDS:-1}
-PROBE=${PROBE:-1 3 7}  # none: no probe (it costs 4-6 of a lease's 15 minutes); JOBS lanes at once, under MPS if it starts
+PROBE_GIVEN=${PROBE:-}; PROBE=${PROBE:-1 3 7}  # none: no probe (it costs 4-6 of a lease's 15 minutes); JOBS lanes at once, under MPS if it starts
 JOBS=${JOBS:-7}; JOBS_SLICED=${JOBS_SLICED:-$JOBS}; PRUNE=${PRUNE:-0}  # PRUNE=1: stop the last-listed lane while the rates say not all finish in time
 # JOBS_SLICED: lanes when MPS does not start
 CUDA_TESTS_AT=${CUDA_TESTS_AT:-}  # seconds into call 1: the suite's CUDA tests beside the runs (nice, -n 2)
 # OBS=rgb: the pixel runs (64x64 frames, --obs rgb), rendered through EGL with the loader carried in .gl/ (the
-# device README: the image has no libEGL), in their own work folder and kept runs (learning/pixel-runs/)
-OBS=${OBS:-state}
+# device README: the image has no libEGL), in their own work folder and kept runs (learning/pixel-runs/), with a
+# replay buffer of PIXEL_BUFFER transitions (a 100k-env-step run stores 50k; at a4000.json's 1M it would be 34 GiB
+# of pinned host memory per run); no probe (the bench measures state runs)
+OBS=${OBS:-state}; PIXEL_BUFFER=${PIXEL_BUFFER:-100000}
 # Overridden only to rehearse the script on a CPU (results/gpu/README.md):
 DEVICE=${DEVICE:-cuda}; CFG=${CFG:-a4000.json}; STEPS=${STEPS:-100000}; AGENT_STEPS=${AGENT_STEPS:-50000}
 BENCH_STEPS=${BENCH_STEPS:-"--e2e-steps 300 --warmup-steps 300"}; TRAIN_FLAGS=${TRAIN_FLAGS:-"--gpu-mem 16GiB --no-progress"}
 R=$PWD; W=/tmp/w30; KEPT=$R/results/gpu/learning/runs
-if [ "$OBS" = rgb ]; then W=/tmp/w30-rgb KEPT=$R/results/gpu/learning/pixel-runs TRAIN_FLAGS="$TRAIN_FLAGS --obs rgb"; fi
+OBS_FLAGS="--obs $OBS"
+if [ "$OBS" = rgb ]; then
+  W=/tmp/w30-rgb KEPT=$R/results/gpu/learning/pixel-runs OBS_FLAGS="--obs rgb --buffer-size $PIXEL_BUFFER"
+  [ -z "$PROBE_GIVEN" ] || [ "$PROBE_GIVEN" = none ] || echo "OBS=rgb: no probe (the bench measures state runs)"
+  PROBE=none
+fi
+TRAIN_FLAGS="$TRAIN_FLAGS $OBS_FLAGS"
 O=$W/out; mkdir -p $O
+if [ "$STAGE" = poll ] && [ ! -s $O/lanes.txt ]; then  # e.g. a poll call without the start call's OBS
+  echo "no lanes were started in $W (OBS=$OBS): poll with the start call's OBS"; exit 2
+fi
 source results/gpu/compile_cache.sh
-pack() {
-  pack_compile_cache
+pack() {  # the results first: the cache (compile_cache.sh) only adds a file if it can travel in again
   tar -czf $OUT/learning.tar.gz -C $W --exclude='*.pt' --exclude='*.h5' --exclude='*.tmp' --exclude='.lock' out runs 2>/dev/null
   cp $O/progress.txt $OUT/ 2>/dev/null
+  pack_compile_cache; cp $O/cache.txt $OUT/ 2>/dev/null
 }
 trap pack EXIT
 left() { echo $(( DEADLINE - (SECONDS - T0) )); }
@@ -51,7 +62,8 @@ fi
 # MUJOCO_GL=glfw: state tasks render nothing, and the H200 image had no libEGL (results/gpu/README.md)
 export MUJOCO_GL=glfw PYTHONUNBUFFERED=1 CUDA_MPS_PIPE_DIRECTORY=$W/mps CUDA_MPS_LOG_DIRECTORY=$W/mps
 if [ "$OBS" = rgb ]; then
-  if [ -f .devsite/site.tar.gz ] && ls .gl/*.deb > /dev/null 2>&1; then  # the device: unpack the carried loader
+  if [ "$DEVICE" = cuda ] && ! ldconfig -p | grep -q 'libEGL\.so\.1'; then  # the device: the carried loader
+    ls .gl/*.deb > /dev/null 2>&1 || { echo "OBS=rgb: no libEGL here and no .gl/ carried (results/gpu/README.md)"; exit 1; }
     for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
     nvidia=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
     [ -f $nvidia ] && export __EGL_VENDOR_LIBRARY_FILENAMES=$nvidia
@@ -69,7 +81,7 @@ if [ "$STAGE" = start ]; then
   if [ "${PREFLIGHT:-1}" = 1 ]; then
     timeout 120 python3 -m tdmpc.train --cfg "$CFG" --task "${TASKS%%,*}" --device $DEVICE --steps 600 --seed-steps 400 \
       --eval-freq 600 --eval-episodes 1 --no-compile --no-progress --no-tensorboard --threads 1 --run-dir $W/preflight \
-      --obs $OBS \
+      $OBS_FLAGS \
       > $O/preflight.log 2>&1 || { echo "preflight failed (out/preflight.log):"; tail -n 5 $O/preflight.log; exit 1; }
   fi
   { nvidia-smi; python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"

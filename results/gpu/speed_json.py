@@ -17,10 +17,14 @@ SIZE = 5
 
 
 def load(folder: Path, *names: str) -> dict[str, Any] | None:
-    """The first of the named stage JSONs that exists."""
+    """The first of the named stage JSONs that exists (a stage cut while writing its file: an error naming it)."""
     for name in names:
-        if (folder / f"{name}.json").is_file():
-            return json.loads((folder / f"{name}.json").read_text())
+        path = folder / f"{name}.json"
+        if path.is_file():
+            try:
+                return json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"error: {path} is not whole JSON ({e}); take that number from its log") from None
     return None
 
 
@@ -41,6 +45,9 @@ def speed(folder: Path) -> dict[str, Any]:
         for n in (1, 32):
             out[f"e2e_agent_steps_per_s_{n}env"] = ours.get("end_to_end_by_envs", {}).get(str(n), {}).get(
                 "agent_steps_per_s")
+        log = folder / "ours-compile.log"
+        if log.is_file() and "runs eagerly" in log.read_text():  # a compile fell back: not the compiled default
+            missing["compiled"] = "ours-compile.log: a function ran eagerly (its compile failed); see its line"
     else:
         missing["ours"] = "no ours-compile.json"
     if ref is not None:
@@ -65,7 +72,7 @@ def speed(folder: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    if not argv or not Path(argv[0]).is_dir():
+    if not argv or not Path(argv[0]).is_dir() or argv[-1] == "--out":
         print("usage: python results/gpu/speed_json.py FOLDER [--out FILE] (FOLDER: device_run.sh's outputs)",
               file=sys.stderr)
         return 2

@@ -65,21 +65,21 @@ def find_runs(paths: Iterable[Path]) -> list[Path]:
 
 
 def load_groups(run_dirs: list[Path]) -> list[Group]:
-    """The evaluation series of the runs (one per task of a multi-task run), grouped by task and exp_name."""
-    by_key: dict[tuple[str, str], list[Series]] = defaultdict(list)
+    """The evaluation series of the runs (one per task of a multi-task run), grouped by task, exp_name and obs."""
+    by_key: dict[tuple[str, str, str], list[Series]] = defaultdict(list)
     for d in run_dirs:
         for series in read_run(d):
             if len(series.steps) == 0:
                 print(f"skipping {d}: no evaluation yet", file=sys.stderr)
                 continue
-            by_key[(series.task, series.exp_name)].append(series)
+            by_key[(series.task, series.exp_name, series.obs)].append(series)
     groups = []
-    for (task, exp_name), members in sorted(by_key.items()):
+    for (task, exp_name, obs), members in sorted(by_key.items()):
         (curve,) = group_series(members)
         curve.label = f"ours ({exp_name}), {len(members)} seed{'s' * (len(members) > 1)}"
         curve.style = {"marker": "o", "markersize": 3}  # eval points, visible even when there is one
         secs = [s for s in (m.seconds_per_100k() for m in members) if s is not None]
-        groups.append(Group(task, exp_name, curve, float(np.mean(secs)) if secs else None, members[0].obs))
+        groups.append(Group(task, exp_name, curve, float(np.mean(secs)) if secs else None, obs))
     return groups
 
 
@@ -157,7 +157,8 @@ def write_markdown(rows: list[Row], path: Path, at: int, bar: float) -> None:
         lines += ["", "\\* Published value linearly interpolated between its points (every 100k env steps), "
                       "because our evaluation falls between them."]
     if any(r.published["tdmpc2"] is None for r in rows):
-        lines += ["", "— : no published value (a task outside the 12 published DMC tasks, or a step beyond 1M)."]
+        lines += ["", "— : no published value (a task outside the 12 published DMC tasks, or a step beyond 1M; "
+                      "from pixels: outside the 12 tasks of TD-MPC2's pixel results, or beyond 2M)."]
     for r in (r for r in checked if r.threshold is not None):
         lines += ["", f"{r.task}: no published TD-MPC2 curve; the result is against gymnasium's solved threshold "
                       f"(`reward_threshold`), {r.threshold:g}."]
