@@ -7,8 +7,11 @@ from __future__ import annotations
 import ast
 import json
 import importlib.util
+import os
+import subprocess
 import sys
 import re
+import tarfile
 from pathlib import Path
 from types import ModuleType
 
@@ -232,3 +235,28 @@ def test_gpu_speed_json_takes_the_issues_keys_from_a_leases_stage_files(tmp_path
     assert got["ratio_e2e_vs_reference"] is None and "SIGTERM" in got["missing"]["reference_e2e_agent_steps_per_s"]
     assert "ran eagerly" in got["missing"]["compiled"]
     assert speed_json.main([str(tmp_path), "--out"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("obs,task", [("state", "Pendulum-v1"), ("rgb", "finger-spin")])
+def test_the_gpu_learning_script_runs_a_lane_on_the_cpu(tmp_path, obs, task):
+    """results/gpu/learning_run.sh as a lease runs it, rehearsed on the CPU with a tiny config: the preflight, one
+    lane through tdmpc.reproduce, the polling and the pack; from frames too (OBS=rgb: EGL here through Mesa). A
+    change to the commands it calls fails here, not in a lent GPU's minutes (2026-11-27: a lease was lost to a
+    path no CPU test took)."""
+    cfg, out = tmp_path / "tiny.json", tmp_path / "out"
+    cfg.write_text(json.dumps({**TINY, "num_channels": 1}))  # pixels: a latent of 16 x 1 = TINY's latent_dim
+    out.mkdir()
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "STAGE": "start", "DEADLINE": "400", "DEADLINE_ALL": "400", "OUT": str(out), "DEVICE": "cpu",
+           "CFG": str(cfg), "STEPS": "600", "TASKS": task, "SEEDS": "1", "PROBE": "none", "JOBS": "1", "OBS": obs,
+           "TRAIN_FLAGS": "--no-progress", "WORK": str(tmp_path / "work"), "SITE": str(tmp_path / "no-bundle")}
+    r = subprocess.run(["bash", str(ROOT / "results" / "gpu" / "learning_run.sh")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and "done at" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    with tarfile.open(out / "learning.tar.gz") as packed:
+        names = set(packed.getnames())
+        assert {"out/preflight.log", "out/lanes.txt", f"runs/{task}/seed1/eval.csv"} <= names, sorted(names)
+        evals = packed.extractfile(f"runs/{task}/seed1/eval.csv").read().decode().strip().splitlines()
+        config = json.loads(packed.extractfile(f"runs/{task}/seed1/config.json").read())
+    assert evals[-1].split(",")[0] == "600" and config["obs"] == obs, evals  # finished, from its observations

@@ -31,10 +31,11 @@ OBS=${OBS:-state}; PIXEL_BUFFER=${PIXEL_BUFFER:-100000}
 # Overridden only to rehearse the script on a CPU (results/gpu/README.md):
 DEVICE=${DEVICE:-cuda}; CFG=${CFG:-a4000.json}; STEPS=${STEPS:-100000}; AGENT_STEPS=${AGENT_STEPS:-50000}
 BENCH_STEPS=${BENCH_STEPS:-"--e2e-steps 300 --warmup-steps 300"}; TRAIN_FLAGS=${TRAIN_FLAGS:-"--gpu-mem 16GiB --no-progress"}
-R=$PWD; W=/tmp/w30; KEPT=$R/results/gpu/learning/runs
+WORK=${WORK:-/tmp/w30}; SITE=${SITE:-.devsite/site.tar.gz}  # the work folder; the device's bundle (if there: install)
+R=$PWD; W=$WORK; KEPT=$R/results/gpu/learning/runs
 OBS_FLAGS="--obs $OBS"
 if [ "$OBS" = rgb ]; then
-  W=/tmp/w30-rgb KEPT=$R/results/gpu/learning/pixel-runs OBS_FLAGS="--obs rgb --buffer-size $PIXEL_BUFFER"
+  W=$WORK-rgb KEPT=$R/results/gpu/learning/pixel-runs OBS_FLAGS="--obs rgb --buffer-size $PIXEL_BUFFER"
   [ -z "$PROBE_GIVEN" ] || [ "$PROBE_GIVEN" = none ] || echo "OBS=rgb: no probe (the bench measures state runs)"
   PROBE=none
 fi
@@ -52,9 +53,9 @@ pack() {  # the results first: the cache (compile_cache.sh) only adds a file if 
 trap pack EXIT
 left() { echo $(( DEADLINE - (SECONDS - T0) )); }
 
-if [ -f .devsite/site.tar.gz ]; then  # the device: the bundle and this checkout, installed
+if [ -f "$SITE" ]; then  # the device: the bundle and this checkout, installed
   if [ "$STAGE" = start ]; then
-    mkdir -p /tmp/site && tar -xzf .devsite/site.tar.gz -C /tmp/site &&
+    mkdir -p /tmp/site && tar -xzf "$SITE" -C /tmp/site &&
     python3 -m pip install -q --no-deps --no-build-isolation --upgrade --target /tmp/site . > $O/install.log 2>&1
   fi
   export PYTHONPATH=/tmp/site
