@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import re
+import shlex
 import tarfile
 from pathlib import Path
 from types import ModuleType
@@ -260,3 +261,19 @@ def test_the_gpu_learning_script_runs_a_lane_on_the_cpu(tmp_path, obs, task):
         evals = packed.extractfile(f"runs/{task}/seed1/eval.csv").read().decode().strip().splitlines()
         config = json.loads(packed.extractfile(f"runs/{task}/seed1/config.json").read())
     assert evals[-1].split(",")[0] == "600" and config["obs"] == obs, evals  # finished, from its observations
+
+
+def test_every_bench_stage_of_the_gpu_speed_script_parses(tmp_path):
+    """results/gpu/device_run.sh's bench stages, each command line as the device would run it (here with --device
+    cpu): a flag renamed or a value refused is a failure here, not a stage lost in a lent GPU's minutes."""
+    from tdmpc.bench.cli import BenchArgs, check_args
+    from tdmpc.errors import parse_args
+
+    text = (ROOT / "results" / "gpu" / "device_run.sh").read_text()
+    bench = re.search(r'^B="python3 -m tdmpc\.bench (.*)"$', text, re.M)
+    assert bench is not None
+    stages = re.findall(r"^stage (\S+) \S+ \$B (.*?)(?:\s+#.*)?$", text, re.M)
+    assert {"ours", "ours-compile", "seed-case-ours", "update-stream"} <= {name for name, _ in stages}
+    for _, rest in stages:
+        line = f"{bench.group(1)} {rest}".replace("$O", str(tmp_path)).replace("--device cuda", "--device cpu")
+        check_args(parse_args(BenchArgs, shlex.split(line), "python -m tdmpc.bench", ""))
