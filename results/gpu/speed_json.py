@@ -30,7 +30,8 @@ def load(folder: Path, *names: str) -> dict[str, Any] | None:
 
 def speed(folder: Path) -> dict[str, Any]:
     ours, ref = load(folder, "ours-compile"), load(folder, "reference", "reference-td012")
-    seed_ours, seed_ref = load(folder, "seed-case-ours"), load(folder, "seed-case-reference", "seed-case-reference-td012")
+    seed_ours = load(folder, "seed-case-ours")
+    seed_ref = load(folder, "seed-case-reference", "seed-case-reference-td012")
     out: dict[str, Any] = {"gpu": None, "torch": None}
     missing: dict[str, str] = {}
     if ours is not None:

@@ -68,10 +68,10 @@ def count_differences(gpu: Counter[str], cpu: Counter[str]) -> dict[str, int]:
 def profile_kernels(size: int, device: torch.device) -> dict:
     """Kernels of one plan() (1 env) and one update() (batch 256) as the GPU ran them (torch.profiler, CUPTI),
     with CUDA graphs off and on. Graphs off, each kernel is set beside the op that launched it, with its shapes
-    and the function that called it (by_site, compiled too), and the ops' counts beside tdmpc.bench --kernels's, counted here on the
-    CPU along CUDA's code path: `differences` (for plan() they include act()'s own few ops around the planner,
-    which the CPU count leaves out; without --compile, --horizon and --num-samples, whose agents the CPU count
-    does not build)."""
+    and the function that called it (by_site, compiled too), and the ops' counts beside tdmpc.bench --kernels's,
+    counted here on the CPU along CUDA's code path: `differences` (for plan() they include act()'s own few ops
+    around the planner, which the CPU count leaves out; without --compile, --horizon and --num-samples, whose
+    agents the CPU count does not build)."""
     from torch.profiler import ProfilerActivity, profile
 
     cpu: dict[str, Counter[str]] = {}
