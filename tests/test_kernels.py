@@ -202,7 +202,7 @@ def test_the_cpu_count_predicts_the_last_gpu_profile_by_group():
     the GPU's totals, and where the two must agree they do: the GPU ran exactly the GEMMs the CPU counter counts for
     plan() today (108: a matmul added or removed fails here until a new profile is taken)."""
     from tdmpc.bench.kernel_counts import counting_agent, plan_kernels
-    from tdmpc.bench.kernel_groups import CALLS, by_group, gpu_estimate, gpu_group, offsets, profile
+    from tdmpc.bench.kernel_groups import CALLS, by_group, gpu_estimate, gpu_groups, offsets, profile
     from tdmpc.runtime.device import cuda_code_path
 
     p = profile()
@@ -214,7 +214,10 @@ def test_the_cpu_count_predicts_the_last_gpu_profile_by_group():
     assert offsets("update_compiled")["split-K reduce"] == 22  # cuBLAS's, which no CPU count can see
     with cuda_code_path():
         plan = plan_kernels(counting_agent(5, False), 1, False)
-    assert by_group(plan)["GEMM"] == by_group(p["gpu"]["plan_eager"], gpu_group)["GEMM"] == 108
+    assert by_group(plan)["GEMM"] == by_group(p["gpu"]["plan_eager"], gpu_groups)["GEMM"] == 108
+    # CUDA's baddbmm is a copy and a GEMM: the compiled plan()'s 36 of them were 36 of its 37 copies
+    assert by_group(p["cpu"]["plan_compiled"])["copy"] == p["cpu"]["plan_compiled"]["extern.baddbmm"] == 36
+    assert offsets("plan_compiled")["copy"] == 1
 
 
 @pytest.mark.compile

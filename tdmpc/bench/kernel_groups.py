@@ -4,7 +4,8 @@ group that the last GPU profile measured, so that bench --kernels, without a GPU
 The CPU count (tdmpc.bench.kernels) sees CUDA's code path: eager, the aten ops a call dispatches; compiled, the
 kernels in the code inductor writes for the CPU. A GPU runs more than that, in known places: inductor's Triton
 code splits what its C++ code fuses into one loop nest (a stack of the Q ensemble's terms, a reduction and what
-follows it), cuBLAS adds a split-K reduction kernel to some GEMMs, and top-k is a sort and a gather. The profile's
+follows it), cuBLAS adds a split-K reduction kernel to some GEMMs, top-k is a sort and a gather, and baddbmm copies
+its broadcast bias into its output before the GEMM (counted here as the copy it is: cpu_groups). The profile's
 per-group differences (results/gpu/2026-11-27-h200/kernels-gpu-and-cpu.json) are that model; BENCHMARKS.md has the
 table. A later profile replaces the file."""
 
@@ -37,6 +38,13 @@ def gpu_group(name: str) -> str:
     return next((group for keys, group in _GPU_RULES if any(k in n for k in keys)), "elementwise and reductions")
 
 
+def cpu_groups(op: str) -> tuple[str, ...]:
+    """The groups of the kernels CUDA runs for one op of a CPU count: its group, and a copy first for baddbmm
+    (ATen's CUDA baddbmm copies the broadcast bias into its output, then runs the GEMM with beta 1)."""
+    group = cpu_group(op)
+    return (group, "copy") if op.rsplit(".", 1)[-1] == "baddbmm" else (group,)
+
+
 def cpu_group(op: str) -> str:
     """A CPU count's entry's group: an aten op (eager), or inductor's 'fused', 'extern.<op>' or 'aten.<op>'."""
     if op == "fused":
@@ -59,12 +67,18 @@ def cpu_group(op: str) -> str:
     return "elementwise and reductions"
 
 
-def by_group(counts: dict[str, int], group: Callable[[str], str] = cpu_group) -> dict[str, int]:
+def by_group(counts: dict[str, int], groups: Callable[[str], tuple[str, ...]] = cpu_groups) -> dict[str, int]:
     """Counts per kernel or op name -> counts per group (every group, zeros included)."""
     out = dict.fromkeys(GROUPS, 0)
     for name, n in counts.items():
-        out[group(name)] += n
+        for group in groups(name):
+            out[group] += n
     return out
+
+
+def gpu_groups(name: str) -> tuple[str, ...]:
+    """by_group's groups for a profile's kernel names: one each."""
+    return (gpu_group(name),)
 
 
 @lru_cache(maxsize=1)
@@ -75,7 +89,7 @@ def profile() -> dict:
 def offsets(call: str) -> dict[str, int]:
     """GPU minus CPU per group in the last profile, for one of CALLS."""
     p = profile()
-    gpu, cpu = by_group(p["gpu"][call], gpu_group), by_group(p["cpu"][call])
+    gpu, cpu = by_group(p["gpu"][call], gpu_groups), by_group(p["cpu"][call])
     return {g: gpu[g] - cpu[g] for g in GROUPS if gpu[g] != cpu[g]}
 
 
