@@ -115,17 +115,15 @@ class EnsembleLinear(nn.Module):
         w, b = params[0], params[1]
         if every_action:
             w, w_action = w[..., :-every_action], w[..., -every_action:]
-        # bmm, then the bias: CUDA's baddbmm copies the broadcast bias into its output first (a kernel per call,
-        # results/baddbmm-copies/); compiled, the add fuses into the LayerNorm or decode that follows.
         if x.dim() == 2 and chosen is not None:  # views into flat heads (planning): one batched matmul, no copies
-            y = torch.bmm(x.expand(w.shape[0], -1, -1), w.transpose(1, 2)) + b.unsqueeze(1)
+            y = torch.baddbmm(b.unsqueeze(1), x.expand(w.shape[0], -1, -1), w.transpose(1, 2))
         elif x.dim() == 2:  # one input for every head: a single GEMM over the stacked (heads*out, in) weight,
             # whose backward sums the heads' input gradients inside the GEMM too
             n_heads, out = w.shape[0], w.shape[1]
             y = F.linear(x, w.reshape(n_heads * out, -1), b.reshape(-1))
             y = y.view(x.shape[0], n_heads, out).transpose(0, 1).contiguous()
         else:
-            y = torch.bmm(x, w.transpose(1, 2)) + b.unsqueeze(1)
+            y = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
         if every_action:
             y = (y.unsqueeze(2) + w_action.transpose(1, 2).contiguous().unsqueeze(1)).flatten(1, 2)  # a row-major sum
         if self.ln is None:

@@ -239,11 +239,10 @@ class WorldModel(nn.Module):
         h = ln_act(h, gamma, beta, "mish")
         if self._fused_second_layers is None:
             return self._dynamics[1:](h[..., 0, :]), self._reward[1](h[..., 1, :])
-        # A planning copy runs both second layers as one batched matmul, heads first: (2, rows, M); bmm then the
-        # bias, as EnsembleLinear does (CUDA's baddbmm would copy the bias first).
+        # A planning copy runs both second layers as one batched matmul, heads first: (2, rows, M).
         w2, b2, gamma2, beta2 = self._fused_second_layers
         lead = h.shape[:-2]
-        h = torch.bmm(h.reshape(-1, 2, h.shape[-1]).transpose(0, 1), w2.transpose(1, 2)) + b2.unsqueeze(1)
+        h = torch.baddbmm(b2.unsqueeze(1), h.reshape(-1, 2, h.shape[-1]).transpose(0, 1), w2.transpose(1, 2))
         h = ln_act(h, gamma2, beta2, "mish", heads_first=True)
         return self._dynamics[2:](h[0]).view(*lead, -1), h[1].view(*lead, -1)
 
