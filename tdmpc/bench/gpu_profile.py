@@ -28,11 +28,16 @@ def kernels_by_op(events: Any) -> Counter[str]:
     """GPU kernels per ATen op that launched them (the innermost op, named as KernelCounter names it), from a
     torch.profiler run with CPU and CUDA activities: the profiler links each kernel to the op that launched it."""
     by_op: Counter[str] = Counter()
-    for e in events:
-        launched = [k for k in e.kernels if not k.name.startswith(("Memcpy", "Memset"))]
-        if e.device_type == DeviceType.CPU and launched:
-            by_op[e.name.removeprefix("aten::")] += len(launched)
+    for e, launched in _launches(events):
+        by_op[e.name.removeprefix("aten::")] += launched
     return by_op
+
+
+def _launches(events: Any) -> list[tuple[Any, int]]:
+    """(CPU op event, the GPU kernels it launched, copies and memsets left out) for each op that launched one."""
+    counts = [(e, sum(not k.name.startswith(("Memcpy", "Memset")) for k in e.kernels)) for e in events
+              if e.device_type == DeviceType.CPU]
+    return [(e, n) for e, n in counts if n]
 
 
 def kernels_by_site(events: Any, top: int = 40) -> dict[str, int]:
@@ -41,11 +46,9 @@ def kernels_by_site(events: Any, top: int = 40) -> dict[str, int]:
     tell which buffer a copy or library kernel the CPU count cannot see serves (what the 37 copies of a compiled
     plan() on the H200 still lack)."""
     by_site: Counter[str] = Counter()
-    for e in events:
-        launched = [k for k in e.kernels if not k.name.startswith(("Memcpy", "Memset"))]
-        if e.device_type == DeviceType.CPU and launched:
-            shapes = [s for s in (getattr(e, "input_shapes", None) or []) if s]
-            by_site[f"{e.name.removeprefix('aten::')} {shapes} <- {call_site(e)}"] += len(launched)
+    for e, launched in _launches(events):
+        shapes = [s for s in (getattr(e, "input_shapes", None) or []) if s]
+        by_site[f"{e.name.removeprefix('aten::')} {shapes} <- {call_site(e)}"] += launched
     return dict(by_site.most_common(top))
 
 
