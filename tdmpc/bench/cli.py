@@ -21,6 +21,7 @@ import torch
 from tdmpc.bench.e2e import bench_processes, bench_tensor_envs, bench_training
 from tdmpc.bench.gpu_profile import profile_kernels
 from tdmpc.bench.kernel_counts import write_kernel_counts
+from tdmpc.bench.triton_code import require_triton
 from tdmpc.bench.offline import bench_offline
 from tdmpc.bench.timing import OVERRIDES, bench_model, bench_plain, machine_info, matmul_peak
 from tdmpc.config import MODEL_SIZES, Config
@@ -64,8 +65,8 @@ class BenchArgs:
     """Updates timed per offline sampler (default 200, quick 40); 0 skips the measurement."""
     kernels: bool = False
     """Instead of timing: count the kernels of plan() and update() and the host-device copies and waits of a
-    training step, on the code path CUDA takes, eager and compiled (no GPU needed; about 15 minutes on 2 cores,
-    most of it compiling). Writes --kernels-out."""
+    training step, on the code path CUDA takes, eager and compiled (no GPU needed, but Triton's code generator:
+    pip install 'tdmpc[kernels]'; minutes on 2 cores, most of it compiling). Writes --kernels-out."""
     kernels_out: Path = Path("results/kernels.json")
     """Where --kernels writes its counts (JSON)."""
     tensor_envs: bool = False
@@ -185,6 +186,7 @@ def check_args(args: BenchArgs) -> torch.device:
     --gpu-mem, the model sizes. Returns the device."""
     if args.kernels:
         check_output(args.kernels_out, "--kernels-out")
+        require_triton()
     elif args.tensor_envs:
         check_output(args.tensor_envs_out, "--tensor-envs-out")
     else:

@@ -2,8 +2,9 @@
 
 Everything runs on the CPU on the code path CUDA takes (device.cuda_code_path): planning in bf16 and updates in
 fp32 (CUDA's defaults), no fused C++ ops, no chunked planning. For each model size: the kernels of one plan()
-for 1 and 32 envs and of one update() at batch 256, eager and compiled, and the host-to-device copies and host
-waits of one whole training step (act, buffer add, sample, update) of the real loop.
+for 1 and 32 envs and of one update() at batch 256, eager (the ops dispatched) and compiled (the kernels in the
+Triton code inductor writes for a GPU: tdmpc.bench.triton_code), and the host-to-device copies and host waits of
+one whole training step (act, buffer add, sample, update) of the real loop.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import sys
 import tempfile
 from collections import Counter
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,7 @@ from tdmpc.agent import Agent
 from tdmpc.bench import kernel_groups
 from tdmpc.bench.kernels import TransferCounter, compiled_kernels, count_kernels, kernels_in_code
 from tdmpc.bench.timing import BATCH, OBS_DIM, agent_for, random_batch
+from tdmpc.bench.triton_code import triton_for_gpu
 from tdmpc.config import Config, validate
 from tdmpc.runtime.device import cuda_code_path
 from tdmpc.runtime.files import json_text, write_text_atomic
@@ -37,7 +40,8 @@ def _plan_args(n: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
 
 
 def plan_kernels(agent: Agent, n: int, compiled: bool) -> Counter[str]:
-    """Kernels of one plan() for n envs (the second call: the first may allocate)."""
+    """Kernels of one plan() for n envs (the second call: the first may allocate). Compiled: those in the code
+    inductor writes, for whichever backend is in force (triton_for_gpu() for a GPU's)."""
     planner = agent.planner(n)
     args = _plan_args(n)
     with torch.no_grad():
@@ -49,8 +53,9 @@ def plan_kernels(agent: Agent, n: int, compiled: bool) -> Counter[str]:
 
 def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str]]:
     """Kernels of one update() at batch 256: (inside compiled graphs, run eagerly). Eager, all of them are the
-    second; compiled, the first are read from inductor's code (both losses, forward and backward) and the second
-    counted around them (the fused Adam steps and the target update; the clipping statistics are compiled)."""
+    second; compiled, the first are read from inductor's code (both losses, forward and backward, for whichever
+    backend is in force) and the second counted around them (the fused Adam steps and the target update; the
+    clipping statistics are compiled)."""
     agent = counting_agent(size, compile=False)
     batch = random_batch(agent)
     agent.update(batch)
@@ -121,16 +126,18 @@ def step_transfers(size: int) -> tuple[TransferCounter, int]:
 
 def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
     """results/kernels.json: size 5 at the top level, other sizes under 'size<N>'; 'detail' has every breakdown."""
-    out: dict[str, Any] = {"torch": torch.__version__, "path": "CUDA's, counted on the CPU (bf16 planning, fp32 "
-                           "updates); compiled counts read inductor's CPU code", "detail": {}}
+    out: dict[str, Any] = {"torch": torch.__version__, "triton": version("triton"),
+                           "path": "CUDA's, counted on the CPU (bf16 planning, fp32 updates); compiled counts read the "
+                           "Triton code inductor writes for an H100 (tdmpc/bench/triton_code.py)", "detail": {}}
     with cuda_code_path():
         for size in sizes:
             print(f"counting kernels at model size {size} (compiling takes minutes)...", file=sys.stderr)
             agent = counting_agent(size, compile=False)
             plan_eager, plan_32 = plan_kernels(agent, 1, False), plan_kernels(agent, 32, False)
-            plan_compiled, plan_compiled_32 = plan_kernels(agent, 1, True), plan_kernels(agent, 32, True)
             update_eager = update_kernels(size, compiled=False)[1]
-            inside, around = update_kernels(size, compiled=True)
+            with triton_for_gpu():
+                plan_compiled, plan_compiled_32 = plan_kernels(agent, 1, True), plan_kernels(agent, 32, True)
+                inside, around = update_kernels(size, compiled=True)
             transfers, _ = step_transfers(size)
             row = {"plan_kernels_eager": sum(plan_eager.values()), "plan_kernels_eager_32env": sum(plan_32.values()),
                    "plan_kernels_compiled": sum(plan_compiled.values()),
@@ -168,7 +175,7 @@ def write_kernel_counts(out: Path) -> int:
     """--kernels: measure()'s counts, printed and written to `out`."""
     result = measure()
     rows = [("size 5", result), *((k.replace("size", "size "), v) for k, v in result.items() if k.startswith("size"))]
-    print("kernels per call (CUDA's code path, counted on the CPU)")
+    print("kernels per call (CUDA's code path, counted on the CPU; compiled: in inductor's Triton code for an H100)")
     for name, r in rows:
         print(f"{name}: plan() 1 env {r['plan_kernels_eager']} eager / {r['plan_kernels_compiled']} compiled, "
               f"32 envs {r['plan_kernels_eager_32env']} / {r['plan_kernels_compiled_32env']}; update() B=256 "

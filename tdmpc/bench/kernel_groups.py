@@ -2,12 +2,12 @@
 group that the last GPU profile measured, so that bench --kernels, without a GPU, can say what one would launch.
 
 The CPU count (tdmpc.bench.kernels) sees CUDA's code path: eager, the aten ops a call dispatches; compiled, the
-kernels in the code inductor writes for the CPU. A GPU runs more than that, in known places: inductor's Triton
-code splits what its C++ code fuses into one loop nest (a stack of the Q ensemble's terms, a reduction and what
-follows it), cuBLAS adds a split-K reduction kernel to some GEMMs, top-k is a sort and a gather, and baddbmm copies
-its broadcast bias into its output before the GEMM (counted here as the copy it is: cpu_groups). The profile's
-per-group differences (results/gpu/2026-11-27-h200/kernels-gpu-and-cpu.json) are that model; BENCHMARKS.md has the
-table. A later profile replaces the file."""
+kernels in the Triton code inductor writes for a GPU (tdmpc.bench.triton_code). A GPU runs more than that in known
+places: cuBLAS adds a split-K reduction kernel to some GEMMs, top-k is a sort and a gather, eager ops launch fills
+and copies the dispatcher does not show, and baddbmm copies its broadcast bias into its output before the GEMM
+(counted here as the copy it is: cpu_groups). The profile's per-group differences, against the eager count and the
+Triton count of its commit (results/gpu/2026-11-27-h200/kernels-gpu-and-cpu.json), are that model; BENCHMARKS.md
+has the table. A later profile replaces the file."""
 
 from __future__ import annotations
 
@@ -86,10 +86,16 @@ def profile() -> dict:
     return json.loads(PROFILE.read_text())
 
 
+def counted(call: str) -> dict[str, int]:
+    """The profiled commit's count on the CPU of one of CALLS: the eager one, or for a compiled call its Triton
+    code's."""
+    p = profile()
+    return p["triton" if call.endswith("compiled") else "cpu"][call]
+
+
 def offsets(call: str) -> dict[str, int]:
     """GPU minus CPU per group in the last profile, for one of CALLS."""
-    p = profile()
-    gpu, cpu = by_group(p["gpu"][call], gpu_groups), by_group(p["cpu"][call])
+    gpu, cpu = by_group(profile()["gpu"][call], gpu_groups), by_group(counted(call))
     return {g: gpu[g] - cpu[g] for g in GROUPS if gpu[g] != cpu[g]}
 
 
