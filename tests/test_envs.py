@@ -383,6 +383,21 @@ def test_state_tasks_run_without_egl_when_egl_was_our_default(tmp_path):
 
 
 @NEEDS_DMC
+@pytest.mark.parametrize("gl", ["egl", "osmesa"])
+def test_a_dmc_task_renders_and_then_torch_loads_triton(tmp_path, gl):
+    """With Triton installed (the dev extra), its library segfaulted loading after Mesa's renderer: a DMC training
+    run died as it built its optimiser (dynamo imports Triton). The env module loads Triton first."""
+    import importlib.util
+
+    assert importlib.util.find_spec("triton") is not None, "the dev extra installs triton"
+    code = ("from tdmpc.envs import make_env; e, s = make_env('walker-walk', seed=0, obs='rgb'); e.reset(seed=0); "
+            "import torch._dynamo, triton; print(e.render().shape); e.close()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "MUJOCO_GL": gl})
+    assert r.returncode == 0 and r.stdout.startswith("(64, 64, 3)"), (r.returncode, r.stderr[-2000:])
+
+
+@NEEDS_DMC
 def test_a_renderer_the_user_chose_that_cannot_load_is_a_one_line_error(tmp_path):
     r = run_train("--task", "walker-walk", "--steps", "1000", "--dry-run", timeout=120,
                   env=_without_libegl(tmp_path, MUJOCO_GL="egl"), cwd=tmp_path)

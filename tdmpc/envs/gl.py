@@ -8,6 +8,7 @@ tasks need no renderer, so with the default they run without one, said once, and
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from types import ModuleType
@@ -26,9 +27,18 @@ def set_default() -> None:
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
 
+def load_triton_first() -> None:
+    """Triton's compiler library segfaults when it loads after Mesa's (EGL's or OSMesa's llvmpipe, with its own
+    LLVM), and torch loads it lazily wherever it is installed (the first optimiser or compile imports dynamo, which
+    imports it): the training run of a DMC task died at building its agent. Loaded first, both work."""
+    if importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401
+
+
 def import_suite() -> ModuleType:
     """dm_control.suite, falling back to no renderer when our default EGL cannot load; a backend the user chose
     that cannot load is a one-line error."""
+    load_triton_first()
     try:
         from dm_control import suite
         return suite
