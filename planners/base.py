@@ -36,7 +36,7 @@ class LatentModel(Protocol):
     # (next latent, reward features); with z_part (latent_part() of the starting latents) z is not read
     def step(self, z: Optional[Tensor], a: Tensor, task: Task = None,
              z_part: Optional[Tensor] = None) -> tuple[Tensor, Tensor]: ...
-    def reward_logits(self, features: Tensor) -> Tensor: ...  # step()'s reward features -> reward logits
+    def reward_logits(self, features: list[Tensor]) -> Tensor: ...  # several steps' features -> (steps, ...) logits
     def termination(self, z: Tensor) -> Tensor: ...  # probability (single-task models)
     def pi(self, z: Tensor, task: Task = None) -> PolicyOutput: ...
     # pi().action; eps: N(0, 1) draws, (..., A), whatever the prior (a categorical one makes Gumbel noise of them)

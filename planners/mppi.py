@@ -89,7 +89,7 @@ class MPPILoop:
                 eps = None if self.value_noise is None else self.value_noise[i, envs]
                 self.value[envs] = self._value(envs, r, heads[i], eps)
             value = self.value.nan_to_num_(0.0)  # (N, S)
-            elite_value, elite_idx = torch.topk(value, E, dim=1)
+            elite_value, elite_idx = (t[:, :E] for t in torch.sort(value, dim=1, descending=True))
             elite_actions = self.actions.gather(
                 2, elite_idx.view(1, -1, E, 1).expand(H, -1, E, self.action_dim))  # (H, N, E, A)
             score = torch.softmax(c.temperature * (elite_value - elite_value.max(1, keepdim=True).values), 1)
@@ -140,7 +140,7 @@ class MPPILoop:
             features.append(feature)
             if m.episodic:
                 ok.append(m.termination(z) <= 0.5)
-        rewards = m.decode(m.reward_logits(torch.stack(features))) * self.discounts[:-1, envs]  # (H, envs, n, 1)
+        rewards = m.decode(m.reward_logits(features)) * self.discounts[:-1, envs]  # (H, envs, n, 1)
         if m.episodic:  # a reward counts until the model predicts a termination; the value, after the last step
             survived = torch.stack(ok).to(rewards.dtype).cumprod(0)  # (H, ...): no termination up to step t
             rewards = rewards * torch.cat([torch.ones_like(survived[:1]), survived[:-1]])

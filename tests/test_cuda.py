@@ -37,7 +37,7 @@ class CudaQuadratic:
         return z, -((a - z) ** 2).sum(-1, keepdim=True)
 
     def reward_logits(self, features):
-        return features
+        return torch.stack(features)
 
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)

@@ -120,20 +120,20 @@ def test_fused_step_matches_separate_heads():
     with torch.no_grad():
         for model in (m, copy32):
             nxt, hidden = model.step(z, a)
-            rew = model.reward_logits(hidden)
+            rew = model.reward_logits([hidden])[0]
             assert (nxt - m.next(z, a)).abs().max() < 1e-6 and (rew - m.reward(z, a)).abs().max() < 1e-6
         # planning's first step: the latent's share of the first layers computed once for all its candidates
         z0 = z[:3].unsqueeze(1)
         a0 = torch.rand(3, 5, 6)
         for model in (m, copy32):
             nxt, hidden = model.step(None, a0, z_part=model.latent_part(z0))
-            rew = model.reward_logits(hidden)
+            rew = model.reward_logits([hidden])[0]
             z0s = z0.expand(-1, 5, -1)
             assert (nxt - m.next(z0s, a0)).abs().max() < 1e-6 and (rew - m.reward(z0s, a0)).abs().max() < 1e-5
         for p in m.parameters():  # the copy follows the model after a sync
             p.add_(0.01)
         sync_copy(copy32, m)
-        assert (copy32.reward_logits(copy32.step(z, a)[1]) - m.reward(z, a)).abs().max() < 1e-6
+        assert (copy32.reward_logits([copy32.step(z, a)[1]])[0] - m.reward(z, a)).abs().max() < 1e-6
 
 
 def trained_like_model():

@@ -116,7 +116,7 @@ def test_every_multitask_output_matches_reference(mt30):
     torch.testing.assert_close(scaled.double(), scaled64, rtol=1e-5, atol=0, msg="pi_scaled_entropy (float32)")
     # the fused planning path and a bf16-free planning copy agree with the separate heads
     nxt, hidden = m.step(z, action, task)
-    rew = m.reward_logits(hidden)
+    rew = m.reward_logits([hidden])[0]
     torch.testing.assert_close(nxt, io["z_next"], rtol=0, atol=1e-5)
     torch.testing.assert_close(rew, io["reward_logits"], rtol=0, atol=1e-5)
 

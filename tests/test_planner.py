@@ -38,7 +38,7 @@ class QuadraticModel:
         return self.next(z, a), self.reward(z, a)
 
     def reward_logits(self, features):
-        return features
+        return torch.stack(features)
 
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,))

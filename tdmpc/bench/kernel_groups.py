@@ -39,10 +39,11 @@ def gpu_group(name: str) -> str:
 
 
 def cpu_groups(op: str) -> tuple[str, ...]:
-    """The groups of the kernels CUDA runs for one op of a CPU count: its group, and a copy first for baddbmm
-    (ATen's CUDA baddbmm copies the broadcast bias into its output, then runs the GEMM with beta 1)."""
-    group = cpu_group(op)
-    return (group, "copy") if op.rsplit(".", 1)[-1] == "baddbmm" else (group,)
+    """The groups of the kernels CUDA runs for one op of a CPU count: its group; and a copy first for baddbmm
+    (ATen's CUDA baddbmm copies the broadcast bias into its output, then runs the GEMM with beta 1), a second
+    kernel for topk (a radix sort and a gather, as the H200 ran it)."""
+    group, name = cpu_group(op), op.rsplit(".", 1)[-1]
+    return (group, "copy") if name == "baddbmm" else (group, group) if name == "topk" else (group,)
 
 
 def cpu_group(op: str) -> str:

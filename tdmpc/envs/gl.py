@@ -32,7 +32,7 @@ def load_triton_first() -> None:
     LLVM), and torch loads it lazily wherever it is installed (the first optimiser or compile imports dynamo, which
     imports it): the training run of a DMC task died at building its agent. Loaded first, both work."""
     if importlib.util.find_spec("triton") is not None:
-        import triton  # noqa: F401
+        importlib.import_module("triton")
 
 
 def import_suite() -> ModuleType:

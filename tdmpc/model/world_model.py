@@ -25,7 +25,7 @@ from tdmpc.model.fused import ln_act
 from tdmpc.model.policy import PolicyOutput as Policy
 from tdmpc.model.policy import one_hot_argmax
 from tdmpc.model.random import TORCH, RandomSource
-from tdmpc.model.layers import Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, init_weights, mlp
+from tdmpc.model.layers import Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, batched_linear, init_weights, mlp
 from tdmpc.model.twohot import TwoHot
 
 
@@ -225,29 +225,35 @@ class WorldModel(nn.Module):
 
     def step(self, z: Tensor | None, a: Tensor, task: Task = None,
              z_part: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """next(z, a) and the reward head's last hidden layer (reward_logits() of it is reward(z, a)), with one
-        matmul for both first layers (they share [z, e, a]). With z_part (latent_part() of the starting latents,
+        """next(z, a) and the reward's features (reward_logits() of them is reward(z, a)), with one matmul for
+        both first layers (they share [z, e, a]). With z_part (latent_part() of the starting latents,
         broadcast against a's rows) z is not read. Planning runs the reward's last layer once over the horizon."""
         w, b, gamma, beta = self._fused_first_layers or self._concat_first_layers()
-        a = a.to(w.dtype)
-        if z_part is not None:
-            h = z_part + F.linear(a, w[:, w.shape[1] - a.shape[-1]:])
-        else:
+        w_action = w[:, w.shape[1] - a.shape[-1]:]
+        if z_part is None and not torch.compiler.is_compiling():  # eager: one matmul over [z, e, a]
             assert z is not None
-            h = F.linear(torch.cat([self._with_task(z.to(w.dtype), task), a], dim=-1), w, b)
+            h = F.linear(torch.cat([self._with_task(z.to(w.dtype), task), a.to(w.dtype)], dim=-1), w, b)
+        else:  # compiled, no concatenation: 2 kernels a step on a GPU (a cat is one per input)
+            z_part = self.latent_part(z, task) if z_part is None else z_part
+            h = (z_part + action_share(a, w_action)).to(w.dtype)
         h = h.unflatten(-1, (2, -1))  # (..., 2, M)
         h = ln_act(h, gamma, beta, "mish")
         if self._fused_second_layers is None:
-            return self._dynamics[1:](h[..., 0, :]), self._reward[1](h[..., 1, :])
+            hd, hr = self._dynamics[1](h[..., 0, :]), self._reward[1](h[..., 1, :])
+            return self._dynamics[2:](hd), torch.stack([hd, hr])
         # A planning copy runs both second layers as one batched matmul, heads first: (2, rows, M).
         w2, b2, gamma2, beta2 = self._fused_second_layers
         lead = h.shape[:-2]
-        h = torch.baddbmm(b2.unsqueeze(1), h.reshape(-1, 2, h.shape[-1]).transpose(0, 1), w2.transpose(1, 2))
+        h = batched_linear(h.reshape(-1, 2, h.shape[-1]).transpose(0, 1), w2.transpose(1, 2), b2.unsqueeze(1))
         h = ln_act(h, gamma2, beta2, "mish", heads_first=True)
-        return self._dynamics[2:](h[0]).view(*lead, -1), h[1].view(*lead, -1)
+        # The features are the whole LayerNorm output, not the reward's half: compiled, inductor writes each
+        # step's LayerNorm straight into the stack of whole outputs reward_logits() makes, where halves are copied.
+        return self._dynamics[2:](h[0]).view(*lead, -1), h.view(2, *lead, -1)
 
-    def reward_logits(self, hidden: Tensor) -> Tensor:
-        """The reward head's last layer, on step()'s hidden output of any leading shape (as rows: one addmm)."""
+    def reward_logits(self, features: list[Tensor]) -> Tensor:
+        """The reward head's last layer on step()'s features of several steps, (steps, ..., bins). A step's
+        features are both second hidden layers, heads first (2, ..., M): the dynamics' and the reward's."""
+        hidden = torch.stack(features, dim=1)[1]  # (steps, ..., M), contiguous
         return self._reward[-1](hidden.reshape(-1, hidden.shape[-1])).view(*hidden.shape[:-1], -1)
 
     def _concat_first_layers(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -401,6 +407,15 @@ class WorldModel(nn.Module):
     @property
     def num_learnable_params(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+
+def action_share(a: Tensor, w: Tensor) -> Tensor:
+    """a @ w.T for a first layer's action columns w (M, A). Compiled with few actions: A multiply-adds per output,
+    which inductor fuses into the LayerNorm that reads them (a matmul would be a kernel of its own, and a cast of
+    the actions another); else one matmul in w's dtype."""
+    if torch.compiler.is_compiling() and a.shape[-1] <= 32:
+        return sum((a[..., k, None] * w[:, k] for k in range(a.shape[-1])), torch.zeros((), device=a.device))
+    return F.linear(a.to(w.dtype), w)
 
 
 def gumbel(eps: Tensor) -> Tensor:
