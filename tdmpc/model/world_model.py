@@ -234,7 +234,9 @@ class WorldModel(nn.Module):
             assert z is not None
             h = F.linear(torch.cat([self._with_task(z.to(w.dtype), task), a.to(w.dtype)], dim=-1), w, b)
         else:  # compiled, no concatenation: 2 kernels a step on a GPU (a cat is one per input)
-            z_part = self.latent_part(z, task) if z_part is None else z_part
+            if z_part is None:
+                assert z is not None
+                z_part = self.latent_part(z, task)
             h = (z_part + action_share(a, w_action)).to(w.dtype)
         h = h.unflatten(-1, (2, -1))  # (..., 2, M)
         h = ln_act(h, gamma, beta, "mish")
