@@ -42,7 +42,8 @@ def main() -> int:
         plan = kernel_counts.plan_kernels(kernel_counts.counting_agent(5, compile=False), 1, True)
         inside, around = kernel_counts.update_kernels(5, True)
     profile = json.loads(PROFILE.read_text())
-    profile["triton"] = {"plan_compiled": dict(plan.most_common()), "update_compiled": dict((inside + around).most_common())}
+    profile["triton"] = {"plan_compiled": dict(plan.most_common()),
+                         "update_compiled": dict((inside + around).most_common())}
     profile["triton_how"] = (f"{COMMIT}'s plan_kernels and update_kernels (model size 5, compiled) inside "
                              f"tdmpc/bench/triton_code.py's triton_for_gpu(), torch {torch.__version__}: "
                              f"results/gpu/2026-11-27-h200/triton_counts.py")
