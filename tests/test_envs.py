@@ -384,13 +384,15 @@ def test_state_tasks_run_without_egl_when_egl_was_our_default(tmp_path):
 
 @NEEDS_DMC
 @pytest.mark.parametrize("gl", ["egl", "osmesa"])
-def test_a_dmc_task_renders_and_then_torch_loads_triton(tmp_path, gl):
+@pytest.mark.parametrize("make", ["'walker-walk', obs='rgb'", "'HalfCheetah-v5', render_size=(64, 64), render=True"])
+def test_a_task_renders_and_then_torch_loads_triton(tmp_path, gl, make):
     """With Triton installed (the dev extra), its library segfaulted loading after Mesa's renderer: a DMC training
-    run died as it built its optimiser (dynamo imports Triton). The env module loads Triton first."""
+    run died as it built its optimiser (dynamo imports Triton), and so did a gymnasium MuJoCo env's frames. The env
+    package loads Triton first."""
     import importlib.util
 
     assert importlib.util.find_spec("triton") is not None, "the dev extra installs triton"
-    code = ("from tdmpc.envs import make_env; e, s = make_env('walker-walk', seed=0, obs='rgb'); e.reset(seed=0); "
+    code = (f"from tdmpc.envs import make_env; e, s = make_env({make}, seed=0); e.reset(seed=0); "
             "import torch._dynamo, triton; print(e.render().shape); e.close()")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        env={**{k: v for k, v in os.environ.items() if k != "PYOPENGL_PLATFORM"}, "MUJOCO_GL": gl})

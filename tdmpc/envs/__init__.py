@@ -7,6 +7,7 @@
 from tdmpc.envs import gl
 
 gl.set_default()  # before anything imports dm_control, which reads MUJOCO_GL once
+gl.load_triton_first()  # before any env loads a renderer
 
 from tdmpc.envs.make import (EnvSource, EnvSpec, VectorEnvs, check_observations, env_rng_state, make_env,  # noqa: E402
                              make_envs, make_task_envs, make_vector_env, set_env_rng_state)

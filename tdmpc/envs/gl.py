@@ -30,7 +30,8 @@ def set_default() -> None:
 def load_triton_first() -> None:
     """Triton's compiler library segfaults when it loads after Mesa's (EGL's or OSMesa's llvmpipe, with its own
     LLVM), and torch loads it lazily wherever it is installed (the first optimiser or compile imports dynamo, which
-    imports it): the training run of a DMC task died at building its agent. Loaded first, both work."""
+    imports it): the training run of a DMC task died at building its agent, and a gymnasium MuJoCo env's frames
+    (mujoco's EGL) did the same. Loaded first, both work."""
     if importlib.util.find_spec("triton") is not None:
         importlib.import_module("triton")
 
@@ -38,7 +39,6 @@ def load_triton_first() -> None:
 def import_suite() -> ModuleType:
     """dm_control.suite, falling back to no renderer when our default EGL cannot load; a backend the user chose
     that cannot load is a one-line error."""
-    load_triton_first()
     try:
         from dm_control import suite
         return suite
