@@ -229,7 +229,6 @@ class WorldModel(nn.Module):
         both first layers (they share [z, e, a]). With z_part (latent_part() of the starting latents,
         broadcast against a's rows) z is not read. Planning runs the reward's last layer once over the horizon."""
         w, b, gamma, beta = self._fused_first_layers or self._concat_first_layers()
-        w_action = w[:, w.shape[1] - a.shape[-1]:]
         if z_part is None and not torch.compiler.is_compiling():  # eager: one matmul over [z, e, a]
             assert z is not None
             h = F.linear(torch.cat([self._with_task(z.to(w.dtype), task), a.to(w.dtype)], dim=-1), w, b)
@@ -237,7 +236,7 @@ class WorldModel(nn.Module):
             if z_part is None:
                 assert z is not None
                 z_part = self.latent_part(z, task)
-            h = (z_part + action_share(a, w_action)).to(w.dtype)
+            h = (z_part + action_share(a, w[:, w.shape[1] - a.shape[-1]:])).to(w.dtype)
         h = h.unflatten(-1, (2, -1))  # (..., 2, M)
         h = ln_act(h, gamma, beta, "mish")
         if self._fused_second_layers is None:
