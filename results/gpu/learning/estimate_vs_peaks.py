@@ -1,8 +1,7 @@
 """The memory estimate beside the peaks the H200 runs at a4000.json measured (compiled, CUDA graphs; their
 train.csv's largest gpu_peak_allocated_gib and gpu_peak_reserved_gib): peak allocated against the estimate's live
-tensors, peak reserved against its total less the CUDA context. The three finished runs, and the four of the second
-lease that stopped after 5,000 env steps (seeding, 2,500 pretraining updates, the first evaluation; not the
-training planner's steady state). Last, the -m gpu test's model size 48 (dog-run, compiled; the bytes it measured
+tensors, peak reserved against its total less the CUDA context. The six finished runs, and pendulum-swingup, stopped
+at 50k env steps in the 2026-11-28 lease (the training planner's steady state, four runs at once under MPS). Last, the -m gpu test's model size 48 (dog-run, compiled; the bytes it measured
 are in the second lease's cuda-tests-summary.txt, its assertion message). python results/gpu/learning/estimate_vs_peaks.py"""
 
 import csv
@@ -15,9 +14,9 @@ from tdmpc.config import load_json
 from tdmpc.envs import make_env
 
 here = Path(__file__).parent
-runs = [(t, here / "runs" / t / "seed1") for t in ("walker-walk", "cheetah-run", "cartpole-swingup")]
-runs += [(t, here / "lease-2026-11-27-h200-b" / "stopped" / t)
-         for t in ("cup-catch", "finger-spin", "reacher-easy", "pendulum-swingup")]
+runs = [(t, here / "runs" / t / "seed1")
+        for t in ("walker-walk", "cheetah-run", "cartpole-swingup", "cup-catch", "finger-spin", "reacher-easy")]
+runs += [("pendulum-swingup", here / "lease-2026-11-28-h200" / "stopped" / "pendulum-swingup")]
 for task, folder in runs:
     rows = list(csv.DictReader(open(folder / "train.csv")))
     alloc, reserved = (max(float(r[k]) for r in rows if r.get(k)) for k in ("gpu_peak_allocated_gib",
