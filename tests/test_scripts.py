@@ -5,6 +5,7 @@ only: no private attribute, no private name imported, no source patching."""
 from __future__ import annotations
 
 import ast
+import csv
 import json
 import importlib.util
 import os
@@ -236,6 +237,27 @@ def test_gpu_speed_json_takes_the_issues_keys_from_a_leases_stage_files(tmp_path
     assert got["ratio_e2e_vs_reference"] is None and "SIGTERM" in got["missing"]["reference_e2e_agent_steps_per_s"]
     assert "ran eagerly" in got["missing"]["compiled"]
     assert speed_json.main([str(tmp_path), "--out"]) == 2
+
+
+def test_the_lease_pruning_reads_a_lanes_rate_past_an_evaluation():
+    """results/gpu/lane_prune.py on the rows the 2026-11-28 lease had when it stopped a lane that would have finished:
+    cup-catch's row after its 50k evaluation took 13.1 s for 1,000 env steps (4.6 s without one). Over its last 60 s
+    the rate says about 290 s to go, under the 308 s left, so no lane stops; with 200 s left the last lane does."""
+    spec = importlib.util.spec_from_file_location("lane_prune", ROOT / "results" / "gpu" / "lane_prune.py")
+    assert spec is not None and spec.loader is not None
+    prune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prune)
+    runs = ROOT / "results" / "gpu" / "learning" / "runs"
+    cup, finger = ([r for r in csv.DictReader(open(runs / t / "seed1" / "train.csv")) if int(r["env_step"]) <= 51000]
+                   for t in ("cup-catch", "finger-spin"))
+    assert float(cup[-1]["elapsed"]) - float(cup[-2]["elapsed"]) > 2.5 * (float(cup[-2]["elapsed"]) - float(cup[-3]["elapsed"]))
+    need = prune.seconds_needed([cup], 100000, 10000)
+    assert 250 < need < 320, need  # the last two rows alone: 49,000 / (1,000 / 13.1 s) + 30 = 672 s
+    lanes = [("702", [cup]), ("726", [finger])]
+    assert prune.victim(lanes, 100000, 308, 10000)[0] is None
+    assert prune.victim(lanes, 100000, 200, 10000)[0] == "726"
+    assert prune.victim(lanes[:1], 100000, 200, 10000)[0] is None  # one lane left is never stopped
+    assert prune.seconds_needed([cup[:1]], 100000, 10000) is None  # no rate yet: no decision
 
 
 @pytest.mark.slow

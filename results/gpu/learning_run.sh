@@ -166,15 +166,15 @@ EOF
 fi
 
 # Poll: each run's last train.csv row (env step, its rate, its peak memory) and the evaluations so far.
-# PRUNE: each lane's time to finish at its run's current rate (the last two train.csv rows) plus 30 s of final
-# evaluation; while the slowest would end past DEADLINE_ALL, stop the last-listed lane (the others then get its
+# PRUNE (lane_prune.py): each lane's time to finish at its run's rate over its last 60 s of train.csv rows plus 30 s
+# of final evaluation; while the slowest would end past DEADLINE_ALL, stop the last-listed lane (the others then get its
 # share of the GPU), at most one per 45 s so the rates can settle.
 LAST_PRUNE=-100; TESTS_PID=
 while (( $(left) > 15 )); do
   sleep 10
   # from $W as device_run.sh does: in the checkout's root its tdmpc/ would shadow the install (which maps planners/ in)
   if [ -n "$CUDA_TESTS_AT" ] && [ -z "$TESTS_PID" ] && (( SECONDS - T0 >= CUDA_TESTS_AT )); then
-    timeout $(( $(left) - 20 )) nice -n 10 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu -n 2 \
+    timeout $(( $(left) - 20 )) nice -n 10 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu -v -n 2 \
       -p no:cacheprovider $R/tests/test_cuda.py $R/tests/test_memory.py > $O/cuda-tests.log 2>&1 & TESTS_PID=$!
   fi
   { date; for f in $O/reproduce-*.log; do tail -n 2 "$f"; done
@@ -185,32 +185,8 @@ while (( $(left) > 15 )); do
   alive=$(while read -r pid _; do kill -0 "$pid" 2> /dev/null && echo "$pid"; done < $O/lanes.txt)
   [ -n "$alive" ] || break  # the grid is done (or stopped)
   if [ "$PRUNE" = 1 ] && (( SECONDS - LAST_PRUNE >= 45 )); then
-    victim=$(python3 - $O/lanes.txt runs "$STEPS" "$(( DEADLINE_ALL - (SECONDS - T0) ))" "$alive" "${PRUNE_FROM:-20000}" \
-             2>> $O/prune.log <<'EOF'
-import csv, sys
-from pathlib import Path
-from tdmpc.cli.reproduce import parse_seeds
-lanes, root, steps, left = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
-alive, start = set(sys.argv[5].split()), int(sys.argv[6])
-need, order = {}, []
-for line in lanes.read_text().splitlines():
-    pid, tasks, seeds = line.split()
-    if pid not in alive:
-        continue
-    order.append(pid)
-    cells = [root / t / f"seed{s}" for t in tasks.split(",") for s in parse_seeds(seeds)]
-    rows = {c: list(csv.DictReader(open(c / "train.csv"))) if (c / "train.csv").is_file() else [] for c in cells}
-    todo = [c for c in cells if not rows[c] or int(rows[c][-1]["env_step"]) < steps]
-    r = [x for x in rows[todo[0]] if int(x["env_step"]) >= start][-2:] if todo else []
-    if len(r) < 2 or float(r[1]["elapsed"]) <= float(r[0]["elapsed"]):
-        continue  # no rate yet: no decision for this lane
-    rate = (int(r[1]["env_step"]) - int(r[0]["env_step"])) / (float(r[1]["elapsed"]) - float(r[0]["elapsed"]))
-    need[pid] = (steps - int(r[1]["env_step"])) / rate + 30 + (len(todo) - 1) * (steps / rate + 90)
-print(f"left {left:.0f} s; need " + ", ".join(f"{p}: {n:.0f} s" for p, n in need.items()), file=sys.stderr)
-if len(order) > 1 and need and max(need.values()) > left:
-    print(order[-1])
-EOF
-)
+    victim=$(python3 $R/results/gpu/lane_prune.py $O/lanes.txt runs "$STEPS" "$(( DEADLINE_ALL - (SECONDS - T0) ))" \
+             "$alive" "${PRUNE_FROM:-20000}" 2>> $O/prune.log)
     if [ -n "$victim" ]; then
       echo "$(( SECONDS - T0 )) s: stopping lane $victim ($(grep "^$victim " $O/lanes.txt))" | tee -a $O/prune.log
       kill -TERM -- -"$victim"; LAST_PRUNE=$SECONDS
