@@ -25,6 +25,7 @@ def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr
     rows = read_csv(run / "train.csv")
     assert [int(r["env_step"]) for r in rows] == list(range(100, 601, 100))
+    assert b"\r" not in (run / "train.csv").read_bytes() + (run / "eval.csv").read_bytes()
     assert "consistency_loss" in rows[-1] and rows[-1]["consistency_loss"] != ""
     evals = read_csv(run / "eval.csv")
     assert [int(r["env_step"]) for r in evals] == [0, 400, 600]  # the first at step 0, as the reference

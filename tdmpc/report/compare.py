@@ -171,7 +171,7 @@ def write_csv(rows: list[Row], path: Path) -> None:
 
 def _write_csv(rows: list[Row], path: Path) -> None:
     with open(path, "w", newline="") as f:
-        w = csv.writer(f)
+        w = csv.writer(f, lineterminator="\n")
         w.writerow(["task", "exp_name", "env_step", "seeds", "ours_mean", "ours_std",
                     *(f"{a}_mean" for a in ALGORITHMS), "published_interpolated", "ratio", "check",
                     "seconds_per_100k"])

@@ -20,7 +20,8 @@ from tdmpc.training.run_dir import wandb_run_id
 
 
 class CSVLog:
-    """Append-only CSV; a row with new keys widens the header (rewriting the file, a rare event)."""
+    """Append-only CSV; a row with new keys widens the header (rewriting the file, a rare event). Unix line ends:
+    the files are read with tail and awk while a run writes them."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -36,7 +37,7 @@ class CSVLog:
             self._rewrite(self.columns + [k for k in row if k not in self.columns], self._rows())
         assert self.columns is not None
         with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, fieldnames=self.columns).writerow({k: _fmt(row.get(k)) for k in self.columns})
+            csv.DictWriter(f, fieldnames=self.columns, lineterminator="\n").writerow({k: _fmt(row.get(k)) for k in self.columns})
 
     def _rows(self) -> list[dict]:
         with open(self.path, newline="") as f:
@@ -45,7 +46,7 @@ class CSVLog:
     def _rewrite(self, columns: list[str], rows: list[dict]) -> None:
         self.columns = columns
         with open(self.path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=columns, restval="")
+            w = csv.DictWriter(f, fieldnames=columns, restval="", lineterminator="\n")
             w.writeheader()
             w.writerows(rows)
 
