@@ -239,14 +239,19 @@ def test_gpu_speed_json_takes_the_issues_keys_from_a_leases_stage_files(tmp_path
     assert speed_json.main([str(tmp_path), "--out"]) == 2
 
 
-def test_the_lease_pruning_reads_a_lanes_rate_past_an_evaluation():
-    """results/gpu/lane_prune.py on the rows the 2026-11-28 lease had when it stopped a lane that would have finished:
+def _lanes() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("lanes", ROOT / "results" / "gpu" / "lanes.py")
+    assert spec is not None and spec.loader is not None
+    lanes = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lanes)
+    return lanes
+
+
+def test_the_lease_pruning_reads_a_lanes_rate_past_an_evaluation(tmp_path, capsys):
+    """results/gpu/lanes.py on the rows the 2026-11-28 lease had when it stopped a lane that would have finished:
     cup-catch's row after its 50k evaluation took 13.1 s for 1,000 env steps (4.6 s without one). Over its last 60 s
     the rate says about 290 s to go, under the 308 s left, so no lane stops; with 200 s left the last lane does."""
-    spec = importlib.util.spec_from_file_location("lane_prune", ROOT / "results" / "gpu" / "lane_prune.py")
-    assert spec is not None and spec.loader is not None
-    prune = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prune)
+    prune = _lanes()
     runs = ROOT / "results" / "gpu" / "learning" / "runs"
     cup, finger = ([r for r in csv.DictReader(open(runs / t / "seed1" / "train.csv")) if int(r["env_step"]) <= 51000]
                    for t in ("cup-catch", "finger-spin"))
@@ -258,6 +263,36 @@ def test_the_lease_pruning_reads_a_lanes_rate_past_an_evaluation():
     assert prune.victim(lanes, 100000, 200, 10000)[0] == "726"
     assert prune.victim(lanes[:1], 100000, 200, 10000)[0] is None  # one lane left is never stopped
     assert prune.seconds_needed([cup[:1]], 100000, 10000) is None  # no rate yet: no decision
+    # as learning_run.sh calls it: lanes.txt's "pid task:seed,..." lines, the runs' train.csv files
+    for task, rows in (("cup-catch", cup), ("finger-spin", finger)):
+        (tmp_path / task / "seed1").mkdir(parents=True)
+        with open(tmp_path / task / "seed1" / "train.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+    (tmp_path / "lanes.txt").write_text("702 cup-catch:1\n726 finger-spin:1,cup-catch:2\n")
+    prune.main(["prune", str(tmp_path / "lanes.txt"), str(tmp_path), "100000", "308", "702 726", "10000"])
+    out, err = capsys.readouterr()
+    assert out == "726\n" and "726: " in err  # the second lane's second run cannot finish too
+    prune.main(["prune", str(tmp_path / "lanes.txt"), str(tmp_path), "100000", "308", "702", "10000"])
+    assert capsys.readouterr().out == ""  # one lane alive: never stopped
+
+
+def test_the_lease_takes_every_tasks_first_seed_before_extra_seeds_and_spreads_runs_over_lanes():
+    """lanes.py: the committed runs (six tasks' seed 1) are skipped; pending runs come seed by seed in TASKS order,
+    so pendulum-swingup's seed 1 precedes cheetah-run's seed 2; lanes take them in turn; the probe's choice keeps
+    the way that finishes the most runs."""
+    lanes = _lanes()
+    root = ROOT / "results" / "gpu" / "learning" / "runs"
+    todo = lanes.pending(["cheetah-run", "pendulum-swingup", "cup-catch"], [1, 2, 3], root, 100000)
+    assert todo == [("pendulum-swingup", 1), ("cheetah-run", 2), ("pendulum-swingup", 2), ("cup-catch", 2),
+                    ("cheetah-run", 3), ("pendulum-swingup", 3), ("cup-catch", 3)]
+    assert lanes.split(todo[:5], 3) == [[todo[0], todo[3]], [todo[1], todo[4]], [todo[2]]]
+    assert lanes.split(todo[:2], 4) == [[todo[0]], [todo[1]]]
+    # 50k agent steps in 740 s: alone at 190/s (263 + 90 s a run) two in turn; 4 at once at 107/s (467 + 90) four
+    assert lanes.choose({(0, 1): 190.0, (1, 4): 107.0}, 7, 740, 50000) == (4, 1, 4)
+    assert lanes.choose({(1, 4): 107.0}, 2, 740, 50000) == (2, 1, 2)  # no more lanes than runs
+    assert lanes.choose({(1, 7): 20.0}, 7, 740, 50000) == (1, 1, 1)  # none finishes: one run still gives a curve
 
 
 @pytest.mark.slow

@@ -101,72 +101,36 @@ if [ "$STAGE" = start ]; then
     # The runs that can finish: for each way measured (N at once, MPS or not), a run takes AGENT_STEPS at its
     # measured rate plus about 90 s of start-up and evaluation, and N run per round; take the way that finishes
     # the most of the grid's pending runs in the time left (fewer at once on a tie), and start only those runs.
-    ALL_TASKS=$TASKS ALL_SEEDS=$SEEDS
-    read -r JOBS MPS TASKS SEEDS < <(python3 - "$O" "$(( DEADLINE_ALL - (SECONDS - T0) ))" "$AGENT_STEPS" "$STEPS" \
-                                     "$TASKS" "$SEEDS" runs <<'EOF'
-  import json, sys
-  from pathlib import Path
-  from tdmpc.cli.reproduce import last_eval_step, parse_seeds, parse_tasks
-  out, seconds, agent_steps, steps = Path(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-  tasks, seeds, root = parse_tasks(sys.argv[5]), parse_seeds(sys.argv[6]), Path(sys.argv[7])
-  pending = [(t, s) for t in tasks for s in seeds if (last_eval_step(root / t / f"seed{s}") or -1) < steps]
-  rates = {}  # (mps, n) -> per-run agent steps/s (the slowest run's)
-  for mps, name in ((0, "procs.json"), (1, "procs-mps.json")):
-      if (out / name).is_file():
-          for n, p in json.loads((out / name).read_text()).get("end_to_end_by_procs", {}).items():
-              rates[mps, int(n)] = min(p["agent_steps_per_s_each"])
-  finish = {k: min(len(pending), k[1] * int(seconds // (agent_steps / r + 90))) for k, r in rates.items()}
-  mps, n = max(finish, key=lambda k: (finish[k], -k[1], rates[k])) if finish else (0, 1)
-  k = max(1, finish.get((mps, n), 0))  # none can finish: one run still gives a curve up to where it stops
-  n = min(n, k)
-  cells = pending[:k] or [(tasks[0], seeds[0])]
-  if len(seeds) == 1:
-      tasks = list(dict.fromkeys(t for t, _ in cells))
-  elif len(tasks) == 1:
-      seeds = [s for _, s in cells]
-  print(n, mps, ",".join(tasks), ",".join(map(str, seeds)))
-  json.dump({"rates": {f"{'mps' if m else 'sliced'} x{j}": r for (m, j), r in rates.items()}, "seconds_left": seconds,
-             "finishing": {f"{'mps' if m else 'sliced'} x{j}": f for (m, j), f in finish.items()},
-             "pending": len(pending), "jobs": n, "mps": bool(mps), "tasks": tasks, "seeds": seeds},
-            open(out / "choice.json", "w"), indent=1)
-EOF
-  )
+    read -r JOBS MPS CELLS < <(python3 $R/results/gpu/lanes.py choose "$O" "$(( DEADLINE_ALL - (SECONDS - T0) ))" \
+                               "$AGENT_STEPS" "$STEPS" "$TASKS" "$SEEDS" runs)
   else  # no probe: JOBS lanes at once, under MPS where its daemon starts
     MPS=0
     command -v nvidia-cuda-mps-control > /dev/null && nvidia-cuda-mps-control -d 2>> $O/mps.log &&
       timeout 60 python3 -c "import torch; torch.ones(1, device='cuda').sum().item()" 2>> $O/mps.log && MPS=1
     [ "$MPS" = 1 ] || JOBS=$JOBS_SLICED  # time-sliced, fewer at once keep their rate
+    CELLS=$JOBS  # one run per lane: a second could not finish in a lease at size 5
   fi
-  JOBS=${JOBS:-1} MPS=${MPS:-0} TASKS=${TASKS:-$ALL_TASKS} SEEDS=${SEEDS:-$ALL_SEEDS}  # if the choice failed
+  JOBS=${JOBS:-1} MPS=${MPS:-0} CELLS=${CELLS:-1}  # if the choice failed
   [ "$MPS" = 1 ] || { command -v nvidia-cuda-mps-control > /dev/null && echo quit | nvidia-cuda-mps-control; }
-  echo "jobs $JOBS, mps $MPS, tasks $TASKS, seeds $SEEDS" | tee -a $O/machine.txt
-  # JOBS lanes, each one tdmpc.reproduce over its share of the cells in its own process group (setsid: it outlives
-  # the call while the machine is held, and PRUNE can stop a lane as a whole)
-  python3 - "$TASKS" "$SEEDS" "$JOBS" > $O/lanes.in <<'EOF'
-import sys
-tasks, seeds, n = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3])
-if len(tasks) > 1 or "," not in seeds and "-" not in seeds:
-    for i in range(min(n, len(tasks))):
-        print(",".join(tasks[i::n]), seeds)
-else:
-    from tdmpc.cli.reproduce import parse_seeds
-    s = parse_seeds(seeds)
-    for i in range(min(n, len(s))):
-        print(tasks[0], ",".join(map(str, s[i::n])))
-EOF
+  # JOBS lanes over the first CELLS pending runs (lanes.py: seed by seed), each lane tdmpc.reproduce once per run, in
+  # its own process group (setsid: it outlives the call while the machine is held, and PRUNE can stop a lane whole)
+  python3 $R/results/gpu/lanes.py split "$TASKS" "$SEEDS" "$JOBS" "$CELLS" "$STEPS" runs > $O/lanes.in
+  echo "jobs $JOBS, mps $MPS, lanes: $(paste -sd ' ' $O/lanes.in)" | tee -a $O/machine.txt
   : > $O/lanes.txt; i=0
-  while read -r lt ls; do
-    # shellcheck disable=SC2086  # TRAIN_FLAGS: several flags
+  while read -r cells; do
+    # shellcheck disable=SC2016,SC2086  # the lane's own script; TRAIN_FLAGS: several flags
     # its own pid, once it leads its session: $! would be setsid's where setsid has to fork (under job control)
-    setsid nohup bash -c 'echo $$ > "$0"; exec "$@"' $O/lane-$i.pid python3 -m tdmpc.reproduce --tasks "$lt" \
-      --seeds "$ls" --cfg "$CFG" --steps "$STEPS" --runs-root $W/runs -- $TRAIN_FLAGS > $O/reproduce-$i.log 2>&1 < /dev/null &
+    setsid nohup bash -c 'echo $$ > "$0"; cells=$1; shift; for c in ${cells//,/ }; do
+                            python3 -m tdmpc.reproduce --tasks "${c%:*}" --seeds "${c##*:}" "$@"; done' \
+      $O/lane-$i.pid "$cells" --cfg "$CFG" --steps "$STEPS" --runs-root $W/runs -- $TRAIN_FLAGS \
+      > $O/reproduce-$i.log 2>&1 < /dev/null &
     until [ -s $O/lane-$i.pid ]; do sleep 0.1; done
-    echo "$(cat $O/lane-$i.pid) $lt $ls" >> $O/lanes.txt; i=$((i + 1))
+    echo "$(cat $O/lane-$i.pid) $cells" >> $O/lanes.txt; i=$((i + 1))
   done < $O/lanes.in
 fi
 
 # Poll: each run's last train.csv row (env step, its rate, its peak memory) and the evaluations so far.
-# PRUNE (lane_prune.py): each lane's time to finish at its run's rate over its last 60 s of train.csv rows plus 30 s
+# PRUNE (lanes.py): each lane's time to finish at its run's rate over its last 60 s of train.csv rows plus 30 s
 # of final evaluation; while the slowest would end past DEADLINE_ALL, stop the last-listed lane (the others then get its
 # share of the GPU), at most one per 45 s so the rates can settle.
 LAST_PRUNE=-100; TESTS_PID=
@@ -185,7 +149,7 @@ while (( $(left) > 15 )); do
   alive=$(while read -r pid _; do kill -0 "$pid" 2> /dev/null && echo "$pid"; done < $O/lanes.txt)
   [ -n "$alive" ] || break  # the grid is done (or stopped)
   if [ "$PRUNE" = 1 ] && (( SECONDS - LAST_PRUNE >= 45 )); then
-    victim=$(python3 $R/results/gpu/lane_prune.py $O/lanes.txt runs "$STEPS" "$(( DEADLINE_ALL - (SECONDS - T0) ))" \
+    victim=$(python3 $R/results/gpu/lanes.py prune $O/lanes.txt runs "$STEPS" "$(( DEADLINE_ALL - (SECONDS - T0) ))" \
              "$alive" "${PRUNE_FROM:-20000}" 2>> $O/prune.log)
     if [ -n "$victim" ]; then
       echo "$(( SECONDS - T0 )) s: stopping lane $victim ($(grep "^$victim " $O/lanes.txt))" | tee -a $O/prune.log
