@@ -136,9 +136,11 @@ fi
 LAST_PRUNE=-100; TESTS_PID=
 while (( $(left) > 15 )); do
   sleep 10
-  # from $W as device_run.sh does: in the checkout's root its tdmpc/ would shadow the install (which maps planners/ in)
+  # from $W as device_run.sh does: in the checkout's root its tdmpc/ would shadow the install (which maps planners/ in);
+  # with a cache of their own, so the runs' cache (the one packed) holds the runs' graphs only (lease C's, with the
+  # tests' model sizes in it, came to 31 MB packed)
   if [ -n "$CUDA_TESTS_AT" ] && [ -z "$TESTS_PID" ] && (( SECONDS - T0 >= CUDA_TESTS_AT )); then
-    timeout $(( $(left) - 20 )) nice -n 10 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu -v -n 2 \
+    TORCHINDUCTOR_CACHE_DIR=$W/inductor-tests timeout $(( $(left) - 20 )) nice -n 10 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu -v -n 2 \
       -p no:cacheprovider $R/tests/test_cuda.py $R/tests/test_memory.py > $O/cuda-tests.log 2>&1 & TESTS_PID=$!
   fi
   { date; for f in $O/reproduce-*.log; do tail -n 2 "$f"; done
