@@ -7,7 +7,7 @@ model, else task ids broadcast against the rows of the input (one per env and ca
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Protocol, Union
+from typing import Any, Literal, Optional, Protocol, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -41,9 +41,12 @@ class LatentModel(Protocol):
     def pi(self, z: Tensor, task: Task = None) -> PolicyOutput: ...
     # pi().action; eps: N(0, 1) draws, (..., A), whatever the prior (a categorical one makes Gumbel noise of them)
     def pi_action(self, z: Tensor, task: Task = None, eps: Optional[Tensor] = None) -> Tensor: ...
-    # (..., 1): the value of z under the prior, from the given Q heads; eps: the prior's N(0, 1) draw for its sample
-    def prior_q(self, z: Tensor, task: Task, reduce: Literal["min", "avg"], heads: Optional[Tensor] = None,
+    # (..., 1): the value of z under the prior, from the given Q heads (one of q_heads()' draws); eps: the prior's
+    # N(0, 1) draw for its sample
+    def prior_q(self, z: Tensor, task: Task, reduce: Literal["min", "avg"], heads: Any = None,
                 eps: Optional[Tensor] = None) -> Tensor: ...
+    # head pairs (draws, 2) -> one opaque choice per draw for prior_q (a model may select all draws' weights at once)
+    def q_heads(self, pairs: Tensor) -> Sequence[Any]: ...
     def action_mask(self, task: Task) -> Optional[Tensor]: ...  # (..., A) ones on each task's action dims
     def decode(self, logits: Tensor) -> Tensor: ...  # logits -> (..., 1) scalars
 

@@ -75,7 +75,8 @@ class MPPILoop:
         z = z.unsqueeze(1)
         self._warm_start(first_step)
         self._draw()  # every iteration's noise and the prior's, in one draw
-        heads = self.random.head_pairs("plan.q_pairs", m.num_q, c.iterations, self.value.device)  # (iterations, 2)
+        # every iteration's 2 random Q heads, their parameters chosen in one go
+        heads = m.q_heads(self.random.head_pairs("plan.q_pairs", m.num_q, c.iterations, self.value.device))
 
         for i in range(c.iterations):
             self._sample(i, mask)  # into actions[:, :, P:]
@@ -148,7 +149,7 @@ class MPPILoop:
         self.G[envs, col:col + n] = rewards.sum(0)
         self.z_final[envs, col:col + n] = z
 
-    def _value(self, envs: slice, rows: Tensor | None, heads: Tensor, eps: Tensor | None) -> Tensor:
+    def _value(self, envs: slice, rows: Tensor | None, heads: Any, eps: Tensor | None) -> Tensor:
         """Return over the horizon plus the discounted value under the prior (2 random heads, averaged): (envs, S)."""
         m = self.model
         z = self.z_final[envs]

@@ -42,6 +42,9 @@ class CudaQuadratic:
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)
 
+    def q_heads(self, pairs):
+        return list(pairs)
+
     def prior_q(self, z, task, reduce, heads=None, eps=None):
         return torch.zeros(z.shape[:-1] + (1,), device=z.device)
 

@@ -43,6 +43,9 @@ class QuadraticModel:
     def termination(self, z):
         return torch.zeros(z.shape[:-1] + (1,))
 
+    def q_heads(self, pairs):
+        return list(pairs)
+
     def prior_q(self, z, task, reduce, heads=None, eps=None):
         return torch.zeros(z.shape[:-1] + (1,))
 

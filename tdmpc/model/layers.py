@@ -6,6 +6,7 @@ Parameter names mirror the reference implementation's NormedLinear (`weight`, `b
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import cast
 
 import torch
@@ -143,6 +144,16 @@ class EnsembleLinear(nn.Module):
         return ln_act(y, params[2], params[3], "mish", heads_first=True)
 
 
+@dataclass(frozen=True)
+class ChosenHeads:
+    """Some heads' parameters already selected from a flattened ensemble (Ensemble.choose): per layer, views into
+    one selection made for several draws at once, so a planner's iterations share a single index_select."""
+    params: list[list[Tensor]]
+
+
+Heads = Tensor | ChosenHeads  # head indices (2,), or their parameters already chosen
+
+
 class Ensemble(nn.Sequential):
     """An MLP ensemble (the Q-functions) as a stack of EnsembleLinear layers."""
 
@@ -154,15 +165,24 @@ class Ensemble(nn.Sequential):
         self.num = num
         self._flat: list[Tensor] = []  # flatten_heads(): one (num, P) tensor per dtype
 
-    def forward(self, x: Tensor, heads: Tensor | None = None, detach: bool = False, every_action: int = 0) -> Tensor:
+    def forward(self, x: Tensor, heads: Heads | None = None, detach: bool = False, every_action: int = 0) -> Tensor:
         """x: (..., in) -> (heads, ..., out). every_action=n: x holds the inputs without the one-hot action that
         ends them, (..., in - n), and the result is each row's with each of the n actions, (heads, ..., n, out)."""
         lead = (*x.shape[:-1], every_action) if every_action else x.shape[:-1]
         y = x.reshape(-1, x.shape[-1])
-        chosen = self._chosen(heads) if heads is not None and self._flat and not detach else None
+        if isinstance(heads, ChosenHeads):
+            assert not detach, "chosen heads are a frozen copy's"
+            chosen, heads = heads.params, None
+        else:
+            chosen = self.choose(heads.unsqueeze(0))[0].params if heads is not None and self._flat and not detach else None
         for i, layer in enumerate(self):
             y = layer(y, heads, detach, None if chosen is None else chosen[i], every_action if i == 0 else 0)
         return y.view(y.shape[0], *lead, y.shape[-1])
+
+    @property
+    def flattened(self) -> bool:
+        """flatten_heads() was called: choose() can select heads' parameters."""
+        return bool(self._flat)
 
     def flatten_heads(self) -> None:
         """For frozen copies (planning): each head's parameters become a row of one (num, P) tensor per dtype, and
@@ -184,11 +204,12 @@ class Ensemble(nn.Sequential):
                 offsets[k] += n
             self._layout.append(places)
 
-    def _chosen(self, heads: Tensor) -> list[list[Tensor]]:
-        """Every layer's parameters of the chosen heads, from one index_select per flat tensor."""
-        picked = [flat.index_select(0, heads) for flat in self._flat]
-        return [[picked[k][:, start:start + n].view(-1, *shape) for k, start, n, shape in places]
-                for places in self._layout]
+    def choose(self, heads: Tensor) -> list[ChosenHeads]:
+        """Every layer's parameters of the chosen heads, for each of several draws (draws, k), from one
+        index_select per flat tensor (flatten_heads) over all the draws."""
+        picked = [flat.index_select(0, heads.flatten()).view(*heads.shape, -1) for flat in self._flat]
+        return [ChosenHeads([[picked[k][d, :, start:start + n].view(-1, *shape) for k, start, n, shape in places]
+                             for places in self._layout]) for d in range(heads.shape[0])]
 
 
 def _param_owners(layer: EnsembleLinear) -> list[tuple[nn.Module, str]]:

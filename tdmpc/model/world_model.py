@@ -25,7 +25,7 @@ from tdmpc.model.fused import ln_act
 from tdmpc.model.policy import PolicyOutput as Policy
 from tdmpc.model.policy import one_hot_argmax
 from tdmpc.model.random import TORCH, RandomSource
-from tdmpc.model.layers import Ensemble, EnsembleLinear, NormedLinear, PixelEncoder, batched_linear, init_weights, mlp
+from tdmpc.model.layers import ChosenHeads, Ensemble, EnsembleLinear, Heads, NormedLinear, PixelEncoder, batched_linear, init_weights, mlp
 from tdmpc.model.twohot import TwoHot
 
 
@@ -322,7 +322,7 @@ class WorldModel(nn.Module):
         q = self.action_values(z, task, self.sample_heads("pi.q_pair"), detach=True).mean(0)  # (..., n)
         return (policy.probs * q).sum(-1, keepdim=True)
 
-    def prior_q(self, z: Tensor, task: Task, reduce: Literal["min", "avg"], heads: Tensor | None = None,
+    def prior_q(self, z: Tensor, task: Task, reduce: Literal["min", "avg"], heads: Heads | None = None,
                 eps: Tensor | None = None, target: bool = False, action: Tensor | None = None) -> Tensor:
         """The value of z under the policy prior, (..., 1), over 2 heads (random unless given): what planning
         adds after its horizon and TD targets bootstrap from. A Gaussian prior's is Q at one sample of it (`action`,
@@ -331,6 +331,7 @@ class WorldModel(nn.Module):
         evaluations (docs/discrete.md: a sampled bootstrap let CartPole's planner drop a pole its prior held).
         eps: the Gaussian prior's N(0, 1) draw for its sample (drawn when None and no action is given)."""
         heads = self.sample_heads("td_target.q_pair") if heads is None else heads
+        assert not (target and isinstance(heads, ChosenHeads)), "q_heads() chooses the online heads' parameters"
         if not self.dims.discrete:
             a = self.pi_action(z, task, eps) if action is None else action
             q = self.decode(self.Q(z, a, task, heads, target=target))
@@ -340,7 +341,7 @@ class WorldModel(nn.Module):
         probs = self._pi(self._with_task(z, task)).float().softmax(-1)
         return (probs * q).sum(-1, keepdim=True)
 
-    def action_values(self, z: Tensor, task: Task, heads: Tensor, target: bool = False,
+    def action_values(self, z: Tensor, task: Task, heads: Heads, target: bool = False,
                       detach: bool = False) -> Tensor:
         """A discrete model's Q of each of its n actions at z (..., L), from the given heads: (heads, ..., n); Q of
         z with each one-hot action, its first layer's product with z computed once (Ensemble's every_action)."""
@@ -370,7 +371,7 @@ class WorldModel(nn.Module):
             mean, log_std, eps = mean * mask, log_std * mask, eps * mask
         return mean, log_std, eps, mask
 
-    def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Tensor | None = None, target: bool = False,
+    def Q(self, z: Tensor, a: Tensor, task: Task = None, heads: Heads | None = None, target: bool = False,
           detach: bool = False) -> Tensor:
         """Value logits of the chosen heads (all by default): (heads, ..., num_bins)."""
         net = self._target_Qs if target else self._Qs
@@ -381,6 +382,11 @@ class WorldModel(nn.Module):
         return self.two_hot.decode(logits)
 
     # --- helpers -------------------------------------------------------------------
+    def q_heads(self, pairs: Tensor) -> list[Heads]:
+        """Head pairs (draws, 2) -> what prior_q takes for each draw: a planning copy's parameters of all the
+        draws chosen at once (one copy, not one per planner iteration), else the pairs themselves."""
+        return self._Qs.choose(pairs) if self._Qs.flattened else list(pairs)
+
     def sample_heads(self, name: str, draws: int | None = None) -> Tensor:
         """Two distinct random Q heads, chosen on the device (no host sync, CUDA-graph safe): (2,), or (draws, 2)
         for `draws` independent pairs in one draw (RandomSource.head_pairs, under `name`)."""
