@@ -50,24 +50,52 @@ def test_sites_name_the_package_line_that_launched_each_op():
     assert count_kernels(lambda: torch.ones(2) + 1).sites is None  # off unless asked: a stack walk per op
 
 
-def test_the_triton_count_splits_what_the_gpu_runs_in_two_and_leaves_nothing_behind():
+def test_the_triton_count_reads_a_gpus_kernels_and_leaves_nothing_behind():
     """A dynamics output's LayerNorm then SimNorm: the H200 ran it as two Triton kernels each time (a
     `native_layer_norm` and a `_softmax_native_layer_norm`, 15 of each per compiled plan()), where inductor's C++ code
-    fuses one. Counted in the Triton code written for a GPU, it is two; after it, compiling is the CPU's again."""
+    fuses one. Counted in the Triton code written for a GPU: two with gradients (the update's forward), one without
+    (planning: fused._ln_simnorm_pointwise, the softmax as pointwise sums). After it, compiling is the CPU's again."""
     from tdmpc.bench.triton_code import triton_for_gpu
     from tdmpc.model.fused import ln_act
 
     gamma, beta = torch.ones(512), torch.zeros(512)
+    trained = torch.ones(512, requires_grad=True)
     def fn(x):
         return ln_act(x, gamma, beta, "simnorm", group=8)
+    def fn_grad(x):
+        return ln_act(x, trained, beta, "simnorm", group=8)
     x = torch.randn(512, 512)
     with triton_for_gpu():
-        kinds = compiled_kernels(torch.compile(fn, fullgraph=True), x)
-    assert kinds == {"fused": 2}, kinds
+        assert compiled_kernels(torch.compile(fn, fullgraph=True), x) == {"fused": 1}
+        torch._dynamo.reset()
+        assert compiled_kernels(torch.compile(fn_grad, fullgraph=True), x) == {"fused": 2}
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True)
     assert compiled_kernels(compiled, x) == {"fused": 1}
     torch.testing.assert_close(compiled(x), fn(x))  # real kernels: no stand-in survived
+
+
+def test_the_one_kernel_simnorm_is_the_softmax():
+    """fused._ln_simnorm_pointwise (compiled, no gradients) against LayerNorm then softmax over groups of 8, in fp32
+    (to about 1e-6) and bf16 (CUDA's planning dtype: the same rounding as the fp32 result's, or one step of it)."""
+    from tdmpc.model.fused import ln_act
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 512, generator=g) * 3
+    gamma, beta = 1 + torch.randn(512, generator=g) / 5, torch.randn(512, generator=g) / 5
+    exact = torch.softmax(nn.functional.layer_norm(x.double(), (512,), gamma.double(), beta.double())
+                          .unflatten(-1, (-1, 8)), -1).flatten(-2)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fp32 = torch.compile(lambda x: ln_act(x, gamma, beta, "simnorm"), fullgraph=True)(x)
+        torch._dynamo.reset()
+        bf16 = torch.compile(lambda x: ln_act(x, gamma, beta, "simnorm"), fullgraph=True)(x.bfloat16())
+    torch.testing.assert_close(fp32.double(), exact, rtol=2e-6, atol=1e-7)
+    exact_bf16 = torch.softmax(nn.functional.layer_norm(x.bfloat16().double(), (512,), gamma.double(), beta.double())
+                               .unflatten(-1, (-1, 8)), -1).flatten(-2)
+    assert bf16.dtype == torch.bfloat16
+    assert (bf16.double() - exact_bf16).abs().max() <= 2 ** -8  # within one bf16 step of values <= 1
+    assert (bf16 != exact_bf16.bfloat16()).float().mean() < 1e-3
 
 
 def test_without_triton_the_gpu_count_asks_for_it(monkeypatch):
