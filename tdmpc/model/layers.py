@@ -170,11 +170,12 @@ class Ensemble(nn.Sequential):
         ends them, (..., in - n), and the result is each row's with each of the n actions, (heads, ..., n, out)."""
         lead = (*x.shape[:-1], every_action) if every_action else x.shape[:-1]
         y = x.reshape(-1, x.shape[-1])
+        chosen: list[list[Tensor]] | None = None
         if isinstance(heads, ChosenHeads):
             assert not detach, "chosen heads are a frozen copy's"
             chosen, heads = heads.params, None
-        else:
-            chosen = self.choose(heads.unsqueeze(0))[0].params if heads is not None and self._flat and not detach else None
+        elif heads is not None and self._flat and not detach:
+            chosen = self.choose(heads.unsqueeze(0))[0].params
         for i, layer in enumerate(self):
             y = layer(y, heads, detach, None if chosen is None else chosen[i], every_action if i == 0 else 0)
         return y.view(y.shape[0], *lead, y.shape[-1])

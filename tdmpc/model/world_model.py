@@ -385,7 +385,7 @@ class WorldModel(nn.Module):
     def q_heads(self, pairs: Tensor) -> list[Heads]:
         """Head pairs (draws, 2) -> what prior_q takes for each draw: a planning copy's parameters of all the
         draws chosen at once (one copy, not one per planner iteration), else the pairs themselves."""
-        return self._Qs.choose(pairs) if self._Qs.flattened else list(pairs)
+        return list(self._Qs.choose(pairs)) if self._Qs.flattened else list(pairs)
 
     def sample_heads(self, name: str, draws: int | None = None) -> Tensor:
         """Two distinct random Q heads, chosen on the device (no host sync, CUDA-graph safe): (2,), or (draws, 2)
