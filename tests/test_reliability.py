@@ -396,6 +396,23 @@ def test_nonfinite_data_from_an_env_is_named_at_its_source_or_dropped(tmp_path, 
 
 # --- 7. threads and seeds --------------------------------------------------------------------------
 
+def test_a_runs_files_get_the_mode_a_plain_write_would_give(finished_run, tmp_path):
+    """Atomic writes go through a temp file (mkstemp makes it 0600); what a run leaves must still follow the umask,
+    so that a lab's group can read checkpoints and CSVs on a shared cluster, and a file's own mode survives."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    files = [f for f in finished_run.rglob("*") if f.is_file() and f.name != ".lock"]
+    assert any(f.suffix == ".pt" for f in files) and any(f.suffix == ".csv" for f in files)
+    assert {f.relative_to(finished_run).as_posix(): oct(f.stat().st_mode & 0o777) for f in files} == \
+        {f.relative_to(finished_run).as_posix(): oct(0o666 & ~mask) for f in files}
+    from tdmpc.runtime.files import write_text_atomic
+    kept = tmp_path / "kept.json"
+    kept.write_text("{}")
+    kept.chmod(0o640)
+    write_text_atomic(kept, "{\"a\": 1}")
+    assert kept.read_text() == "{\"a\": 1}" and kept.stat().st_mode & 0o777 == 0o640
+
+
 def test_evaluate_with_a_seed_repeats_exactly(finished_run, tmp_path):
     ckpt = finished_run / "checkpoints" / "latest.pt"
     returns = []

@@ -21,11 +21,24 @@ from tdmpc.runtime.faults import kill_point
 MiB, GiB = 2**20, 2**30
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+# What open() would give a new file: mkstemp's temp files are 0600, and a rename keeps that, so every checkpoint,
+# CSV and report would be private to its owner (unreadable to a lab's group on a shared cluster). Read once, at
+# import, so no thread ever writes while the umask is briefly changed.
+NEW_FILE_MODE = 0o666 & ~_umask()
+
+
 def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp", point: str = "write") -> None:
     """Write via `write(tmp_path)` to a temp file in the same directory, fsync, then rename. `suffix` ends the
     temp file's name (a writer that picks the format by extension needs the real one at the end); `point` names
     the tests' kill point between the two (runtime.faults).
 
+    The file gets the mode a plain write would leave (an existing file keeps its own, a new one follows the umask).
     A crash at any point leaves either the old file or the new one, never half of one. A write that
     fails leaves no temp file, and is an OSError naming the file (torch.save reports a write cut short
     by a full disk as a RuntimeError).
@@ -33,7 +46,10 @@ def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp",
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    os.close(fd)
+    try:  # the mode a plain write would leave: the file's own if it exists, else a new file's
+        os.fchmod(fd, path.stat().st_mode & 0o7777 if path.exists() else NEW_FILE_MODE)
+    finally:
+        os.close(fd)
     try:
         try:
             write(Path(tmp))
