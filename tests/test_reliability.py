@@ -414,16 +414,21 @@ def test_a_runs_files_get_the_mode_a_plain_write_would_give(finished_run, tmp_pa
 
 
 def test_evaluate_with_a_seed_repeats_exactly(finished_run, tmp_path):
-    ckpt = finished_run / "checkpoints" / "latest.pt"
-    returns = []
-    for seed in (3, 3, 4):
-        r = run_module("tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 2, "--seed", seed, "--threads", 1,
-                       "--device", "cpu", "--report", tmp_path / f"r{len(returns)}.json")
-        assert r.returncode == 0, r.stderr
-        import json
+    """The second evaluation names the run's directory, which stands for its latest checkpoint."""
+    import json
 
-        returns.append(json.loads((tmp_path / f"r{len(returns)}.json").read_text())["returns"])
+    ckpt = finished_run / "checkpoints" / "latest.pt"
+    reports = []
+    for seed, given in ((3, ckpt), (3, finished_run), (4, ckpt)):
+        r = run_module("tdmpc.evaluate", "--checkpoint", given, "--episodes", 2, "--seed", seed, "--threads", 1,
+                       "--device", "cpu", "--report", tmp_path / f"r{len(reports)}.json")
+        assert r.returncode == 0, r.stderr
+        reports.append(json.loads((tmp_path / f"r{len(reports)}.json").read_text()))
+    returns = [rep["returns"] for rep in reports]
     assert returns[0] == returns[1] and returns[0] != returns[2]
+    assert reports[1]["checkpoint"] == str(ckpt)
+    assert "without a run's checkpoints/latest.pt" in one_line_error(
+        run_module("tdmpc.evaluate", "--checkpoint", tmp_path, "--threads", 1, "--device", "cpu"))
 
 
 # --- 8. the small ones -------------------------------------------------------------------------------

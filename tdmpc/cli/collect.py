@@ -30,7 +30,7 @@ PARALLEL = 16
 @dataclass
 class CollectArgs:
     checkpoint: Path
-    """A tdmpc checkpoint or a reference TD-MPC2 one."""
+    """A tdmpc checkpoint (or its run directory) or a reference TD-MPC2 one."""
     out: Path
     """The dataset file to append to (created if missing)."""
     episodes: int = 10

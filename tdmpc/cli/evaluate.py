@@ -19,7 +19,7 @@ from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
 from tdmpc.episodes import check_video_path, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
-from tdmpc.model.checkpoint import check_dims_match
+from tdmpc.model.checkpoint import check_dims_match, checkpoint_path
 from tdmpc.runtime.device import set_threads
 from tdmpc.runtime.files import json_text, write_text_atomic
 from tdmpc.tasks.sets import task_set_name
@@ -28,7 +28,7 @@ from tdmpc.tasks.sets import task_set_name
 @dataclass
 class EvalArgs:
     checkpoint: Path
-    """A tdmpc checkpoint (run_dir/checkpoints/latest.pt) or a reference TD-MPC2 .pt file."""
+    """A tdmpc checkpoint (run_dir/checkpoints/latest.pt, or the run directory itself) or a reference TD-MPC2 .pt file."""
     task: Optional[str] = None
     """Task to evaluate on; default: the checkpoint's. Required for reference checkpoints."""
     episodes: int = 10
@@ -112,7 +112,7 @@ def evaluate(args: EvalArgs) -> int:
             envs.close()
     assert res is not None  # only a stop() callback ends it early
     imported = agent.imported_from_reference
-    summary = {"checkpoint": str(args.checkpoint), "imported_reference": imported, "task": cfg.task,
+    summary = {"checkpoint": str(checkpoint_path(args.checkpoint)), "imported_reference": imported, "task": cfg.task,
                "seed": args.seed, "mpc": cfg.mpc, "planning": asdict(agent.planner_cfg) if cfg.mpc else None,
                "precision": str(agent.plan_dtype).removeprefix("torch."),
                "dims": agent.dims.to_dict(), **res.summary(),
@@ -130,7 +130,7 @@ def evaluate(args: EvalArgs) -> int:
         print(f"termination head: {summary['termination_accuracy']:.4f} of {t.sum():,} transitions right; "
               f"{t[1, 1]} of {t[1].sum()} terminal steps predicted, {t[0, 1]} false alarms")
     task_name = cfg.task.replace("/", "_").replace(":", "_")  # a namespaced id (phys2d/Pendulum-v0) is one name
-    report = args.report or args.checkpoint.with_name(f"eval_{task_name}_seed{args.seed}.json")
+    report = args.report or checkpoint_path(args.checkpoint).with_name(f"eval_{task_name}_seed{args.seed}.json")
     try:
         write_text_atomic(report, json_text(summary))
     except OSError as e:

@@ -30,10 +30,17 @@ def save(obj: dict, path: Path) -> None:
 
 
 def checkpoint_path(path: object) -> Path:
-    """A checkpoint's path, or a one-line CheckpointError for anything that is not one (None, a number...)."""
+    """A checkpoint's path, or a one-line CheckpointError for anything that is not one (None, a number...). A
+    run's directory (or its checkpoints/ folder) stands for its latest checkpoint, as --resume takes it."""
     if not isinstance(path, (str, Path)):
-        raise CheckpointError(f"a checkpoint is a path to a .pt file (str or Path), not {type(path).__name__}")
-    return Path(path)
+        raise CheckpointError(f"a checkpoint is a path to a .pt file or a run directory (str or Path), not "
+                              f"{type(path).__name__}")
+    path = Path(path)
+    if path.is_dir():
+        for latest in (path / "checkpoints" / "latest.pt", path / "latest.pt"):
+            if latest.is_file():
+                return latest
+    return path
 
 
 def load_file(path: str | Path, mmap: bool = False) -> dict:
@@ -46,7 +53,8 @@ def load_file(path: str | Path, mmap: bool = False) -> dict:
     if not path.exists():
         raise CheckpointError(f"checkpoint '{path}' does not exist")
     if path.is_dir():
-        raise CheckpointError(f"checkpoint '{path}' is a directory; pass a .pt file")
+        raise CheckpointError(f"checkpoint '{path}' is a directory without a run's checkpoints/latest.pt; pass a .pt "
+                              f"file or a run directory")
     with open(path, "rb") as f:
         head = f.read(8)
     if not head:
