@@ -168,8 +168,13 @@ def _condensed(box: str) -> str:
         elif row:
             sections[-1].append(row)
     kept = [" ".join(s) for s in sections if s and not s[0].startswith(("For full helptext", "Argument helptext"))]
-    text = "; ".join(kept)
-    return re.sub(r"\s+", " ", text if text.startswith(title) else f"{title}: {text}")
+    text = re.sub(r"\s+", " ", "; ".join(kept))
+    # Python's own words for a bad number, said as the flag's
+    text = re.sub(r"Error parsing (--[\w-]+): invalid literal for int\(\) with base 10: ('[^']*')",
+                  r"\1 takes an integer, not \2", text)
+    text = re.sub(r"Error parsing (--[\w-]+): could not convert string to float: ('[^']*')",
+                  r"\1 takes a number, not \2", text)
+    return text if text.startswith(title) else f"{title}: {text}"
 
 
 T = TypeVar("T")

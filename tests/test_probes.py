@@ -413,7 +413,8 @@ def test_an_eval_csv_that_is_not_ours_is_one_line_for_plot(finished, tmp_path, c
 
 
 def test_parse_errors_of_every_cli_are_one_line_pointing_to_help(tmp_path, capsys):
-    for module, args, needle in (("tdmpc.train", ["--steps", "abc"], "Error parsing --steps"),
+    for module, args, needle in (("tdmpc.train", ["--steps", "abc"], "--steps takes an integer, not 'abc'"),
+                                 ("tdmpc.train", ["--lr", "fast"], "--lr takes a number, not 'fast'"),
                                  ("tdmpc.evaluate", ["--bogus"], "Unrecognized options: --bogus"),
                                  ("tdmpc.dataset", [], "Expected one of {convert, info, to-minari, from-minari}")):
         line = one_line_error(cli(capsys, module, *args))
