@@ -79,7 +79,8 @@ def evaluate(args: EvalArgs) -> int:
     overrides = {k: getattr(args, k) for k in ("mpc", "precision", "iterations", "num_samples", "num_elites",
                                                 "num_pi_trajs", "plan_horizon", "nonfinite_data")
                  if getattr(args, k) is not None}
-    agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, **overrides)
+    checkpoint = checkpoint_path(args.checkpoint)  # a run's directory: its latest checkpoint
+    agent = Agent.from_checkpoint(checkpoint, task=args.task, device=args.device, **overrides)
     cfg = agent.cfg
     if agent.dims.multitask:
         if args.task is None or "," in args.task or args.task in ("mt30", "mt80"):
@@ -112,7 +113,7 @@ def evaluate(args: EvalArgs) -> int:
             envs.close()
     assert res is not None  # only a stop() callback ends it early
     imported = agent.imported_from_reference
-    summary = {"checkpoint": str(checkpoint_path(args.checkpoint)), "imported_reference": imported, "task": cfg.task,
+    summary = {"checkpoint": str(checkpoint), "imported_reference": imported, "task": cfg.task,
                "seed": args.seed, "mpc": cfg.mpc, "planning": asdict(agent.planner_cfg) if cfg.mpc else None,
                "precision": str(agent.plan_dtype).removeprefix("torch."),
                "dims": agent.dims.to_dict(), **res.summary(),
@@ -130,7 +131,7 @@ def evaluate(args: EvalArgs) -> int:
         print(f"termination head: {summary['termination_accuracy']:.4f} of {t.sum():,} transitions right; "
               f"{t[1, 1]} of {t[1].sum()} terminal steps predicted, {t[0, 1]} false alarms")
     task_name = cfg.task.replace("/", "_").replace(":", "_")  # a namespaced id (phys2d/Pendulum-v0) is one name
-    report = args.report or checkpoint_path(args.checkpoint).with_name(f"eval_{task_name}_seed{args.seed}.json")
+    report = args.report or checkpoint.with_name(f"eval_{task_name}_seed{args.seed}.json")
     try:
         write_text_atomic(report, json_text(summary))
     except OSError as e:
