@@ -139,13 +139,13 @@ def test_pixel_buffer_bytes_equal_the_buffer():
 
 
 @pytest.mark.parametrize("text,expected", [("16GB", 16 * 10**9), ("16G", 16 * 10**9), ("16000MB", 16 * 10**9),
-                                           ("8GiB", 8 * 2**30), ("16376MiB", 16376 * 2**20), ("1.5gb", 15 * 10**8),
-                                           ("24", 24 * 10**9)])
+                                           ("8GiB", 8 * 2**30), ("16376MiB", 16376 * 2**20), ("1.5GB", 15 * 10**8), ("16g", 16 * 10**9),
+                                           ("24 GB", 24 * 10**9)])
 def test_parse_size(text, expected):
     assert memory.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "GB", "-1GB", "16 parsecs", "0GB"])
+@pytest.mark.parametrize("text", ["", "GB", "-1GB", "16 parsecs", "0GB", "16000", "16", "16Gb", "16mb"])
 def test_parse_size_rejects(text):
     with pytest.raises(ValueError):
         memory.parse_size(text)

@@ -63,7 +63,7 @@ ALLOCATOR_SLACK = 0.10  # caching allocator rounding and fragmentation, a fracti
 POOL_SEGMENTS = 22 * MiB  # at most a 20 MiB and a 2 MiB segment per pool, unused (PyTorch's kLargeBuffer, kSmallBuffer)
 SAFETY_MARGIN = 0.10  # of the card's memory, left unplanned (other processes, driver, estimate error)
 EVAL_PARALLEL = 16  # evaluation episodes run at once (tdmpc.episodes), each group with a planner of its size
-SIZE_UNITS = {"": 10**9, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+SIZE_UNITS = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
               "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
 
 
@@ -85,11 +85,17 @@ class Target:
 
 
 def parse_size(text: str) -> int:
-    """'16GB', '16G', '16000MB', '8GiB', '16' (GB) -> bytes. GB/MB are decimal, GiB/MiB binary."""
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmgt]i?)?b?\s*", text, re.IGNORECASE)
+    """'16GB', '16G', '16000MB', '8GiB' -> bytes. GB/MB are decimal, GiB/MiB binary. The unit is required (a bare
+    16000 could mean MB or GB) and a lowercase b (bits) is refused, so a size is never read other than it was meant."""
+    example = "write e.g. 16GB, 16000MB or 8GiB"
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*(?:([kmgt]i?)(B?)|(B))\s*", text, re.IGNORECASE)
+    if re.fullmatch(r"\s*\d+(?:\.\d*)?\s*", text):
+        raise ValueError(f"the memory size '{text}' has no unit (MB? GB?); {example}")
     if not m or float(m.group(1)) <= 0:
-        raise ValueError(f"cannot read the memory size '{text}'; write e.g. 16GB, 16000MB or 8GiB")
-    return int(float(m.group(1)) * SIZE_UNITS[(m.group(2) or "").lower()])
+        raise ValueError(f"cannot read the memory size '{text}'; {example}")
+    if m.group(4) or "b" in text.rstrip():
+        raise ValueError(f"the memory size '{text}' needs a unit of K, M, G or T bytes (B, not b: b is bits); {example}")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
 
 
 def cuda_target(cfg: Config, capacity: int, label: str, device: torch.device | None = None) -> Target:
