@@ -188,16 +188,18 @@ def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path,
     assert (run / "checkpoints" / (buffer.name + ".damaged")).is_file() == (kind != "missing")  # still kept
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated", "random", "list", "missing"])
+@pytest.mark.parametrize("kind", ["empty", "truncated", "random", "list", "missing", "healthy"])
 def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
-    damage(run / "config.json", kind)
-    r = run_train("--resume", run, "--steps", 400)
-    line = one_line_error(r)
-    assert "config.json" in line and f"--resume {run} --config-from-checkpoint" in line
+    if kind != "healthy":
+        damage(run / "config.json", kind)
+        r = run_train("--resume", run, "--steps", 400)
+        line = one_line_error(r)
+        assert "config.json" in line and f"--resume {run} --config-from-checkpoint" in line
     r = run_train("--resume", run, "--steps", 400, "--config-from-checkpoint")
     assert r.returncode == 0, r.stderr
-    assert (run / "config.json.damaged").exists() == (kind != "missing")
+    assert (run / "config.json.damaged").exists() == (kind not in ("missing", "healthy"))
+    assert ("the damaged config.json" in r.stderr) == (kind not in ("missing", "healthy"))  # a readable config.json is not 'damaged'
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 400
 
 

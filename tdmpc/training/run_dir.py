@@ -111,10 +111,19 @@ def _config_from_checkpoint(run_dir: Path) -> Config:
         raise ConfigError(f"{checkpoint_path(run_dir)} holds no config to resume with")
     cfg = _with_added_fields(from_dict(obj["config"], source=str(checkpoint_path(run_dir))), obj["config"],
                              checkpoint_path(run_dir))
-    damaged = set_aside_damaged(run_dir / "config.json")
+    damaged = None if _readable_config(run_dir / "config.json") else set_aside_damaged(run_dir / "config.json")
     print(f"resume: the config comes from {checkpoint_path(run_dir)}"
           + (f"; the damaged config.json is kept as {damaged.name}" if damaged else ""), file=sys.stderr)
     return cfg
+
+
+def _readable_config(path: Path) -> bool:
+    """Whether path holds a config this version reads (a readable one is not set aside as damaged)."""
+    try:
+        from_dict(read_json(path, "the run's config"), source=str(path))
+        return True
+    except (ConfigError, OSError):
+        return False
 
 
 def set_aside_damaged(path: Path) -> Path | None:
