@@ -106,6 +106,21 @@ def test_two_trainers_or_two_resumes_of_one_run_never_both_run(tmp_path):
     assert steps == sorted(set(steps))  # no step logged twice
 
 
+def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(tmp_path):
+    """Not 'no run to continue there': the run is going, it has only not written a checkpoint yet."""
+    from tdmpc.training.run_dir import RunDirLock
+
+    run = tmp_path / "run"
+    lock = RunDirLock(run)
+    lock.acquire()
+    try:
+        (run / "config.json").write_text("{}")
+        line = one_line_error(run_train("--resume", run))
+    finally:
+        lock.release()
+    assert f"is in use by pid {os.getpid()}" in line and "no checkpoint yet" in line, line
+
+
 # --- 3. damaged files --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

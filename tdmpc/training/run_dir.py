@@ -73,6 +73,9 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
     checkpoint holds (the damaged file is kept as config.json.damaged)."""
     path = run_dir / "config.json"
     if not checkpoint_path(run_dir).is_file():
+        if holder := RunDirLock.held(run_dir):
+            raise RunDirError(f"--resume {run_dir}: the run directory is in use by {holder}, a run with no checkpoint "
+                              f"yet; one process writes a run at a time (wait for it, or stop it)")
         raise ConfigError(f"--resume {run_dir}: no run to continue there (no checkpoints/latest.pt)")
     if from_checkpoint:
         return _config_from_checkpoint(run_dir)
