@@ -49,6 +49,7 @@ def base_config(args: TrainArgs) -> Config:
     if args.auto_resume and runs.checkpoint_path(Path(args.auto_resume)).is_file():
         args.resume = args.auto_resume
     if args.resume:
+        args.resume = str(runs.resume_dir(Path(args.resume)))
         return runs.saved_config(Path(args.resume), args.config_from_checkpoint)
     if args.cfg is not None:
         return load_json(args.cfg)

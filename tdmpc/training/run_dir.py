@@ -66,6 +66,19 @@ def default_run_dir(cfg: Config) -> Path:
     return Path("runs") / task / f"seed{cfg.seed}" / time.strftime("%Y%m%d-%H%M%S")
 
 
+def resume_dir(path: Path) -> Path:
+    """The run directory --resume names: a run's checkpoints/latest.pt stands for its directory (said in a line);
+    another checkpoint file is refused, since a resume continues from latest.pt and nothing else."""
+    if path.suffix != ".pt" or path.is_dir():
+        return path
+    run_dir = path.parent.parent
+    if path.name == "latest.pt" and path.parent.name == "checkpoints":
+        print(f"resume: {path} is a run's latest checkpoint; continuing the run in {run_dir}", file=sys.stderr)
+        return run_dir
+    raise ConfigError(f"--resume {path}: --resume takes a run directory and continues from its checkpoints/latest.pt; "
+                      f"to start a new run from this checkpoint's weights, pass --init-from {shlex.quote(str(path))}")
+
+
 def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
     """The config a run was started with (for --resume); fields added to Config since are said, one line each.
 

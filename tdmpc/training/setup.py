@@ -88,6 +88,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
             print(f"run in {req.resume} already finished at step {saved_step(done):,}; pass --steps N to extend it",
                   file=sys.stderr)
             return None
+        print(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})", file=sys.stderr)
     if init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
     shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
