@@ -57,6 +57,12 @@ class EvalResult:
         return out
 
 
+def eval_seed(run_seed: int) -> int:
+    """The seed a training run's evaluations play with (python -m tdmpc.evaluate's default for its checkpoints, so
+    that it plays eval.csv's episodes again); far from the training envs' seeds, which count up from run_seed."""
+    return 1_000_003 * (run_seed + 1)
+
+
 def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed: int | None, obs: str = "state",
                  action_repeat: int | None = None, video: Path | None = None, video_fps: int = 30,
                  stop: Callable[[], bool] | None = None, drop_nonfinite: bool = False) -> EvalResult | None:
@@ -67,7 +73,21 @@ def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed
 
     NaN or inf in an observation or reward is a NonFiniteData naming the env, or with drop_nonfinite its episode
     is left out (counted in `dropped`). Returns None if `stop()` turns true meanwhile (a signal during a
-    training-time eval)."""
+    training-time eval).
+
+    A seed seeds the envs and, for these episodes only, torch's generators the planner draws from: the same seed
+    plays the same episodes wherever it is called (a training run's evaluation, python -m tdmpc.evaluate), and the
+    caller's random stream is left as it was."""
+    if seed is None:
+        return _run_episodes(agent, env, episodes, seed, obs, action_repeat, video, video_fps, stop, drop_nonfinite)
+    with torch.random.fork_rng(devices=[agent.device] if agent.device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return _run_episodes(agent, env, episodes, seed, obs, action_repeat, video, video_fps, stop, drop_nonfinite)
+
+
+def _run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed: int | None, obs: str,
+                  action_repeat: int | None, video: Path | None, video_fps: int, stop: Callable[[], bool] | None,
+                  drop_nonfinite: bool) -> EvalResult | None:
     result = EvalResult([], [], [])
     if agent.model.episodic:
         result.termination = np.zeros((2, 2), dtype=np.int64)

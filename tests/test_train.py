@@ -43,6 +43,8 @@ def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
     assert rep["episodes"] == 2 and rep["task"] == "Pendulum-v1" and rep["imported_reference"] is False
     assert len(rep["returns"]) == 2 and rep["episode_length"] == 200
     assert "return" in r.stdout
+    # by default it plays the run's own evaluation episodes: eval.csv's last row (the checkpoint's step) again
+    assert rep["episode_return"] == pytest.approx(float(evals[-1]["episode_return"]), rel=1e-4), (rep, evals[-1])
 
 
 def test_sigterm_then_resume_continues_from_the_same_step(tmp_path):

@@ -17,7 +17,7 @@ import torch
 from tdmpc.agent import Agent
 from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
-from tdmpc.episodes import check_video_path, run_episodes
+from tdmpc.episodes import check_video_path, eval_seed, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.model.checkpoint import check_dims_match, checkpoint_path
 from tdmpc.runtime.device import set_threads
@@ -33,8 +33,9 @@ class EvalArgs:
     """Task to evaluate on; default: the checkpoint's. Required for reference checkpoints."""
     episodes: int = 10
     """Episodes to run (up to 16 in parallel, planned in one batched call)."""
-    seed: int = 0
-    """Seeds the envs and the planner: the same seed gives the same episodes."""
+    seed: Optional[int] = None
+    """Seeds the envs and the planner: the same seed gives the same episodes. Default: the seed the run's own
+    evaluations play with, so a training checkpoint's eval.csv row is played again (same --episodes)."""
     video: Optional[Path] = None
     """Record the first episode to this file, its format by extension (.mp4, .gif, .webm, ...), written whole or
     not at all (MuJoCo offscreen rendering; set MUJOCO_GL=egl or osmesa)."""
@@ -70,7 +71,7 @@ def evaluate(args: EvalArgs) -> int:
         raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
     if args.threads is not None and args.threads < 1:
         raise BadInput(f"--threads must be >= 1, got {args.threads}")
-    if args.seed < 0:
+    if args.seed is not None and args.seed < 0:
         raise BadInput(f"--seed must be >= 0 (gymnasium seeds envs with it), got {args.seed}")
     if args.video is not None:
         check_video_path(args.video)
@@ -82,6 +83,7 @@ def evaluate(args: EvalArgs) -> int:
     checkpoint = checkpoint_path(args.checkpoint)  # a run's directory: its latest checkpoint
     agent = Agent.from_checkpoint(checkpoint, task=args.task, device=args.device, **overrides)
     cfg = agent.cfg
+    seed = eval_seed(cfg.seed) if args.seed is None else args.seed
     if agent.dims.multitask:
         if args.task is None or "," in args.task or args.task in ("mt30", "mt80"):
             raise BadInput(f"{args.checkpoint} is a multi-task model: choose the task to evaluate with --task, one "
@@ -91,9 +93,9 @@ def evaluate(args: EvalArgs) -> int:
     if not agent.dims.multitask and is_tensor_task(cfg.task):
         if args.video:
             raise BadInput(f"--video is not supported for tensor-native envs ({cfg.task}) yet")
-        envs, spec = make_tensor_vector_env(cfg.task, args.episodes, seed=args.seed, device=agent.device)
+        envs, spec = make_tensor_vector_env(cfg.task, args.episodes, seed=seed, device=agent.device)
     elif not agent.dims.multitask:
-        env, spec = make_env(cfg.task, seed=args.seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
+        env, spec = make_env(cfg.task, seed=seed, obs=cfg.obs, action_repeat=cfg.action_repeat)
         try:
             check_observations(env, spec)
         finally:
@@ -103,10 +105,9 @@ def evaluate(args: EvalArgs) -> int:
                          str(args.checkpoint))
 
     set_threads(args.threads)
-    torch.manual_seed(args.seed)  # the planner's samples: the same seed repeats the same evaluation
     t0 = time.time()
     try:
-        res = run_episodes(agent, envs or cfg.task, args.episodes, args.seed, cfg.obs, cfg.action_repeat, args.video,
+        res = run_episodes(agent, envs or cfg.task, args.episodes, seed, cfg.obs, cfg.action_repeat, args.video,
                            drop_nonfinite=cfg.nonfinite_data == "drop")
     finally:
         if envs is not None:
@@ -114,7 +115,7 @@ def evaluate(args: EvalArgs) -> int:
     assert res is not None  # only a stop() callback ends it early
     imported = agent.imported_from_reference
     summary = {"checkpoint": str(checkpoint), "imported_reference": imported, "task": cfg.task,
-               "seed": args.seed, "mpc": cfg.mpc, "planning": asdict(agent.planner_cfg) if cfg.mpc else None,
+               "seed": seed, "mpc": cfg.mpc, "planning": asdict(agent.planner_cfg) if cfg.mpc else None,
                "precision": str(agent.plan_dtype).removeprefix("torch."),
                "dims": agent.dims.to_dict(), **res.summary(),
                "returns": res.returns, "lengths": res.lengths, "seconds": round(time.time() - t0, 1),
@@ -122,7 +123,7 @@ def evaluate(args: EvalArgs) -> int:
     origin = " (imported reference TD-MPC2 checkpoint)" if imported else ""
     success = f", success {summary['success_rate']:.2f}" if "success_rate" in summary else ""
     print(f"{cfg.task}{origin}: return {summary['episode_return']:.1f} ± {summary['episode_return_std']:.1f} "
-          f"over {summary['episodes']} episodes, length {summary['episode_length']:.0f}{success} "
+          f"over {summary['episodes']} episodes (seed {seed}), length {summary['episode_length']:.0f}{success} "
           f"[{summary['seconds']}s]" + (f"\nvideo: {args.video}" if args.video else "")
           + (f"\n{res.dropped} episode(s) left out: NaN or inf in an observation (--nonfinite-data drop)"
              if res.dropped else ""), flush=True)
@@ -131,7 +132,7 @@ def evaluate(args: EvalArgs) -> int:
         print(f"termination head: {summary['termination_accuracy']:.4f} of {t.sum():,} transitions right; "
               f"{t[1, 1]} of {t[1].sum()} terminal steps predicted, {t[0, 1]} false alarms")
     task_name = cfg.task.replace("/", "_").replace(":", "_")  # a namespaced id (phys2d/Pendulum-v0) is one name
-    report = args.report or checkpoint.with_name(f"eval_{task_name}_seed{args.seed}.json")
+    report = args.report or checkpoint.with_name(f"eval_{task_name}_seed{seed}.json")
     try:
         write_text_atomic(report, json_text(summary))
     except OSError as e:

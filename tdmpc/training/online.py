@@ -28,7 +28,7 @@ from tdmpc.buffer import Batch, ReplayBuffer
 from tdmpc.envs import EnvSource
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
 from tdmpc.envs.tensor import TensorStep, TensorVectorEnv, make_tensor_vector_env
-from tdmpc.episodes import EvalResult, run_episodes
+from tdmpc.episodes import EvalResult, eval_seed, run_episodes
 from tdmpc.errors import BufferFileError, NonFiniteData, TaskError
 from tdmpc.offline.writer import EpisodeRecorder
 from tdmpc.runtime.faults import kill_point
@@ -321,7 +321,7 @@ class OnlineTrainer(Trainer):
         truncated). Numpy envs: as any run evaluates."""
         if not isinstance(self.envs, TensorVectorEnv):
             return super().play_episodes(task, video)
-        cfg, seed = self.cfg, 1_000_003 * (self.cfg.seed + 1)
+        cfg, seed = self.cfg, eval_seed(self.cfg.seed)
         if isinstance(task, str):
             envs, _ = make_tensor_vector_env(task, cfg.eval_episodes, seed=seed, device=self.device)
             try:

@@ -23,7 +23,7 @@ from tdmpc.agent import Agent
 from tdmpc.buffer import Batch
 from tdmpc.config import Config, save_json
 from tdmpc.envs import EnvSource, EnvSpec
-from tdmpc.episodes import EvalResult, run_episodes
+from tdmpc.episodes import EvalResult, eval_seed, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFiniteData, RunDirError, in_command
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime.distributed import Shard
@@ -285,7 +285,7 @@ class Trainer(StopSignals):
     def play_episodes(self, task: EnvSource, video: Path | None) -> EvalResult | None:
         """One evaluation's episodes of `task` (None: a stop signal arrived meanwhile)."""
         cfg = self.cfg
-        return run_episodes(self.agent, task, cfg.eval_episodes, seed=1_000_003 * (cfg.seed + 1), obs=cfg.obs,
+        return run_episodes(self.agent, task, cfg.eval_episodes, seed=eval_seed(cfg.seed), obs=cfg.obs,
                             action_repeat=cfg.action_repeat, video=video, stop=self._eval_interrupted,
                             drop_nonfinite=cfg.nonfinite_data == "drop")
 
