@@ -31,6 +31,8 @@ def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
     assert [int(r["env_step"]) for r in evals] == [0, 400, 600]  # the first at step 0, as the reference
     assert (run / "checkpoints" / "latest.pt").is_file()
     assert len(list((run / "checkpoints").glob("buffer_*.h5"))) == 2  # latest.pt's and previous.pt's
+    at_400 = torch.load(run / "checkpoints" / "previous.pt", weights_only=True)["train"]
+    assert at_400["step"] == 400 and at_400["next_save"] == 800  # a resume from it saves next at 800, not at once
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["episodic"] is False and cfg["action_repeat"] == 1 and cfg["seed_steps"] == 200
 

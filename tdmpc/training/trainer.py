@@ -199,8 +199,8 @@ class Trainer(StopSignals):
                 if c.step >= c.next_eval and not self.evaluate():
                     break
                 if self.stop_reason is None:
+                    c.next_save = next_multiple(c.step, cfg.save_every)  # before: the checkpoint records it done
                     self.save()
-                    c.next_save = next_multiple(c.step, cfg.save_every)
             self.progress()
         if self.stop_reason is not None:
             self.save()
