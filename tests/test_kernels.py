@@ -75,6 +75,24 @@ def test_the_triton_count_reads_a_gpus_kernels_and_leaves_nothing_behind():
     torch.testing.assert_close(compiled(x), fn(x))  # real kernels: no stand-in survived
 
 
+def test_combo_kernels_are_counted_as_a_gpu_would_launch_them():
+    """Two independent pointwise results: two Triton kernels, or one with inductor's combo kernels (which it
+    forms on a GPU only: the count groups the CPU's nodes as it would a GPU's)."""
+    from tdmpc.bench.triton_code import triton_for_gpu
+
+    def fn(x, y):
+        return x.sin() * 2, y.cos() + 1
+    x, y = torch.randn(64, 32), torch.randn(128)
+    with triton_for_gpu():
+        assert compiled_kernels(torch.compile(fn, fullgraph=True), x, y) == {"fused": 2}
+    with triton_for_gpu(combo_kernels=True):
+        assert compiled_kernels(torch.compile(fn, fullgraph=True), x, y) == {"fused": 1}
+    import torch._inductor.config as inductor_config
+    from torch._inductor.scheduler import ForeachKernelSchedulerNode
+    assert not inductor_config.combo_kernels  # the setting went with it
+    assert ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels.__module__ == "torch._inductor.scheduler"
+
+
 def test_the_one_kernel_simnorm_is_the_softmax():
     """fused._ln_simnorm_pointwise (compiled, no gradients) against LayerNorm then softmax over groups of 8, in fp32
     (to about 1e-6) and bf16 (CUDA's planning dtype: the same rounding as the fp32 result's, or one step of it)."""

@@ -101,6 +101,10 @@ class BenchArgs:
     update_stream: bool = False
     """End to end, with overlap_updates on CUDA: each round of updates on a stream of its own, beside the next plan
     (Config.update_stream); compare without it for what it gains."""
+    combo_kernels: bool = False
+    """Compile with inductor's combo kernels (independent kernels launched as one; experimental in torch), for every
+    compile of this command; with --kernels, counted as a GPU would launch them. Not a training setting: a GPU has
+    yet to time it (its count: results/kernels-combo.json against results/kernels.json)."""
     profile: bool = False
     """On CUDA: count the kernels of one plan() and one update() with torch.profiler (graphs off, and as run),
     and the GPU's busy fraction over end-to-end steps."""
@@ -195,6 +199,8 @@ def check_args(args: BenchArgs) -> torch.device:
         raise BadInput(f"--device {args.device!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'")
     if args.gpu_mem is not None:
         gpu_mem_bytes(args.gpu_mem)
+    if args.combo_kernels and args.e2e_procs:
+        raise BadInput("--combo-kernels applies to this process's compiles; --e2e-procs starts others: run them apart")
     unknown = [s for s in args.sizes if s not in MODEL_SIZES]
     if unknown:
         raise BadInput(f"--sizes {unknown[0]}: unknown model size; choose from {', '.join(map(str, MODEL_SIZES))} "
@@ -212,7 +218,10 @@ def _main(args: BenchArgs) -> int:
     device = check_args(args)
     set_threads(args.threads)
     if args.kernels:
-        return write_kernel_counts(args.kernels_out)
+        return write_kernel_counts(args.kernels_out, args.combo_kernels)
+    if args.combo_kernels:
+        import torch._inductor.config as inductor_config
+        inductor_config.combo_kernels = True
     if args.tensor_envs:
         out = bench_tensor_envs(device, (64, 256), 10 if args.quick else 40, torch.get_num_threads())
         write_text_atomic(args.tensor_envs_out, json_text(out))
@@ -234,6 +243,7 @@ def _main(args: BenchArgs) -> int:
     fp32_matmuls = set_matmul_precision(args.matmul_precision, device)
     peaks = {"fp32": matmul_peak(device, torch.float32, reps), "bf16": matmul_peak(device, torch.bfloat16, reps)}
     result: dict = {"machine": machine_info(device), "quick": args.quick, "peak": peaks, "overrides": OVERRIDES,
+                    "combo_kernels": args.combo_kernels,
                     "fp32_matmul_precision": fp32_matmuls,
                     "planning_dtype": str(resolve_dtype("auto", device)).replace("torch.", ""), "models": []}
     for size in args.sizes:

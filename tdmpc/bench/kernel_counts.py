@@ -124,9 +124,10 @@ def step_transfers(size: int) -> tuple[TransferCounter, int]:
     return counter, before[0]
 
 
-def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
-    """results/kernels.json: size 5 at the top level, other sizes under 'size<N>'; 'detail' has every breakdown."""
-    out: dict[str, Any] = {"torch": torch.__version__, "triton": version("triton"),
+def measure(sizes: tuple[int, ...] = (5, 1), combo_kernels: bool = False) -> dict[str, Any]:
+    """results/kernels.json: size 5 at the top level, other sizes under 'size<N>'; 'detail' has every breakdown.
+    combo_kernels: compiled with inductor's combo kernels (triton_for_gpu)."""
+    out: dict[str, Any] = {"torch": torch.__version__, "triton": version("triton"), "combo_kernels": combo_kernels,
                            "path": "CUDA's, counted on the CPU (bf16 planning, fp32 updates); compiled counts read the "
                            "Triton code inductor writes for an H100 (tdmpc/bench/triton_code.py)", "detail": {}}
     with cuda_code_path():
@@ -135,7 +136,7 @@ def measure(sizes: tuple[int, ...] = (5, 1)) -> dict[str, Any]:
             agent = counting_agent(size, compile=False)
             plan_eager, plan_32 = plan_kernels(agent, 1, False), plan_kernels(agent, 32, False)
             update_eager = update_kernels(size, compiled=False)[1]
-            with triton_for_gpu():
+            with triton_for_gpu(combo_kernels):
                 plan_compiled, plan_compiled_32 = plan_kernels(agent, 1, True), plan_kernels(agent, 32, True)
                 inside, around = update_kernels(size, compiled=True)
             transfers, _ = step_transfers(size)
@@ -171,9 +172,9 @@ def gpu_estimates(detail: dict[str, dict[str, int]]) -> dict[str, Any]:
             "offsets_by_group": {call: kernel_groups.offsets(call) for call in kernel_groups.CALLS}}
 
 
-def write_kernel_counts(out: Path) -> int:
+def write_kernel_counts(out: Path, combo_kernels: bool = False) -> int:
     """--kernels: measure()'s counts, printed and written to `out`."""
-    result = measure()
+    result = measure(combo_kernels=combo_kernels)
     rows = [("size 5", result), *((k.replace("size", "size "), v) for k, v in result.items() if k.startswith("size"))]
     print("kernels per call (CUDA's code path, counted on the CPU; compiled: in inductor's Triton code for an H100)")
     for name, r in rows:

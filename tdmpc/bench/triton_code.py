@@ -47,13 +47,16 @@ def require_triton() -> None:
 
 
 @contextmanager
-def triton_for_gpu() -> Iterator[None]:
+def triton_for_gpu(combo_kernels: bool = False) -> Iterator[None]:
     """Inside it, torch.compile on the CPU writes Triton code as for an H100 and runs none of it. Dynamo's caches
-    are cleared on entry and exit, so no stand-in kernel outlives it."""
+    are cleared on entry and exit, so no stand-in kernel outlives it. combo_kernels: with inductor's combo kernels
+    (independent kernels launched as one; experimental), which it forms for GPU nodes only: here the CPU's nodes
+    are grouped as a GPU's would be."""
     require_triton()
     import torch._inductor.config as inductor_config
     from torch._inductor.async_compile import AsyncCompile
     from torch._inductor.runtime.hints import DeviceProperties
+    from torch._inductor.scheduler import ForeachKernelSchedulerNode
 
     def gpu_properties(device: torch.device) -> DeviceProperties:
         return DeviceProperties(type=device.type, index=device.index, **GPU_PROPERTIES)
@@ -64,8 +67,22 @@ def triton_for_gpu() -> Iterator[None]:
         stack.enter_context(mock.patch("torch.utils._triton.triton_hash_with_backend", lambda: "no-gpu"))
         stack.enter_context(mock.patch.object(DeviceProperties, "create", gpu_properties))
         stack.enter_context(mock.patch.object(AsyncCompile, "triton", lambda self, *a, **k: _KernelStandIn()))
+        if combo_kernels:
+            stack.enter_context(inductor_config.patch(combo_kernels=True))
+            stack.enter_context(mock.patch.object(ForeachKernelSchedulerNode, "group_algorithm_for_combo_kernels",
+                                                  _combo_groups_on_any_device))
         torch._dynamo.reset()
         try:
             yield
         finally:
             torch._dynamo.reset()
+
+
+def _combo_groups_on_any_device(scheduler: Any) -> list[list[Any]]:
+    """Inductor's default grouping for combo kernels (nodes of one topological level, in chunks of
+    combo_kernel_max_num_nodes), without its exclusion of CPU nodes; one device and one stream here."""
+    import torch._inductor.config as inductor_config
+
+    size = inductor_config.combo_kernel_max_num_nodes
+    return [level[i:i + size] for level in map(list, scheduler._topological_sort_nodes())
+            for i in range(0, len(level), size)]
