@@ -277,21 +277,27 @@ def test_the_committed_kernel_counts_are_the_codes_eager_counts():
 
 
 @pytest.mark.compile
-def test_the_committed_kernel_counts_are_the_codes_compiled_counts():
-    """The same for the compiled counts, read from the Triton code written for a GPU (half a minute of compiling)."""
+@pytest.mark.parametrize("name,combo,split", [("kernels.json", False, True), ("kernels-combo.json", True, True),
+                                              ("kernels-combo-no-split.json", True, False)])
+def test_the_committed_kernel_counts_are_the_codes_compiled_counts(name, combo, split):
+    """The same for the compiled counts, read from the Triton code written for a GPU (half a minute of compiling
+    each): as compiled today, with combo kernels (--combo-kernels), and with them and no split reductions."""
     import json
     from pathlib import Path
+
+    import torch._inductor.config as inductor_config
 
     from tdmpc.bench.kernel_counts import counting_agent, plan_kernels, update_kernels
     from tdmpc.bench.triton_code import triton_for_gpu
     from tdmpc.runtime.device import cuda_code_path
 
-    committed = json.loads((Path(__file__).parents[1] / "results" / "kernels.json").read_text())
-    with cuda_code_path(), triton_for_gpu():
+    committed = json.loads((Path(__file__).parents[1] / "results" / name).read_text())
+    assert (committed["combo_kernels"], committed["split_reductions"]) == (combo, split)
+    with cuda_code_path(), inductor_config.patch(split_reductions=split), triton_for_gpu(combo):
         plan = sum(plan_kernels(counting_agent(5, False), 1, True).values())
         update = sum(sum(part.values()) for part in update_kernels(5, True))
     assert (plan, update) == (committed["plan_kernels_compiled"], committed["update_kernels_compiled"]), \
-        "rerun python -m tdmpc.bench --kernels and commit results/kernels.json"
+        f"rerun python -m tdmpc.bench --kernels and commit results/{name}"
 
 
 def test_the_cpu_count_predicts_the_last_gpu_profile_by_group():

@@ -330,7 +330,7 @@ def test_every_bench_stage_of_the_gpu_speed_script_parses(tmp_path):
     bench = re.search(r'^B="python3 -m tdmpc\.bench (.*)"$', text, re.M)
     assert bench is not None
     stages = re.findall(r"^(?:\w+=\S+ )*stage (\S+) \S+ \$B (.*?)(?:\s+#.*)?$", text, re.M)
-    assert {"ours", "ours-compile", "seed-case-ours", "update-stream", "no-split", "combo"} <= {name for name, _ in stages}
+    assert {"ours", "ours-compile", "seed-case-ours", "update-stream", "no-split", "combo", "combo-no-split"} <= {name for name, _ in stages}
     for _, rest in stages:
         line = f"{bench.group(1)} {rest}".replace("$O", str(tmp_path)).replace("--device cuda", "--device cpu")
         check_args(parse_args(BenchArgs, shlex.split(line), "python -m tdmpc.bench", ""))

@@ -42,6 +42,7 @@ stage ours-compile 200 $B --sizes 5 --envs 1 32 --compile --e2e-envs 1 32 --e2e-
 stage update-stream 170 $B --sizes 5 --envs 1 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --update-stream --out $O/update-stream.json  # beside ours-compile: rounds on their own stream
 TORCHINDUCTOR_SPLIT_REDUCTIONS=0 stage no-split 150 $B --sizes 5 --envs 1 --compile --e2e-envs 1 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/no-split.json  # beside ours-compile: 212 kernels per update instead of 260 in the Triton count (results/kernel-cuts/)
 stage combo 150 $B --sizes 5 --envs 1 --compile --combo-kernels --e2e-envs 1 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/combo.json  # beside ours-compile: 186 kernels per update instead of 260 in the Triton count (results/kernels-combo.json)
+TORCHINDUCTOR_SPLIT_REDUCTIONS=0 stage combo-no-split 150 $B --sizes 5 --envs 1 --compile --combo-kernels --e2e-envs 1 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/combo-no-split.json  # both: 175 in the Triton count (results/kernels-combo-no-split.json)
 stage no-overlap 100 $B --sizes 1 --envs 1 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --no-overlap-updates --out $O/no-overlap.json  # the reference's order, beside "ours"
 ref seed-case-reference 150 steps=1500 horizon=8 num_samples=256 mem_gib=16
 stage sizes 80 $B --sizes 1 19 48 --envs 1 32 --e2e-steps 0 --out $O/sizes.json

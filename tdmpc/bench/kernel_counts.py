@@ -127,7 +127,10 @@ def step_transfers(size: int) -> tuple[TransferCounter, int]:
 def measure(sizes: tuple[int, ...] = (5, 1), combo_kernels: bool = False) -> dict[str, Any]:
     """results/kernels.json: size 5 at the top level, other sizes under 'size<N>'; 'detail' has every breakdown.
     combo_kernels: compiled with inductor's combo kernels (triton_for_gpu)."""
+    import torch._inductor.config as inductor_config
+
     out: dict[str, Any] = {"torch": torch.__version__, "triton": version("triton"), "combo_kernels": combo_kernels,
+                           "split_reductions": inductor_config.split_reductions,  # TORCHINDUCTOR_SPLIT_REDUCTIONS
                            "path": "CUDA's, counted on the CPU (bf16 planning, fp32 updates); compiled counts read the "
                            "Triton code inductor writes for an H100 (tdmpc/bench/triton_code.py)", "detail": {}}
     with cuda_code_path():
