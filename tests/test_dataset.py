@@ -95,6 +95,52 @@ def test_append_round_trip_and_task_list_extension(tmp_path):
     assert info.files[0].source.splitlines() == ["test", "second run"]
 
 
+def _commit(path: Path, source: str, n: int, first_id: int) -> None:
+    with DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, source) as w:
+        w.commit([make_episode(first_id + i, 2) for i in range(n)])
+
+
+def _drop_own(path: Path, source: str, kept: int) -> list[int]:
+    """A writer `source` reopening `path` drops its own episodes after the first `kept`; the ids left."""
+    with DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, source) as w:
+        w.drop_own_after(kept)
+    return [int(ep.obs[0, 0]) for ep in read_episodes(path)]
+
+
+@pytest.mark.parametrize("order, left", [
+    ("AA", [1, 2]),              # a resumed run's own episodes after its checkpoint: played again, dropped
+    ("AB", [1, 2, 10, 11, 12]),  # another writer's, appended after the checkpoint: never dropped
+    ("ABA", [1, 2, 10, 11, 12]),  # the run's own after the other's: dropped, the other's kept
+])
+def test_a_resumed_writer_drops_only_its_own_episodes(tmp_path, order, left):
+    path = tmp_path / "d.h5"
+    _commit(path, "run A", 2, 1)  # the checkpoint counts these 2
+    ids = {"A": iter([20, 30]), "B": iter([10])}
+    for who in order[1:]:
+        _commit(path, f"run {who}", 3 if who == "B" else 2, next(ids[who]))
+    assert _drop_own(path, "run A", 2) == left
+
+
+def test_a_writer_refuses_to_drop_its_episodes_from_under_anothers(tmp_path):
+    path = tmp_path / "d.h5"
+    _commit(path, "run A", 2, 1)
+    _commit(path, "run A", 2, 20)
+    _commit(path, "run B", 3, 10)
+    before = digest(path)
+    with pytest.raises(DatasetError, match="run B"):
+        _drop_own(path, "run A", 2)
+    assert digest(path) == before
+
+
+def test_episodes_of_unknown_origin_are_never_dropped(tmp_path):
+    """A file written before writers were recorded (no 'segments'): nothing in it is known to be the run's."""
+    path = tmp_path / "d.h5"
+    _commit(path, "run A", 4, 1)
+    with h5py.File(path, "a") as f:
+        del f.attrs["segments"]
+    assert _drop_own(path, "run A", 2) == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("change, field", [
     (dict(obs_shape=(4,)), "obs_shape"), (dict(action_dim=2), "action_dim"), (dict(obs_type="rgb"), "obs_type"),
     (dict(action_repeat=1), "action_repeat"), (dict(tasks=["cheetah-run"]), "tasks"),

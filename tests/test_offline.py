@@ -44,6 +44,26 @@ def test_save_data_keeps_every_finished_episode_as_the_buffer_holds_it(online, t
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
+def test_a_resume_never_drops_episodes_another_writer_appended(online, tmp_path):
+    """tdmpc.collect appends to the file a run saves its episodes to; the run, resumed (here onto a copy of the
+    file, named by --save-data), keeps them and appends its own after them."""
+    import shutil
+
+    run, data = online
+    shutil.copytree(run, tmp_path / "run", ignore=shutil.ignore_patterns(".lock"))
+    shutil.copy(data, tmp_path / "data.h5")
+    r = run_module("tdmpc.collect", "--checkpoint", tmp_path / "run", "--episodes", 2, "--out", tmp_path / "data.h5",
+                   "--threads", 1)
+    assert r.returncode == 0, r.stderr
+    collected = [ep.reward for ep in read_episodes(tmp_path / "data.h5")][3:]
+    r = run_train("--resume", tmp_path / "run", "--steps", 800, "--save-data", tmp_path / "data.h5")
+    assert r.returncode == 0, r.stderr
+    rewards = [ep.reward for ep in read_episodes(tmp_path / "data.h5")]
+    assert len(rewards) == 6  # the run's 3, collect's 2, the resumed run's next one
+    for a, b in zip(rewards[3:5], collected):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.parametrize("stream", ["memory", "stream"])
 def test_offline_training_updates_evaluates_and_resumes(online, tmp_path, stream):
     _, data = online

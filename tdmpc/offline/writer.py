@@ -39,10 +39,11 @@ class DatasetWriter:
         self.path = Path(path)
         self.schema = make_schema(self.path, obs_shape, action_dim, tasks, obs_type, action_repeat,
                                   task_obs_dims, task_action_dims, discrete, action_start)
-        self.source = source
+        self.source, self.writer = source, source
         self._lock = _lock(self.path)
         self._pending: list[Episode] = []
         self.episodes = 0  # in the file
+        self.segments: list[list] = []  # [writer, first episode, count] per run of commits, as the file records them
         try:
             for leftover in self.path.parent.glob(glob.escape(f".{self.path.name}.") + "*.tmp"):
                 leftover.unlink(missing_ok=True)
@@ -51,6 +52,7 @@ class DatasetWriter:
                     old = read_file(f, self.path)
                 self._check_extends(old)
                 self.episodes = old.episodes
+                self.segments = _segments(self.path, old.episodes)
                 if source not in old.source.splitlines():
                     self.source = f"{old.source}\n{source}" if old.source else source
         except BaseException:
@@ -99,29 +101,53 @@ class DatasetWriter:
                     self._create(f)
                 self._write_attrs(f)
                 written[0] = _append_all(f, itertools.chain([head], stream), self.schema)
+                f.attrs["segments"] = json.dumps(self._segments_with(written[0]))
 
         atomic_write(self.path, write)  # on failure the held episodes stay held
         self._pending = []
+        self.segments = self._segments_with(written[0])
         self.episodes += written[0]
         return written[0]
 
-    def truncate(self, episodes: int) -> None:
-        """Keep the first `episodes` of the file (atomically, as a commit): a run resumed from a checkpoint
-        drops the episodes appended after it, which it will play again."""
-        if episodes >= self.episodes:
+    def _segments_with(self, n: int) -> list[list]:
+        """The file's segments once this writer appends `n` more episodes (one segment per run of its commits)."""
+        last = self.segments[-1] if self.segments else None
+        if last is not None and last[0] == self.writer and last[1] + last[2] == self.episodes:
+            return [*self.segments[:-1], [self.writer, last[1], last[2] + n]]
+        return [*self.segments, [self.writer, self.episodes, n]]
+
+    def drop_own_after(self, episodes: int) -> None:
+        """A run resumed from a checkpoint that counted `episodes` in the file: drop the episodes this writer
+        appended after them (it plays them again), atomically, as a commit. Another writer's episodes (collect,
+        another run sharing the file) and those of unknown origin are never dropped; when the run's own lie
+        before another's, a one-line DatasetError says so and the file is left as it is."""
+        own_from = self.episodes  # where the run's own episodes at the end of the file begin
+        for writer, first, count in reversed(self.segments):
+            if first + count <= episodes or writer != self.writer:
+                break
+            own_from = max(first, episodes)
+        between = [(w, f, c) for w, f, c in self.segments if max(f, episodes) < min(f + c, own_from)]
+        if any(w == self.writer for w, _, _ in between):
+            others = sorted({str(w or "a writer not recorded") for w, _, _ in between if w != self.writer})
+            raise DatasetError(f"{self.path}: after this run's checkpoint it holds episodes of this run followed by "
+                               f"another writer's ({'; '.join(others)}); a resume would have to drop those. Move "
+                               f"them out, or resume with --save-data naming another file")
+        if own_from >= self.episodes:
             return
+        segments = [[w, f, min(c, own_from - f)] for w, f, c in self.segments if f < own_from]
 
         def write(tmp: Path) -> None:
             shutil.copyfile(self.path, tmp)
             with h5py.File(tmp, "a") as f:
-                rows = int(f["episode_start"][episodes]) if episodes else 0
+                rows = int(f["episode_start"][own_from]) if own_from else 0
                 for name in ROW_FIELDS:
                     f[name].resize(rows, axis=0)
                 for name in EPISODE_FIELDS:
-                    f[name].resize(episodes, axis=0)
+                    f[name].resize(own_from, axis=0)
+                f.attrs["segments"] = json.dumps(segments)
 
         atomic_write(self.path, write)
-        self.episodes = episodes
+        self.episodes, self.segments = own_from, segments
 
     def _create(self, f: h5py.File) -> None:
         chunk = self.schema.chunk_rows()
@@ -235,6 +261,16 @@ def _append(f: h5py.File, episodes: list[Episode]) -> None:
         old = R if name in ROW_FIELDS else E
         ds.resize(old + len(values), axis=0)
         ds[old:] = values
+
+
+def _segments(path: Path, episodes: int) -> list[list]:
+    """Who wrote which episodes: the file's 'segments' attribute, or, in a file written before writers were
+    recorded, one segment of unknown origin (writer None)."""
+    with h5py.File(path, "r") as f:
+        raw = f.attrs.get("segments")
+    if raw is None:
+        return [[None, 0, episodes]] if episodes else []
+    return [list(seg) for seg in json.loads(raw)]
 
 
 class EpisodeRecorder:

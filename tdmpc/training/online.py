@@ -350,7 +350,7 @@ class OnlineTrainer(Trainer):
         if state is not None and isinstance(self.envs, HostVectorEnv):
             self.envs.set_rng_state(state)
         if self.recorder is not None and obj.get("data_episodes") is not None:
-            self.recorder.writer.truncate(obj["data_episodes"])  # appended after this checkpoint: played again
+            self.recorder.writer.drop_own_after(obj["data_episodes"])  # its own after this checkpoint: played again
         self._restore_buffer(obj.get("buffer_file"), no_buffer)
 
     def close_data(self) -> None:
