@@ -250,6 +250,15 @@ def test_value_check_streams_in_blocks(tmp_path, small_chunks, monkeypatch):
     assert row_reads and all(k.stop - k.start <= 64 for k in row_reads)
 
 
+def test_a_multitask_buffer_is_not_converted_as_one_task(tmp_path):
+    """Its envs play several tasks (padded to one width): labelling every episode with one task would be wrong."""
+    buf = ReplayBuffer(50, 2, (3,), 1, 3, env_tasks=np.array([0, 1]))
+    buf.save(tmp_path / "buffer.h5")
+    with pytest.raises(DatasetError, match="multi-task"):
+        convert_buffer(tmp_path / "buffer.h5", tmp_path / "out.h5", "Pendulum-v1")
+    assert not (tmp_path / "out.h5").exists()
+
+
 def test_truncated_and_foreign_files(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(i + 1, 50) for i in range(20)])

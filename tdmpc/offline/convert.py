@@ -78,6 +78,10 @@ def convert_buffer(buffer_path: str | Path, out_path: str | Path, task: str, obs
         obs_shape, obs_dtype = f["obs"].shape[2:], f["obs"].dtype
         discrete = "num_actions" in f.attrs  # a discrete run's buffer: one integer action per row
         action_dim = int(f.attrs["num_actions"]) if discrete else f["action"].shape[2]
+        if "env_tasks" in f:
+            raise DatasetError(f"{buffer_path} is a multi-task run's replay buffer (its envs play "
+                               f"{len(set(f['env_tasks'][:].tolist()))} tasks, padded to one width), which convert "
+                               f"cannot label with one task; a multi-task run keeps its episodes with --save-data")
     if action_repeat is None:
         from tdmpc.envs.names import resolve_task
 
