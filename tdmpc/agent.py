@@ -97,8 +97,12 @@ class Agent:
         """Learner.update: one gradient step of the world model, then of the policy; metrics stay on the device.
         The next plan reads the updated weights."""
         metrics = self.learner.update(batch)
-        self.actor.stale = True
+        self.weights_changed()
         return metrics
+
+    def weights_changed(self) -> None:
+        """The model's weights were written (an update, a load, --init-from): the next plan refreshes its copy."""
+        self.actor.stale = True
 
     @property
     def optim(self) -> torch.optim.Optimizer:
@@ -129,7 +133,7 @@ class Agent:
 
     def load_state_dict(self, state: dict, source: str = "checkpoint") -> None:
         checkpoint.load_state_strict(self.model, state["model"], source)
-        self.actor.stale = True
+        self.weights_changed()
         self.learner.load_state_dict(state)
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:

@@ -64,6 +64,22 @@ def test_a_resume_never_drops_episodes_another_writer_appended(online, tmp_path)
         np.testing.assert_array_equal(a, b)
 
 
+def test_offline_init_from_evaluates_the_loaded_weights_at_step_0(online, tmp_path):
+    """Step 0's evaluation plays the --init-from weights (it played the fresh ones): what evaluate plays on them."""
+    import json
+
+    run, data = online
+    r = run_train("--dataset", data, "--init-from", run, "--cfg", tiny_json(tmp_path), "--steps", 50,
+                  "--eval-freq", 50, "--eval-episodes", 2, "--run-dir", tmp_path / "off")
+    assert r.returncode == 0, r.stderr
+    seed = json.loads((tmp_path / "off" / "config.json").read_text())["seed"]
+    r = run_module("tdmpc.evaluate", "--checkpoint", run, "--episodes", 2, "--seed", 1_000_003 * (seed + 1),
+                   "--report", tmp_path / "report.json")
+    assert r.returncode == 0, r.stderr
+    played = json.loads((tmp_path / "report.json").read_text())["episode_return"]
+    assert float(read_csv(tmp_path / "off" / "eval.csv")[0]["episode_return"]) == pytest.approx(played, rel=1e-4)
+
+
 @pytest.mark.parametrize("stream", ["memory", "stream"])
 def test_offline_training_updates_evaluates_and_resumes(online, tmp_path, stream):
     _, data = online

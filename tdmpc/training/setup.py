@@ -267,6 +267,7 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
             print(init_weights(agent.model, s.init_from, s.spec.obs_shape, s.spec.action_dim, s.spec.discrete,
                                s.spec.task),
                   file=sys.stderr)
+            agent.weights_changed()
         trainer: Trainer
         if data is not None:
             trainer = OfflineTrainer(s, agent, data, lock, on_log, on_eval)
