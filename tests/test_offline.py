@@ -149,6 +149,24 @@ def test_bad_data_is_one_line_naming_the_file_and_field(online, tmp_path, kind, 
     assert bad.read_bytes() == before and not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize("command,needle", [
+    (["tdmpc.collect", "--checkpoint", "{run}", "--episodes", "1", "--out", "{tmp}/c.h5", "--threads", "0"],
+     "--threads must be >= 1, got 0"),
+    (["tdmpc.collect", "--checkpoint", "{run}", "--episodes", "1", "--out", "{tmp}/c.h5", "--noise", "-0.5"],
+     "--noise must be >= 0, got -0.5"),
+    (["tdmpc.dataset", "convert", "{buffer}", "--task", "Pendulum-v1", "--out", "{tmp}/c.h5", "--obs-type", "pixels"],
+     "'pixels'"),
+    (["tdmpc.dataset", "to-minari", "{data}", "--dataset-id", "pend"], "an id ends in its version, -vN"),
+    (["tdmpc.parity", "{tmp}", "--threads", "0"], "--threads must be >= 1, got 0"),
+])
+def test_bad_input_to_the_data_commands_is_one_line(online, tmp_path, command, needle):
+    run, data = online
+    paths = {"run": run, "data": data, "tmp": tmp_path, "buffer": run / "checkpoints" / "buffer_0000000600.h5"}
+    r = run_module(*(part.format(**paths) for part in command))
+    assert needle in one_line_error(r)
+    assert not (tmp_path / "c.h5").exists()
+
+
 def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_path):
     """torchrun, 2 processes on gloo at batch 8 each, against 1 process at batch 16: after 20 updates every
     parameter agrees (dropout off: its masks are drawn per rank)."""

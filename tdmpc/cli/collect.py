@@ -56,9 +56,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def collect(args: CollectArgs) -> int:
-    if args.episodes < 1 or not args.noise >= 0 or args.seed < 0:  # (noise above 1: a discrete model acts at random)
-        raise BadInput(f"--episodes must be >= 1, --noise >= 0 and --seed >= 0, got {args.episodes}, {args.noise} "
-                       f"and {args.seed}")
+    # (noise above 1: a discrete model acts at random, as at 1)
+    for flag, value, least in (("episodes", args.episodes, 1), ("noise", args.noise, 0), ("seed", args.seed, 0),
+                               ("threads", 1 if args.threads is None else args.threads, 1)):
+        if not value >= least:
+            raise BadInput(f"--{flag} must be >= {least}, got {value}")
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc)
     cfg, dims = agent.cfg, agent.dims
     task = args.task or cfg.task

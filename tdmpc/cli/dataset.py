@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Annotated, Callable, Iterator, Optional
+from typing import Annotated, Callable, Iterator, Literal, Optional
 
 import numpy as np
 import tyro
@@ -16,7 +16,8 @@ from tdmpc.errors import EXIT_REQUEUE, STOP_SIGNALS, ActionRangeError, DatasetEr
 from tdmpc.offline.format import DatasetFile, episode_blocks, open_dataset, open_h5
 
 
-def convert(buffer: Annotated[Path, tyro.conf.Positional], task: str, out: Path, obs_type: Optional[str] = None,
+def convert(buffer: Annotated[Path, tyro.conf.Positional], task: str, out: Path,
+            obs_type: Optional[Literal["state", "rgb"]] = None,
             action_repeat: Optional[int] = None) -> int:
     """Write a saved replay buffer's episodes to a dataset file (appended if it exists).
 

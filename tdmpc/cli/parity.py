@@ -40,11 +40,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(ParityArgs, argv, "python -m tdmpc.parity", __doc__.splitlines()[0])
 
     def go() -> int:
-        import torch
-
         from tdmpc.report.parity import ParityError, check, read_fixture, rounding_sensitivity
+        from tdmpc.runtime.device import set_threads
 
-        torch.set_num_threads(max(1, args.threads))
+        set_threads(args.threads)
         try:
             report, lines = check(args.fixture, compile=args.compile, keep_deviations=args.keep_deviations)
         except ParityError as e:

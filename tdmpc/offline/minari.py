@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -67,6 +68,8 @@ def to_minari(dataset_path: str | Path, dataset_id: str, author: str | None = No
         file = read_file(f, path)
     if not file.episodes:
         raise DatasetError(f"{path}: holds no episode to export")
+    if not re.search(r"-v\d+$", dataset_id):  # else minari's parser fails with a TypeError
+        raise DatasetError(f"Minari dataset {dataset_id!r}: an id ends in its version, -vN (e.g. {dataset_id}-v0)")
     try:
         namespace = parse_dataset_id(dataset_id)[0]
     except ValueError as e:

@@ -10,7 +10,7 @@ from typing import Iterator
 
 import torch
 
-from tdmpc.errors import DeviceError
+from tdmpc.errors import BadInput, DeviceError
 
 _cuda_code_path = False
 
@@ -85,6 +85,8 @@ def set_threads(requested: int | None) -> int:
     cores less those other processes keep busy (OpenMP threads spin, so two processes each using every
     core run several times slower than with their share each), saying so when that is fewer than all
     cores. Returns the count."""
+    if requested is not None and requested < 1:
+        raise BadInput(f"--threads must be >= 1, got {requested}")
     if requested is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         requested = max(1, int(os.environ["OMP_NUM_THREADS"]))
     if requested is None:
