@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from typing import Callable, Iterator, TypeVar
 
 EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_REQUEUE = 0, 1, 2, 3
@@ -208,3 +209,23 @@ def optional_bool_flags(argv: list[str] | None, *classes: type) -> list[str]:
         else:
             out.append(arg)
     return out
+
+
+@contextlib.contextmanager
+def stop_signals() -> Iterator[list[str]]:
+    """SIGTERM, SIGINT or SIGUSR1 (a scheduler's) recorded, by name, in the list it gives, for the work to stop at its
+    next safe point, as training does; a second Ctrl-C stops at once (KeyboardInterrupt)."""
+    stopped: list[str] = []
+
+    def on_signal(signum: int, frame: object) -> None:
+        stopped.append(signal.Signals(signum).name)
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS} if main_thread else {}
+    try:
+        yield stopped
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

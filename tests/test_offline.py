@@ -149,6 +149,33 @@ def test_bad_data_is_one_line_naming_the_file_and_field(online, tmp_path, kind, 
     assert bad.read_bytes() == before and not (tmp_path / "run" / "checkpoints").exists()
 
 
+def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(online, tmp_path):
+    """The default seed is the count the file holds, so a second collect into it adds new episodes; SIGTERM stops
+    it at the next step, with the batches written kept and the one in play left out, exit 3 and a line."""
+    import signal
+    import time
+
+    run, _ = online
+    out = tmp_path / "c.h5"
+    for _ in range(2):
+        r = run_module("tdmpc.collect", "--checkpoint", run, "--episodes", 2, "--out", out, "--threads", 1)
+        assert r.returncode == 0, r.stderr
+    first = [ep.obs[0] for ep in read_episodes(out)]
+    assert len(first) == 4 and not any(np.array_equal(first[i], first[i + 2]) for i in range(2))
+
+    proc = subprocess.Popen([sys.executable, "-m", "tdmpc.collect", "--checkpoint", str(run), "--episodes", "200",
+                             "--out", str(tmp_path / "k.h5"), "--threads", "1"], stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 200
+    while not (tmp_path / "k.h5").exists():  # the first batch of 16 is written
+        assert time.time() < deadline and proc.poll() is None, "no batch written"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    assert "stopped by SIGTERM after 16 of 200 episodes" in err and "holds 16 episodes" in err, err
+    assert len(list(read_episodes(tmp_path / "k.h5"))) == 16
+
+
 @pytest.mark.parametrize("command,needle", [
     (["tdmpc.collect", "--checkpoint", "{run}", "--episodes", "1", "--out", "{tmp}/c.h5", "--threads", "0"],
      "--threads must be >= 1, got 0"),

@@ -11,13 +11,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
+import h5py
 import numpy as np
 import torch
 
 from tdmpc.agent import Agent
-from tdmpc.errors import EXIT_OK, BadInput, parse_args, run_cli
+from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, parse_args, run_cli, stop_signals
 from tdmpc.offline.writer import DatasetWriter, task_action_start
 from tdmpc.runtime.device import set_threads
 from tdmpc.envs import make_env, make_envs
@@ -42,8 +43,9 @@ class CollectArgs:
     noise: float = 0.0
     """Std of Gaussian noise added to every action (then clipped to [-1, 1]); for discrete actions, the chance of
     a uniformly random action instead (at most 1)."""
-    seed: int = 0
-    """Seeds the envs, the planner and the noise."""
+    seed: Optional[int] = None
+    """Seeds the envs, the planner and the noise. Default: the number of episodes --out holds already (0 for a new
+    file), so collecting into a file again plays new episodes, not the same ones a second time."""
     device: str = "auto"
     """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     threads: Optional[int] = None
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def collect(args: CollectArgs) -> int:
     # (noise above 1: a discrete model acts at random, as at 1)
-    for flag, value, least in (("episodes", args.episodes, 1), ("noise", args.noise, 0), ("seed", args.seed, 0),
+    for flag, value, least in (("episodes", args.episodes, 1), ("noise", args.noise, 0),
+                               ("seed", 0 if args.seed is None else args.seed, 0),
                                ("threads", 1 if args.threads is None else args.threads, 1)):
         if not value >= least:
             raise BadInput(f"--{flag} must be >= {least}, got {value}")
@@ -70,25 +73,48 @@ def collect(args: CollectArgs) -> int:
         agent.task_ids(task, 1)  # one of its set, or a one-line error
         own = ([_own_obs_dim(task)], [dims.action_dims[dims.tasks.index(task)]])
     start = task_action_start(task, obs=cfg.obs, action_repeat=cfg.action_repeat) if dims.discrete else 0
-    writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat, _source(args), *own,
-                           discrete=dims.discrete, action_start=start)
+    seed = _episodes_in(args.out) if args.seed is None else args.seed
+    writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat,
+                           _source(args, task, seed), *own, discrete=dims.discrete, action_start=start)
     set_threads(args.threads)
-    torch.manual_seed(args.seed)
-    rng = np.random.default_rng(args.seed)
+    torch.manual_seed(seed)
+    rng = np.random.default_rng(seed)
     returns: list[float] = []
-    with writer:
-        while len(returns) < args.episodes:
-            n = min(PARALLEL, args.episodes - len(returns))
-            returns += _play(agent, task, n, args.seed + len(returns), args.noise, rng, writer)
-            writer.commit()  # each batch of episodes on disk before the next is played
-    print(f"{task}: {len(returns)} episodes, return {np.mean(returns):.1f} ± {np.std(returns):.1f}; "
+    with stop_signals() as stopped:
+        try:
+            with writer:  # an exception drops the batch being played
+                while len(returns) < args.episodes:
+                    n = min(PARALLEL, args.episodes - len(returns))
+                    returns += _play(agent, task, n, seed + len(returns), args.noise, rng, writer,
+                                     lambda: bool(stopped))
+                    writer.commit()  # each batch of episodes on disk before the next is played
+        except CollectStopped:
+            print(f"error: stopped by {stopped[0]} after {len(returns)} of {args.episodes} episodes: {args.out} holds "
+                  f"{writer.episodes} episodes, the batch in play left out (collect the rest with --episodes "
+                  f"{args.episodes - len(returns)})", file=sys.stderr)
+            return EXIT_REQUEUE
+    print(f"{task}: {len(returns)} episodes (seed {seed}), return {np.mean(returns):.1f} ± {np.std(returns):.1f}; "
           f"{args.out} holds {writer.episodes} episodes")
     return EXIT_OK
 
 
+class CollectStopped(Exception):
+    """A stop signal arrived while a batch of episodes was played."""
+
+
+def _episodes_in(path: Path) -> int:
+    """Episodes a dataset file holds already (0 if it is missing or cannot be read: the writer says why)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return len(f["episode_length"])
+    except (OSError, KeyError, TypeError):
+        return 0
+
+
 def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.random.Generator,
-          writer: DatasetWriter) -> list[float]:
-    """n episodes in parallel; each is handed to the writer as it ends. Returns their returns."""
+          writer: DatasetWriter, stop: Callable[[], bool]) -> list[float]:
+    """n episodes in parallel; each is handed to the writer as it ends. Returns their returns; CollectStopped when
+    stop() turns true."""
     dims, cfg = agent.dims, agent.cfg
     envs = make_envs(task, n, seed=seed, obs=cfg.obs, action_repeat=cfg.action_repeat, pad_to=dims.pad_to)
     task_mask = agent.model.action_mask(agent.task_ids(task, 1)) if dims.multitask else None
@@ -99,6 +125,8 @@ def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.rand
         history: list[tuple[list[np.ndarray], list[np.ndarray], list[float]]] = [([o], [], []) for o in obs]
         done, first, returns = np.zeros(n, bool), np.ones(n, bool), []
         while not done.all():
+            if stop():
+                raise CollectStopped
             action = np.asarray(agent.act(obs, first, eval_mode=True, role=f"collect{n}",
                                           task=task if dims.multitask else None))
             if dims.discrete:  # noise: the chance of a uniformly random action instead
@@ -123,9 +151,9 @@ def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.rand
         envs.close()
 
 
-def _source(args: CollectArgs) -> str:
-    return (f"tdmpc.collect --checkpoint {args.checkpoint} --task {args.task} {'' if args.mpc else '--no-mpc '}"
-            f"--noise {args.noise} --seed {args.seed}")
+def _source(args: CollectArgs, task: str, seed: int) -> str:
+    return (f"tdmpc.collect --checkpoint {args.checkpoint} --task {task} {'' if args.mpc else '--no-mpc '}"
+            f"--noise {args.noise} --seed {seed}")
 
 
 def _own_obs_dim(task: str) -> int:

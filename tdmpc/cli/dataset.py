@@ -1,18 +1,15 @@
-"""python -m tdmpc.dataset: make, check and describe offline dataset files (the format: README, "Offline training and datasets")."""
+"""python -m tdmpc.dataset: make, check and describe offline dataset files (the format: docs/offline.md)."""
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import sys
-import threading
 from pathlib import Path
-from typing import Annotated, Callable, Iterator, Literal, Optional
+from typing import Annotated, Callable, Literal, Optional
 
 import numpy as np
 import tyro
 
-from tdmpc.errors import EXIT_REQUEUE, STOP_SIGNALS, ActionRangeError, DatasetError, one_line_parse_errors, run_cli
+from tdmpc.errors import EXIT_REQUEUE, ActionRangeError, DatasetError, one_line_parse_errors, run_cli, stop_signals
 from tdmpc.offline.format import DatasetFile, episode_blocks, open_dataset, open_h5
 
 
@@ -97,7 +94,7 @@ def to_minari(path: Annotated[Path, tyro.conf.Positional], dataset_id: str, auth
     """
     from tdmpc.offline.minari import ExportStopped, to_minari as export
 
-    with _stop_signals() as stopped:
+    with stop_signals() as stopped:
         try:
             directory = export(path, dataset_id, author, author_email, code_permalink, stop=lambda: bool(stopped))
         except ExportStopped:
@@ -112,26 +109,6 @@ def to_minari(path: Annotated[Path, tyro.conf.Positional], dataset_id: str, auth
     return 0
 
 
-
-
-@contextlib.contextmanager
-def _stop_signals() -> Iterator[list[str]]:
-    """SIGTERM, SIGINT or SIGUSR1 (a scheduler's) recorded, by name, in the list it gives, for the work to stop at its
-    next safe point, as training does; a second Ctrl-C stops at once (KeyboardInterrupt)."""
-    stopped: list[str] = []
-
-    def on_signal(signum: int, frame: object) -> None:
-        stopped.append(signal.Signals(signum).name)
-        if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
-
-    main_thread = threading.current_thread() is threading.main_thread()
-    before = {s: signal.signal(s, on_signal) for s in STOP_SIGNALS} if main_thread else {}
-    try:
-        yield stopped
-    finally:
-        for s, handler in before.items():
-            signal.signal(s, handler)
 
 
 def from_minari(source: Annotated[str, tyro.conf.Positional], out: Path, task: Optional[str] = None) -> int:
