@@ -185,13 +185,16 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
      "'pixels'"),
     (["tdmpc.dataset", "to-minari", "{data}", "--dataset-id", "pend"], "an id ends in its version, -vN"),
     (["tdmpc.parity", "{tmp}", "--threads", "0"], "--threads must be >= 1, got 0"),
+    (["tdmpc.train", "--dataset", "--run-dir", "{tmp}/run"], "--dataset names no file"),
+    (["tdmpc.train", "--resume", "{run}", "--dataset", "{data}", "--steps", "900"],
+     "--dataset cannot turn an online run offline on --resume"),
 ])
 def test_bad_input_to_the_data_commands_is_one_line(online, tmp_path, command, needle):
     run, data = online
     paths = {"run": run, "data": data, "tmp": tmp_path, "buffer": run / "checkpoints" / "buffer_0000000600.h5"}
     r = run_module(*(part.format(**paths) for part in command))
     assert needle in one_line_error(r)
-    assert not (tmp_path / "c.h5").exists()
+    assert not (tmp_path / "c.h5").exists() and not (tmp_path / "run").exists()
 
 
 def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_path):

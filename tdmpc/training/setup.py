@@ -79,6 +79,9 @@ def prepare(req: RunRequest) -> RunSetup | None:
     anything heavy is built."""
     cfg, init_from, init_note, checkpoint = req.cfg, req.init_from, "", None
     planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
+    if "dataset" in req.given and not cfg.dataset:
+        raise BadInput("--dataset names no file: give one or more dataset files, or leave --dataset out to train "
+                       "online")
     if req.resume is not None:
         _check_resume(req)
         init_from = None
@@ -190,6 +193,11 @@ def _check_resume(req: RunRequest) -> None:
     is said; --init-from gives way to the run's own checkpoint."""
     if req.base is not None:
         changed = changed_fields(dataclasses.replace(req.base, run_dir=req.cfg.run_dir), req.cfg)
+        if "dataset" in changed and bool(req.base.dataset) != bool(req.cfg.dataset):
+            raise BadInput(f"--dataset cannot turn an {'offline' if req.base.dataset else 'online'} run "
+                           f"{'online' if req.base.dataset else 'offline'} on --resume (its steps count "
+                           f"{'updates' if req.base.dataset else 'env steps'}); start a new run with --init-from "
+                           f"{checkpoint_path(req.resume or Path('.'))} instead")
         for name in FIXED_ON_RESUME:
             if name in changed:
                 why = "its replay buffer is laid out for it" if name in BUFFER_LAYOUT else "its checkpoint is made for it"
