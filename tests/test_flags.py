@@ -14,7 +14,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.model.world_model import ModelDims
 
-from helpers import read_csv, run_module, run_train, tiny_json
+from helpers import one_line_error, read_csv, run_module, run_train, tiny_json
 
 SMALL = dict(model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2, num_samples=32,
              num_elites=4, num_pi_trajs=4, iterations=2, horizon=3, batch_size=8, precision="fp32", device="cpu")
@@ -158,6 +158,11 @@ def test_resume_takes_the_runs_latest_checkpoint_file_for_its_directory(tmp_path
     assert r.returncode == 0, r.stderr
     assert f"continuing the run in {run}" in r.stderr and f"resume: continuing {run} from step 600 (latest.pt)" in r.stderr
     assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 800
+
+
+def test_a_resume_cannot_turn_an_online_run_offline(tiny_run):
+    r = run_train("--resume", str(tiny_run), "--dataset", "data.h5", "--steps", "900")
+    assert "--dataset cannot turn an online run offline on --resume" in one_line_error(r)
 
 
 def test_updates_per_round_sets_the_updates_each_round_runs(tmp_path):

@@ -186,8 +186,6 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
     (["tdmpc.dataset", "to-minari", "{data}", "--dataset-id", "pend"], "an id ends in its version, -vN"),
     (["tdmpc.parity", "{tmp}", "--threads", "0"], "--threads must be >= 1, got 0"),
     (["tdmpc.train", "--dataset", "--run-dir", "{tmp}/run"], "--dataset names no file"),
-    (["tdmpc.train", "--resume", "{run}", "--dataset", "{data}", "--steps", "900"],
-     "--dataset cannot turn an online run offline on --resume"),
 ])
 def test_bad_input_to_the_data_commands_is_one_line(online, tmp_path, command, needle):
     run, data = online
