@@ -152,6 +152,25 @@ def test_gather_unknown_task_and_runs_without_evals_are_fine(tmp_path, capsys):
     assert "n/a" in capsys.readouterr().out
 
 
+def test_gather_keeps_offline_runs_set_aside_runs_and_repeated_seeds_apart(tmp_path, capsys):
+    """An offline run's steps are updates: never judged against the published env-step curves; a directory set
+    aside (seed1.stale1) is no seed; two runs of one seed are said, and count as one seed each only once."""
+    cup = load_published()[("tdmpc2", "cup-catch")].at(100_000)[0]
+    fake_run(tmp_path / "runs/cup-catch/seed1", "cup-catch", 1, [(100_000, cup)])
+    fake_run(tmp_path / "runs/cup-catch/seed1.stale1", "cup-catch", 1, [(0, 5.0)], checkpoint=False)
+    fake_run(tmp_path / "again/cup-catch/seed1", "cup-catch", 1, [(100_000, cup)])
+    offline = fake_run(tmp_path / "runs/offline", "cup-catch", 2, [(100_000, 0.0)])
+    cfg = json.loads((offline / "config.json").read_text())
+    (offline / "config.json").write_text(json.dumps({**cfg, "dataset": ["data.h5"]}))
+    assert main(["--gather", str(tmp_path / "runs"), str(tmp_path / "again"), "--out", str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    rows = read_rows(tmp_path / "out/results.csv")
+    assert {(r["exp_name"], r["env_step"]) for r in rows} == {("default", "100000")}, rows  # no stale step 0
+    (row,) = rows
+    assert row["seeds"] == "1" and row["check"] == "PASS", row
+    assert "offline" in err and "seed 1" in err and "2 runs" in err, err
+
+
 def test_gather_with_nothing_to_read_is_one_line_exit_2(tmp_path, capsys):
     assert main(["--gather", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
@@ -509,6 +528,16 @@ def test_plot_command_draws_runs_grouped_as_seeds(tmp_path):
     assert r.returncode == 0 and f"wrote {out}" in r.stdout, r.stderr
     assert out.stat().st_size > 5_000
     assert "no eval.csv" in one_line_error(run_module("tdmpc.plot", tmp_path, "--out", tmp_path / "x.png"))
+
+
+def test_plot_keeps_offline_runs_apart_and_says_when_runs_share_a_seed(tmp_path):
+    from tdmpc.report.curves import group_runs
+
+    runs = [fake_run(tmp_path / name, "cup-catch", 1, [(0, 10.0), (50_000, 400.0)]) for name in ("a", "b", "off")]
+    cfg = json.loads((runs[2] / "config.json").read_text())
+    (runs[2] / "config.json").write_text(json.dumps({**cfg, "dataset": ["data.h5"]}))
+    labels = sorted(c.label for c in group_runs(runs))
+    assert labels == ["cup-catch (default), 2 runs of 1 seed", "cup-catch (default, offline), 1 seed"], labels
 
 
 def test_a_gymnasium_task_without_a_published_curve_is_judged_by_its_solved_threshold(tmp_path, capsys):

@@ -7,6 +7,7 @@ over seeds beside the published means, the ratio to TD-MPC2's, PASS/FAIL against
 from __future__ import annotations
 
 import csv
+import re
 import sys
 import tempfile
 from collections import defaultdict
@@ -56,7 +57,11 @@ def find_runs(paths: Iterable[Path]) -> list[Path]:
         if (p / "eval.csv").is_file():
             found.append(p)
         elif p.is_dir():
-            found += sorted(f.parent for f in p.rglob("eval.csv"))
+            for run in sorted(f.parent for f in p.rglob("eval.csv")):
+                if set_aside(run.relative_to(p)):
+                    print(f"skipping {run}: set aside (a run left without a checkpoint), not a seed", file=sys.stderr)
+                else:
+                    found.append(run)
         else:
             raise BadInput(f"--gather {p}: no such directory")
     if not found:
@@ -64,15 +69,33 @@ def find_runs(paths: Iterable[Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+def set_aside(relative: Path) -> bool:
+    """A directory tdmpc set aside under a searched folder: reproduce's <seed>.stale<n>, the trainer's
+    no-checkpoint-<time>/."""
+    return any(re.search(r"\.stale\d+$", part) or part.startswith("no-checkpoint-") for part in relative.parts)
+
+
 def load_groups(run_dirs: list[Path]) -> list[Group]:
-    """The evaluation series of the runs (one per task of a multi-task run), grouped by task, exp_name and obs."""
+    """The evaluation series of the runs (one per task of a multi-task run), grouped by task, exp_name and obs.
+    Offline runs (steps that count updates) are left out, and a seed found in several runs counts once (the first),
+    each said in a line."""
     by_key: dict[tuple[str, str, str], list[Series]] = defaultdict(list)
     for d in run_dirs:
         for series in read_run(d):
             if len(series.steps) == 0:
                 print(f"skipping {d}: no evaluation yet", file=sys.stderr)
                 continue
-            by_key[(series.task, series.exp_name, series.obs)].append(series)
+            if series.offline:
+                print(f"skipping {d}: an offline run (its steps count updates, not the env steps of the published "
+                      f"curves; python -m tdmpc.plot draws it)", file=sys.stderr)
+                continue
+            members = by_key[(series.task, series.exp_name, series.obs)]
+            twin = next((m for m in members if series.seed is not None and m.seed == series.seed), None)
+            if twin is not None:
+                print(f"skipping {d}: seed {series.seed} of {series.label} again (2 runs of one seed; "
+                      f"{twin.run_dir} counts)", file=sys.stderr)
+                continue
+            members.append(series)
     groups = []
     for (task, exp_name, obs), members in sorted(by_key.items()):
         (curve,) = group_series(members)

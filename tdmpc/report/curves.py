@@ -25,6 +25,7 @@ class Curve:
     steps: np.ndarray
     returns: np.ndarray  # (seeds, len(steps)); NaN where a seed has no point
     style: dict = field(default_factory=dict)
+    offline: bool = False  # its steps count updates
 
 
 @dataclass
@@ -39,6 +40,8 @@ class Series:
     returns: np.ndarray
     elapsed: np.ndarray  # training seconds at each evaluation, over resumed sessions
     obs: str = "state"  # Config.obs: which published results the run is compared with
+    seed: int | None = None
+    offline: bool = False  # trained on a dataset: its steps count updates, not env steps
 
     @property
     def label(self) -> str:
@@ -61,18 +64,21 @@ def read_run(run_dir: Path) -> list[Series]:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"{cfg_file} is damaged ({e}); restore it or move it aside to plot this run by its "
                        f"directory name") from None
-    exp_name, obs = cfg.get("exp_name", "default"), cfg.get("obs", "state")
+    exp_name, obs, offline = cfg.get("exp_name", "default"), cfg.get("obs", "state"), bool(cfg.get("dataset"))
     if obs == "rgb":  # never one curve with state runs of the same name
         exp_name += ", pixels"
+    if offline:  # steps that count updates: never one curve with env steps
+        exp_name += ", offline"
     by_task: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
     for task, point in _eval_points(eval_csv, cfg.get("task", run_dir.name)):
         by_task[task].append(point)
     by_task.pop("mean", None)
     if len(by_task) > 1:
         exp_name += ", multi-task"
+    seed = cfg.get("seed")
     return [Series(run_dir, task, exp_name, table[:, 0].astype(np.int64) // len(by_task), table[:, 1], table[:, 2],
-                   obs) for task, table in ((t, np.array(points)) for t, points in by_task.items())] \
-        or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3, obs)]
+                   obs, seed, offline) for task, table in ((t, np.array(points)) for t, points in by_task.items())] \
+        or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3, obs, seed, offline)]
 
 
 def _eval_points(eval_csv: Path, default_task: str) -> list[tuple[str, tuple[float, float, float]]]:
@@ -106,18 +112,25 @@ def group_runs(runs: list[Path], group: bool = True) -> list[Curve]:
 
 def group_series(series_list: list[Series], group: bool = True) -> list[Curve]:
     """Series of the same task and exp_name are seeds of one curve (group=False: a curve each)."""
-    grouped: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)
+    grouped: dict[str, list[Series]] = defaultdict(list)
     for one in series_list:
-        grouped[one.label if group else f"{one.run_dir}: {one.task}"].append((one.steps, one.returns))
+        grouped[one.label if group else f"{one.run_dir}: {one.task}"].append(one)
     curves = []
     for label, series in grouped.items():
-        steps = np.unique(np.concatenate([s for s, _ in series]))
+        steps = np.unique(np.concatenate([s.steps for s in series]))
         table = np.full((len(series), len(steps)), np.nan)
-        for i, (s, r) in enumerate(series):
-            table[i, np.searchsorted(steps, s)] = r
-        curves.append(Curve(f"{label}, {len(series)} seed{'s' * (len(series) > 1)}" if group else label,
-                            steps, table))
+        for i, s in enumerate(series):
+            table[i, np.searchsorted(steps, s.steps)] = s.returns
+        curves.append(Curve(f"{label}, {_seeds(series)}" if group else label, steps, table,
+                            offline=series[0].offline))
     return curves
+
+
+def _seeds(series: list[Series]) -> str:
+    """'3 seeds', or '2 runs of 1 seed' where runs share a seed (they are not independent seeds)."""
+    runs, seeds = len(series), len({s.seed if s.seed is not None else id(s) for s in series})
+    plural = (lambda n, word: f"{n} {word}{'s' * (n != 1)}")  # noqa: E731
+    return plural(seeds, "seed") if seeds == runs else f"{plural(runs, 'run')} of {plural(seeds, 'seed')}"
 
 
 def check_figure_path(out: Path) -> None:
@@ -153,7 +166,10 @@ def draw(curves: list[Curve], out: Path, title: str | None = None) -> Path:
         (line,) = ax.plot(c.steps, mean, label=c.label, **c.style)
         if c.returns.shape[0] > 1:
             ax.fill_between(c.steps, low, high, alpha=0.15, color=line.get_color())
-    ax.set_xlabel("environment steps (action repeat included)")
+    online = "environment steps (action repeat included)"
+    kinds = {c.offline for c in curves}
+    ax.set_xlabel("updates (offline runs)" if kinds == {True} else f"{online}; updates for offline runs"
+                  if kinds == {True, False} else online)
     ax.set_ylabel("eval episode return")
     if title:
         ax.set_title(title)
