@@ -122,6 +122,21 @@ def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues
     assert ck["train"]["step"] == 300 and ck["train"]["finished"]
 
 
+def test_the_command_line_resumes_a_run_of_an_env_factory_by_its_registered_id(tmp_path):
+    """No name rebuilds a factory's env: --resume takes --task with the registered id (what the error advises),
+    as a task change it allows for such a run only."""
+    from helpers import run_train
+
+    run_dir, agent = tdmpc.fit(env=lambda: gym.make("Pendulum-v1"), run_dir=tmp_path / "run", **TINY)
+    assert agent.cfg.task.startswith("custom:")
+    r = run_train("--resume", run_dir, "--steps", 400)
+    assert r.returncode == 2 and "pass --task with the env's registered id" in r.stderr, r.stderr
+    r = run_train("--resume", run_dir, "--task", "Pendulum-v1", "--steps", 400)
+    assert r.returncode == 0, r.stderr
+    assert f"task changed from {agent.cfg.task!r} to 'Pendulum-v1'" in r.stderr
+    assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 400
+
+
 def test_an_env_object_trains_as_is_and_is_copied_for_more_envs_and_evaluation(tmp_path, capsys):
     env = Corridor(terminates=True)
     run_dir, agent = tdmpc.fit(env=env, run_dir=tmp_path / "run", num_envs=2, **{**TINY, "seed_steps": 400,

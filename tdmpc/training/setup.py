@@ -32,6 +32,7 @@ from tdmpc.buffer import ReplayBuffer
 from tdmpc.config import SIZE_FIELDS, Config, NetworkSettings, changed_fields, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
+from tdmpc.envs.names import CUSTOM_PREFIX
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env, tensor_task_spec
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import check_dims_match, load_file, read_checkpoint
@@ -199,7 +200,9 @@ def _check_resume(req: RunRequest) -> None:
                            f"{'updates' if req.base.dataset else 'env steps'}); start a new run with --init-from "
                            f"{checkpoint_path(req.resume or Path('.'))} instead")
         for name in FIXED_ON_RESUME:
-            if name in changed:
+            # an env object's run names no task that rebuilds it: its registered id may (the checkpoint checks dims)
+            rebuilt = name == "task" and str(req.base.task).startswith(CUSTOM_PREFIX)
+            if name in changed and not rebuilt:
                 why = "its replay buffer is laid out for it" if name in BUFFER_LAYOUT else "its checkpoint is made for it"
                 keep = (f"; to keep its weights, start a new run with --init-from "
                         f"{checkpoint_path(req.resume or Path('.'))}" if name in BUFFER_LAYOUT else "")
