@@ -76,7 +76,8 @@ class _Training:
     """The training loop: steps, envs, seeding, updates, the replay buffer, offline data."""
 
     steps: int = 1_000_000
-    """Environment steps to train for, action repeat included (published-curve convention)."""
+    """Environment steps to train for, action repeat included (published-curve convention); a multi-task run
+    counts all its tasks' steps together (docs/multitask.md)."""
     seed: int = 1
     """Seeds torch, numpy, the envs and evaluation."""
     num_envs: int = 1
