@@ -186,10 +186,13 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
     (["tdmpc.dataset", "to-minari", "{data}", "--dataset-id", "pend"], "an id ends in its version, -vN"),
     (["tdmpc.parity", "{tmp}", "--threads", "0"], "--threads must be >= 1, got 0"),
     (["tdmpc.train", "--dataset", "--run-dir", "{tmp}/run"], "--dataset names no file"),
+    (["tdmpc.collect", "--checkpoint", "{mt30}", "--episodes", "1", "--out", "{tmp}/c.h5"],
+     "is a multi-task model: choose the task to collect with --task, one of mt30"),
 ])
 def test_bad_input_to_the_data_commands_is_one_line(online, tmp_path, command, needle):
     run, data = online
-    paths = {"run": run, "data": data, "tmp": tmp_path, "buffer": run / "checkpoints" / "buffer_0000000600.h5"}
+    paths = {"run": run, "data": data, "tmp": tmp_path, "buffer": run / "checkpoints" / "buffer_0000000600.h5",
+             "mt30": Path(__file__).parent / "fixtures" / "reference-mt30-ms1" / "reference_checkpoint.pt"}
     r = run_module(*(part.format(**paths) for part in command))
     assert needle in one_line_error(r)
     assert not (tmp_path / "c.h5").exists() and not (tmp_path / "run").exists()

@@ -23,7 +23,7 @@ from tdmpc.offline.writer import DatasetWriter, task_action_start
 from tdmpc.runtime.device import set_threads
 from tdmpc.envs import make_env, make_envs
 from tdmpc.envs.names import resolve_task
-from tdmpc.tasks.sets import reference_info
+from tdmpc.tasks.sets import chosen_task, reference_info
 
 PARALLEL = 16
 
@@ -58,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def collect(args: CollectArgs) -> int:
-    # (noise above 1: a discrete model acts at random, as at 1)
     for flag, value, least in (("episodes", args.episodes, 1), ("noise", args.noise, 0),
                                ("seed", 0 if args.seed is None else args.seed, 0),
                                ("threads", 1 if args.threads is None else args.threads, 1)):
@@ -66,7 +65,9 @@ def collect(args: CollectArgs) -> int:
             raise BadInput(f"--{flag} must be >= {least}, got {value}")
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc)
     cfg, dims = agent.cfg, agent.dims
-    task = args.task or cfg.task
+    task = chosen_task(dims.tasks, args.task, args.checkpoint, "collect") if dims.multitask else args.task or cfg.task
+    if dims.discrete and args.noise > 1:
+        raise BadInput(f"--noise {args.noise}: for discrete actions it is the chance of a random action, at most 1")
     repeat = cfg.action_repeat or resolve_task(task).default_action_repeat
     own: tuple[list[int] | None, list[int] | None] = (None, None)
     if dims.multitask:  # obs stay padded to the model's; the file says the task's own dims

@@ -22,7 +22,7 @@ from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.model.checkpoint import check_dims_match, checkpoint_path
 from tdmpc.runtime.device import set_threads
 from tdmpc.runtime.files import json_text, write_text_atomic
-from tdmpc.tasks.sets import task_set_name
+from tdmpc.tasks.sets import chosen_task
 
 
 @dataclass
@@ -85,10 +85,7 @@ def evaluate(args: EvalArgs) -> int:
     cfg = agent.cfg
     seed = eval_seed(cfg.seed) if args.seed is None else args.seed
     if agent.dims.multitask:
-        if args.task is None or "," in args.task or args.task in ("mt30", "mt80"):
-            raise BadInput(f"{args.checkpoint} is a multi-task model: choose the task to evaluate with --task, one "
-                           f"of {task_set_name(agent.dims.tasks)}")
-        agent.task_ids(args.task, 1)
+        agent.task_ids(chosen_task(agent.dims.tasks, args.task, args.checkpoint, "evaluate"), 1)
     envs = None  # a GPU simulator's: its episodes all at once, on envs built here
     if not agent.dims.multitask and is_tensor_task(cfg.task):
         if args.video:

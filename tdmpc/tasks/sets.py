@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tdmpc.errors import BadInput
+
 # task -> (obs dim, action dim), read off the reference's own mt30 checkpoint metadata
 DMC30: dict[str, tuple[int, int]] = {
     "walker-stand": (24, 6), "walker-walk": (24, 6), "walker-run": (24, 6), "cheetah-run": (17, 6),
@@ -65,6 +67,15 @@ def task_set_name(tasks: tuple[str, ...] | list[str]) -> str:
             return f"{name}: {', '.join(names[:3])}, ... ({len(names)} tasks)"
     shown = ", ".join(tasks[:6]) + (", ..." if len(tasks) > 6 else "")
     return f"{shown} ({len(tasks)} tasks)"
+
+
+def chosen_task(tasks: tuple[str, ...], task: str | None, model: object, verb: str) -> str:
+    """The one task a multi-task model (of `tasks`) is to play: `task` when it names one task, not a list or a set;
+    else a one-line BadInput naming the set (whether the set holds it is Agent.task_ids' to say)."""
+    if task is None or "," in task or task in TASK_SETS:
+        raise BadInput(f"{model} is a multi-task model: choose the task to {verb} with --task, one of "
+                       f"{task_set_name(tasks)}")
+    return task
 
 
 def expand(task: str) -> tuple[str, ...]:
