@@ -540,6 +540,17 @@ def test_plot_keeps_offline_runs_apart_and_says_when_runs_share_a_seed(tmp_path)
     assert labels == ["cup-catch (default), 2 runs of 1 seed", "cup-catch (default, offline), 1 seed"], labels
 
 
+def test_a_row_cut_short_at_the_end_of_eval_csv_is_left_out(tmp_path):
+    """A crash as a row was written leaves a last line without its newline: it is no evaluation (nor garbage)."""
+    from tdmpc.report.curves import group_runs
+
+    run = fake_run(tmp_path / "run", "cup-catch", 1, [(0, 10.0), (50_000, 400.0)])
+    with open(run / "eval.csv", "a") as f:
+        f.write("100000,10,9")  # 100000,10,950.0,... cut short: it would read as a return of 9
+    (curve,) = group_runs([run])
+    assert curve.steps.tolist() == [0, 50_000] and curve.returns.tolist() == [[10.0, 400.0]]
+
+
 def test_a_gymnasium_task_without_a_published_curve_is_judged_by_its_solved_threshold(tmp_path, capsys):
     fake_run(tmp_path / "runs/CartPole-v1/seed1", "CartPole-v1", 1, [(10_000, 300.0), (30_000, 490.0)])
     fake_run(tmp_path / "runs/Acrobot-v1/seed1", "Acrobot-v1", 1, [(50_000, -120.0)])

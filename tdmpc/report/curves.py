@@ -7,6 +7,7 @@ for min-max across seeds); --no-group draws every run separately.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import warnings
 from collections import defaultdict
@@ -85,25 +86,27 @@ def _eval_points(eval_csv: Path, default_task: str) -> list[tuple[str, tuple[flo
     """(task, (env step, return, elapsed seconds or NaN)) of each evaluation row; a file that is not a tdmpc
     eval.csv is one line naming it and the row, not a figure of garbage or a traceback."""
     try:
-        with open(eval_csv, newline="") as f:
-            reader = csv.DictReader(f)
-            missing = {"env_step", "episode_return"} - set(reader.fieldnames or ())
-            if missing:
-                raise BadInput(f"{eval_csv}: not a tdmpc eval.csv (no {', '.join(sorted(missing))} column)")
-            points = []
-            for r in reader:
-                if not r.get("episode_return"):  # a row being written, or a task's row without a return
-                    continue
-                try:
-                    point = (float(r["env_step"]), float(r["episode_return"]),
-                             float(r["elapsed"]) if r.get("elapsed") else float("nan"))
-                except (TypeError, ValueError):
-                    raise BadInput(f"{eval_csv}, line {reader.line_num}: not a number where env_step, "
-                                   f"episode_return and elapsed should be") from None
-                points.append((r.get("task") or default_task, point))
-            return points
+        text = eval_csv.read_text()
     except UnicodeDecodeError:
         raise BadInput(f"{eval_csv}: not a text file (a tdmpc eval.csv is CSV)") from None
+    if "\n" in text and not text.endswith("\n"):  # a row cut short as it was written (a crash): no evaluation
+        text = text[:text.rindex("\n") + 1]
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = {"env_step", "episode_return"} - set(reader.fieldnames or ())
+    if missing:
+        raise BadInput(f"{eval_csv}: not a tdmpc eval.csv (no {', '.join(sorted(missing))} column)")
+    points = []
+    for r in reader:
+        if not r.get("episode_return"):  # a task's row without a return
+            continue
+        try:
+            point = (float(r["env_step"]), float(r["episode_return"]),
+                     float(r["elapsed"]) if r.get("elapsed") else float("nan"))
+        except (TypeError, ValueError):
+            raise BadInput(f"{eval_csv}, line {reader.line_num}: not a number where env_step, "
+                           f"episode_return and elapsed should be") from None
+        points.append((r.get("task") or default_task, point))
+    return points
 
 
 def group_runs(runs: list[Path], group: bool = True) -> list[Curve]:
