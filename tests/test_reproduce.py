@@ -171,6 +171,17 @@ def test_gather_keeps_offline_runs_set_aside_runs_and_repeated_seeds_apart(tmp_p
     assert "offline" in err and "seed 1" in err and "2 runs" in err, err
 
 
+def test_gather_of_a_file_and_an_out_folder_blocked_by_a_file_are_one_line(tmp_path, capsys):
+    run = fake_run(tmp_path / "runs/p", "Pendulum-v1", 1, [(400, -500.0)])
+    (tmp_path / "f.h5").write_bytes(b"x")
+    for argv, needle in ((["--gather", str(tmp_path / "f.h5")], "a file; give run directories"),
+                         (["--gather", str(run), "--out", str(tmp_path / "f.h5" / "sub")], "f.h5 is a file"),
+                         (["--tasks", "Pendulum-v1", "--seeds", "1", "--out", str(tmp_path / "f.h5")], "f.h5 is a file")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert needle in err and "\n" not in err, err
+
+
 def test_gather_with_nothing_to_read_is_one_line_exit_2(tmp_path, capsys):
     assert main(["--gather", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()

@@ -27,7 +27,7 @@ from typing import Optional
 from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STOP_SIGNALS, BadInput, RunDirError,
                           parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
-from tdmpc.report.compare import find_runs, gather
+from tdmpc.report.compare import check_results_folder, find_runs, gather
 from tdmpc.runtime.files import shipped_dir
 from tdmpc.training.run_dir import RunDirLock
 
@@ -406,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(args: ReproduceArgs, extra: list[str]) -> int:
     if not 0 < args.bar <= 10 or args.at <= 0:
         raise BadInput("--bar must be in (0, 10] and --at > 0")
+    if args.out is not None:  # the default, --runs-root, is checked with the run directories
+        check_results_folder(args.out)
     if args.gather is not None:
         if args.slurm or extra or args.jobs != 1:
             raise BadInput("--gather only compares; it takes no --slurm, no --jobs and no train arguments after --")

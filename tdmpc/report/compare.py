@@ -62,6 +62,8 @@ def find_runs(paths: Iterable[Path]) -> list[Path]:
                     print(f"skipping {run}: set aside (a run left without a checkpoint), not a seed", file=sys.stderr)
                 else:
                     found.append(run)
+        elif p.exists():
+            raise BadInput(f"--gather {p}: a file; give run directories or folders holding them")
         else:
             raise BadInput(f"--gather {p}: no such directory")
     if not found:
@@ -249,6 +251,17 @@ def write_plot(groups: list[Group], results: Results, path: Path, columns: int =
     mpimg.imsave(path, grid)
 
 
+def check_results_folder(out: Path) -> None:
+    """--out can be the folder results.md, results.csv and results.png go to (checked before runs start, so hours
+    of training never end in this error): no file where it or a folder above it would be."""
+    for folder in (out, *out.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                raise BadInput(f"--out {out}: {folder} is a file; --out names the folder results.md, results.csv "
+                               f"and results.png go to")
+            return
+
+
 def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9) -> list[Row]:
     """Compare the runs with the published curves, write results.md/csv/png into `out`, print PASS/FAIL."""
     groups = load_groups(run_dirs)
@@ -256,6 +269,7 @@ def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9)
         raise BadInput("none of the run directories has an evaluation yet")
     results = {obs: load_published(obs) for obs in dict.fromkeys(g.obs for g in groups)}
     rows = compare(groups, results, at, bar)
+    check_results_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     write_markdown(rows, out / "results.md", at, bar)
     write_csv(rows, out / "results.csv")
