@@ -44,6 +44,14 @@ def test_save_data_keeps_every_finished_episode_as_the_buffer_holds_it(online, t
             np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
 
 
+def test_save_data_says_when_no_episode_finished(tmp_path):
+    r = run_train("--cfg", tiny_json(tmp_path, steps=300, eval_episodes=0), "--task", "MountainCarContinuous-v0",
+                  "--run-dir", tmp_path / "run", "--save-data", tmp_path / "d.h5")  # 999-step episodes
+    assert r.returncode == 0, r.stderr
+    assert f"no episode finished, so --save-data wrote nothing to {tmp_path / 'd.h5'}" in r.stderr
+    assert not (tmp_path / "d.h5").exists()
+
+
 def test_a_resume_never_drops_episodes_another_writer_appended(online, tmp_path):
     """tdmpc.collect appends to the file a run saves its episodes to; the run, resumed (here onto a copy of the
     file, named by --save-data), keeps them and appends its own after them."""

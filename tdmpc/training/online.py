@@ -357,3 +357,6 @@ class OnlineTrainer(Trainer):
         self.envs.close()
         if self.recorder is not None:
             self.recorder.writer.close()
+            if not self.recorder.writer.path.exists():  # else a later --dataset finds no file, unexplained
+                print(f"note: no episode finished, so --save-data wrote nothing to {self.recorder.writer.path}",
+                      file=sys.stderr)
