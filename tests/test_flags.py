@@ -160,6 +160,12 @@ def test_resume_takes_the_runs_latest_checkpoint_file_for_its_directory(tmp_path
     assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 800
 
 
+@pytest.mark.parametrize("flag", ["--no-buffer", "--config-from-checkpoint"])
+def test_resume_flags_without_a_resume_are_one_line(tmp_path, flag):
+    r = run_train(flag, "--dry-run", "--threads", "1")
+    assert f"{flag} applies to a resume" in one_line_error(r)
+
+
 def test_a_resume_cannot_turn_an_online_run_offline(tiny_run):
     r = run_train("--resume", str(tiny_run), "--dataset", "data.h5", "--steps", "900")
     assert "--dataset cannot turn an online run offline on --resume" in one_line_error(r)

@@ -26,6 +26,7 @@ class PlotArgs:
     group: bool = True
     """Average runs of the same task and exp_name as seeds of one curve."""
     title: Optional[str] = None
+    """The figure's title; default: none."""
 
 
 def main(argv: list[str] | None = None) -> int:

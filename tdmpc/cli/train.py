@@ -31,6 +31,9 @@ def _main(argv: list[str]) -> int:
     args, cfg, base, given = parse_cli(TrainArgs, argv, base_config, prog="python -m tdmpc.train",
                                        description=__doc__.splitlines()[0])
     named = args.auto_resume or args.resume
+    for flag, given_ in (("--no-buffer", args.no_buffer), ("--config-from-checkpoint", args.config_from_checkpoint)):
+        if given_ and not named:
+            raise BadInput(f"{flag} applies to a resume: pass --resume RUN_DIR (or --auto-resume RUN_DIR)")
     if "run_dir" in given and named and Path(cfg.run_dir or "").resolve() != Path(named).resolve():
         flag = "--auto-resume" if args.auto_resume else "--resume"
         raise BadInput(f"{flag} {named} names the run directory; --run-dir {cfg.run_dir} names another")

@@ -102,7 +102,7 @@ class _Training:
     update_stream: bool = False
     """With overlap_updates on a CUDA device: run each round of updates on a stream of its own, beside the next
     plan, with the same staleness (tdmpc/runtime/streams.py). Off until measured on a GPU; elsewhere it changes
-    nothing (given there, a note says so). --update-stream."""
+    nothing (given there, a note says so)."""
     batch_size: int = 256
     """Sub-trajectories per gradient step."""
     buffer_size: int = 1_000_000
