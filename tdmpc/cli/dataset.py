@@ -27,8 +27,10 @@ def convert(buffer: Annotated[Path, tyro.conf.Positional], task: str, out: Path,
     """
     from tdmpc.offline.convert import convert_buffer
 
+    if action_repeat is not None and action_repeat < 1:
+        raise DatasetError(f"--action-repeat must be >= 1, got {action_repeat}")
     n = convert_buffer(buffer, out, task, obs_type, action_repeat)
-    print(f"{out}: {n} episodes written")
+    print(f"{out}: {n} episode{'s' * (n != 1)} written")
     return 0
 
 

@@ -227,6 +227,8 @@ def open_h5(path: str | Path) -> h5py.File:
 
 def _attr(f: h5py.File, name: str, path: Path):
     if name not in f.attrs:
+        if name == "format" and "ptr" in f and "first" in f:  # a training run's saved replay buffer
+            _fail(path, "a saved replay buffer, not a dataset file: python -m tdmpc.dataset convert makes one of it")
         _fail(path, f"missing field '{name}' (a root attribute)")
     value = f.attrs[name]
     return value.decode() if isinstance(value, bytes) else value
