@@ -21,6 +21,7 @@ from tdmpc.envs import EnvSource, make_envs
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
 from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vector_env
 from tdmpc.errors import BadInput, NonFiniteData
+from tdmpc.model.checkpoint import describe_sizes
 from tdmpc.memory.peak import EVAL_PARALLEL
 from tdmpc.runtime.files import atomic_write
 from tdmpc.runtime.transfer import to_device
@@ -170,6 +171,9 @@ def _play_round(agent: Agent, envs: LockstepEnv, seed: int | None, own_dims: int
         envs.on_nonfinite = on_nonfinite
     try:
         obs = envs.reset(seed=seed)
+        if tuple(obs.shape[1:]) != tuple(agent.dims.obs_shape):  # else a matmul's shape error, deep in the model
+            raise BadInput(f"{envs.task} has obs {tuple(obs.shape[1:])}, but the agent's model is for "
+                           f"{describe_sizes(agent.dims.obs_shape, agent.dims.action_dim, agent.dims.discrete)}")
         stepping = True
         task_ids = agent.task_ids(task, N) if task is not None else None
         first = torch.ones(N, dtype=torch.bool, device=dev)

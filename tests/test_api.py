@@ -160,6 +160,19 @@ def test_a_factory_and_what_an_env_declares(tmp_path):
     assert agent.cfg.episodic is True  # a setting, whatever the env says
 
 
+def test_run_episodes_on_an_env_of_other_sizes_is_one_line():
+    import torch
+
+    from tdmpc.agent import Agent
+    from tdmpc.errors import BadInput
+    from tdmpc.model.world_model import ModelDims
+
+    cfg = tdmpc.Config(model_size=1, precision="fp32", num_samples=32, num_elites=4, num_pi_trajs=2, iterations=1)
+    agent = Agent(cfg, ModelDims.from_config(cfg, (3,), 1, False), episode_length=200, device=torch.device("cpu"))
+    with pytest.raises(BadInput, match=r"CartPole-v1 .*obs \(4,\).*the agent's model is for obs \(3,\)"):
+        tdmpc.run_episodes(agent, "CartPole-v1", 1, seed=0)
+
+
 @pytest.mark.parametrize("bias", [50.0, -50.0])
 def test_evaluation_scores_the_termination_head_on_every_transition_it_ran(bias):
     import torch
