@@ -353,7 +353,7 @@ def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_k
     assert "error" not in r.stderr, r.stderr  # SDL's "error: XDG_RUNTIME_DIR is invalid" on a video that worked
     line = one_line_error(cli(capsys, "tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed",
                               -1))
-    assert "--seed >= 0" in line and not (tmp_path / "d.h5").exists()
+    assert "--seed must be >= 0, got -1" in line and not (tmp_path / "d.h5").exists()
 
 
 def test_a_video_write_that_fails_leaves_the_file_that_was_there(tmp_path, monkeypatch):

@@ -80,6 +80,7 @@ class RunLogger:
         self.bar = self._bar(total_steps, start_step, "step", cfg.task)
         self.pretrain_bar: tqdm | None = None
         self.last_eval: float | None = None
+        self.rates: dict[str, str] = {}  # the rates the bar shows, as last measured
 
     def _bar(self, total: int, initial: int, unit: str, desc: str) -> tqdm:
         """A progress bar whose rate (and ETA) is over its own lifetime (smoothing 0): a resumed run's counts only
@@ -122,12 +123,14 @@ class RunLogger:
         if self.wandb is not None:
             self.wandb.log({f"{prefix}/{k}": v for k, v in values.items()}, step=step)
 
-    def progress(self, env_step: int, env_sps: float | None, ups: float) -> None:
-        """env_sps None: no env steps (offline training), only updates/s is shown."""
-        post = {"upd/s": f"{ups:.1f}"} if env_sps is None else {"env/s": f"{env_sps:.0f}", "upd/s": f"{ups:.1f}"}
-        if self.last_eval is not None:
-            post["eval"] = f"{self.last_eval:.1f}"
-        self.bar.set_postfix(post, refresh=False)
+    def progress(self, env_step: int, env_sps: float | None, ups: float | None) -> None:
+        """env_sps None: no env steps (offline training), only updates/s is shown; ups None: nothing ran since the
+        rates were last measured (just after an evaluation), the rates shown stay."""
+        if ups is not None:
+            self.rates = {"upd/s": f"{ups:.1f}"} if env_sps is None else {"env/s": f"{env_sps:.0f}",
+                                                                         "upd/s": f"{ups:.1f}"}
+        shown = {} if self.last_eval is None else {"eval": f"{self.last_eval:.1f}"}
+        self.bar.set_postfix(self.rates | shown, refresh=False)
         if env_step > self.bar.n:
             self.bar.update(env_step - self.bar.n)
         else:  # no env step since the last call (pretraining updates): redraw, as update(0) would not
@@ -151,10 +154,18 @@ class RunLogger:
         if self.writes:
             tqdm.write(text, file=sys.stderr)
 
-    def close(self) -> None:
+    def end(self, text: str) -> None:
+        """The run's last line, after its progress bars' last frame (a message would draw them again below it)."""
+        self._close_bars()
+        self.message(text)
+
+    def _close_bars(self) -> None:
         if self.pretrain_bar is not None:
             self.pretrain_bar.close()
         self.bar.close()
+
+    def close(self) -> None:
+        self._close_bars()
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:

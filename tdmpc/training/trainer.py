@@ -205,16 +205,18 @@ class Trainer(StopSignals):
         if self.stop_reason is not None:
             self.save()
             self.run_ended = True
-            self.logger.message(f"stopped by {self.stop_reason} at step {c.step:,}; checkpoint written. "
-                                f"Resume with: python -m tdmpc.train --resume {self.quoted_run_dir}")
+            self.progress(force=True)
+            self.logger.end(f"stopped by {self.stop_reason} at step {c.step:,}; checkpoint written. "
+                            f"Resume with: python -m tdmpc.train --resume {self.quoted_run_dir}")
             return EXIT_REQUEUE
         if c.last_eval != c.step and not self.evaluate():
             self.save()
             return EXIT_REQUEUE
         c.finished = True
         self.save()
-        self.logger.message(f"finished {c.step:,} {self.steps_name} in {c.elapsed / 60:.1f} min; results in "
-                            f"{self.run_dir}")
+        self.progress(force=True)
+        self.logger.end(f"finished {c.step:,} {self.steps_name} in {c.elapsed / 60:.1f} min; results in "
+                        f"{self.run_dir}")
         return EXIT_OK
 
     def finish_interrupted_work(self) -> None:
@@ -332,7 +334,8 @@ class Trainer(StopSignals):
         dt = max(now - t0, 1e-9)
         c = self.counters
         env_sps = (c.step - s0) / dt if self.steps_name == "env steps" else None  # offline: steps are updates
-        self.logger.progress(c.step, env_sps, (c.updates - u0) / dt)
+        ran = c.step != s0 or c.updates != u0
+        self.logger.progress(c.step, env_sps, (c.updates - u0) / dt if ran else None)
 
     def _callback(self, fn: Callback | None, row: dict, name: str) -> None:
         if fn is not None and fn(dict(row)) is False and self.stop_reason is None:
