@@ -609,6 +609,9 @@ def test_minari_round_trip_preserves_every_array(tmp_path, minari_root):
         to_minari(path, "tdmpc/walker-test-v0")
     with pytest.raises(DatasetError, match="no such local Minari dataset"):
         from_minari("tdmpc/absent-v0", tmp_path / "x.h5")
+    with pytest.raises(DatasetError, match="would relabel its episodes"):  # --task was ignored for ours
+        from_minari("tdmpc/walker-test-v0", tmp_path / "x.h5", task="cheetah-run")
+    assert not (tmp_path / "x.h5").exists()
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")

@@ -452,6 +452,11 @@ def test_dry_run_prints_the_plan(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "seed 1: skip" in out and "seed 2: start" in out and "tdmpc.train" in out
     assert not (tmp_path / "Pendulum-v1/seed2").exists()
+    # a run short of the target resumes with its own config: a --cfg given now is said to apply to new runs only
+    assert main(["--tasks", "Pendulum-v1", "--seeds", "1,2", "--steps", "800", "--runs-root", str(tmp_path),
+                 "--cfg", "cpu.json", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 1: resume" in out and "1 run(s) resume with their own config.json; --cfg cpu.json applies to new" in out
 
 
 def test_slurm_mode_calls_sweep_and_says_how_to_gather(tmp_path, monkeypatch, capfd):

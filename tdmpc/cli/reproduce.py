@@ -320,6 +320,10 @@ def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: lis
     cells = [Cell(i, task, seed, args.runs_root / task / f"seed{seed}")
              for i, (task, seed) in enumerate(((t, s) for t in tasks for s in seeds), 1)]
     actions = [decide(c.run_dir, c.task, c.seed, args.steps, obs) for c in cells]  # before any run starts
+    resumed = actions.count(Action.RESUME)
+    if resumed and args.cfg:
+        print(f"note: {resumed} run(s) resume with their own config.json; --cfg {args.cfg} applies to new runs only",
+              flush=True)
     runner = Runner(args.jobs, len(cells), args.steps)
     old = {s: signal.signal(s, runner.on_signal) for s in STOP_SIGNALS}
     try:

@@ -191,6 +191,9 @@ def from_minari(source: str | Path, out_path: str | Path, task: str | None = Non
             raise DatasetError(f"{source}: its {name} space is {space}; only Box observations and 1-D Box or "
                                "Discrete actions can be imported")
     obs_type = meta.get("obs_type", "rgb" if obs_space.dtype == np.uint8 and len(obs_space.shape) == 3 else "state")
+    if meta.get("tasks") and task is not None and [task] != list(meta["tasks"]):
+        raise DatasetError(f"{source} was written by tdmpc for {', '.join(meta['tasks'])}, which it keeps; --task "
+                           f"{task} would relabel its episodes (leave --task out)")
     tasks = meta.get("tasks") or [task or (dataset.env_spec.id if dataset.env_spec else dataset.id)]
     if discrete:
         return _write(dataset, source, out_path, obs_space, int(act_space.n), tasks, obs_type, meta,
