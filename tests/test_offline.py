@@ -197,6 +197,8 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
     (["tdmpc.dataset", "info", "{buffer}"], "a saved replay buffer, not a dataset file: python -m tdmpc.dataset convert"),
     (["tdmpc.parity", "{tmp}", "--threads", "0"], "--threads must be >= 1, got 0"),
     (["tdmpc.train", "--dataset", "--run-dir", "{tmp}/run"], "--dataset names no file"),
+    (["tdmpc.train", "--dataset", "{data}", "--task", "Pendulum-v1", "--num-envs", "4", "--run-dir", "{tmp}/run"],
+     "an offline run (--dataset) steps none"),
     (["tdmpc.collect", "--checkpoint", "{mt30}", "--episodes", "1", "--out", "{tmp}/c.h5"],
      "is a multi-task model: choose the task to collect with --task, one of mt30"),
 ])

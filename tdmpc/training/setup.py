@@ -80,6 +80,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     anything heavy is built."""
     cfg, init_from, init_note, checkpoint = req.cfg, req.init_from, "", None
     planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
+    if cfg.dataset and "num_envs" in req.given:
+        raise BadInput("--num-envs sets the envs an online run steps; an offline run (--dataset) steps none")
     if "dataset" in req.given and not cfg.dataset:
         raise BadInput("--dataset names no file: give one or more dataset files, or leave --dataset out to train "
                        "online")
