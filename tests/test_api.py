@@ -122,6 +122,7 @@ def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues
     assert ck["train"]["step"] == 300 and ck["train"]["finished"]
 
 
+@pytest.mark.slow  # subprocess runs of tens of seconds: CI's slow step keeps the default suite under 8 min
 def test_the_command_line_resumes_a_run_of_an_env_factory_by_its_registered_id(tmp_path):
     """No name rebuilds a factory's env: --resume takes --task with the registered id (what the error advises),
     as a task change it allows for such a run only."""

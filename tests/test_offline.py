@@ -52,6 +52,7 @@ def test_save_data_says_when_no_episode_finished(tmp_path):
     assert not (tmp_path / "d.h5").exists()
 
 
+@pytest.mark.slow  # subprocess runs of tens of seconds: CI's slow step keeps the default suite under 8 min
 def test_a_resume_never_drops_episodes_another_writer_appended(online, tmp_path):
     """tdmpc.collect appends to the file a run saves its episodes to; the run, resumed (here onto a copy of the
     file, named by --save-data), keeps them and appends its own after them."""
@@ -157,6 +158,7 @@ def test_bad_data_is_one_line_naming_the_file_and_field(online, tmp_path, kind, 
     assert bad.read_bytes() == before and not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.slow  # subprocess runs of tens of seconds: CI's slow step keeps the default suite under 8 min
 def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(online, tmp_path):
     """The default seed is the count the file holds, so a second collect into it adds new episodes; SIGTERM stops
     it at the next step, with the batches written kept and the one in play left out, exit 3 and a line."""
