@@ -8,9 +8,10 @@ recorded to a video (numpy envs). Training evaluates with this, and so does pyth
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, cast
+from typing import Callable, Iterator, cast
 
 import gymnasium as gym
 import numpy as np
@@ -79,11 +80,20 @@ def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed
     A seed seeds the envs and, for these episodes only, torch's generators the planner draws from: the same seed
     plays the same episodes wherever it is called (a training run's evaluation, python -m tdmpc.evaluate), and the
     caller's random stream is left as it was."""
+    with _seeded_torch(seed, agent.device):
+        return _run_episodes(agent, env, episodes, seed, obs, action_repeat, video, video_fps, stop, drop_nonfinite)
+
+
+@contextmanager
+def _seeded_torch(seed: int | None, device: torch.device) -> Iterator[None]:
+    """torch's generators (the host's and `device`'s) seeded with `seed` inside, and as they were after; no seed:
+    left alone."""
     if seed is None:
-        return _run_episodes(agent, env, episodes, seed, obs, action_repeat, video, video_fps, stop, drop_nonfinite)
-    with torch.random.fork_rng(devices=[agent.device] if agent.device.type == "cuda" else []):
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        return _run_episodes(agent, env, episodes, seed, obs, action_repeat, video, video_fps, stop, drop_nonfinite)
+        yield
 
 
 def _run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed: int | None, obs: str,

@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-import torch
 
 from tdmpc.agent import Agent
 from tdmpc.envs import check_observations, make_env
