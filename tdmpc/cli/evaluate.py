@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-
 from tdmpc.agent import Agent
 from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
