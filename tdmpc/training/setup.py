@@ -196,11 +196,11 @@ def _check_resume(req: RunRequest) -> None:
     is said; --init-from gives way to the run's own checkpoint."""
     if req.base is not None:
         changed = changed_fields(dataclasses.replace(req.base, run_dir=req.cfg.run_dir), req.cfg)
-        if "dataset" in changed and bool(req.base.dataset) != bool(req.cfg.dataset):
-            raise BadInput(f"--dataset cannot turn an {'offline' if req.base.dataset else 'online'} run "
-                           f"{'online' if req.base.dataset else 'offline'} on --resume (its steps count "
-                           f"{'updates' if req.base.dataset else 'env steps'}); start a new run with --init-from "
-                           f"{checkpoint_path(req.resume or Path('.'))} instead")
+        if bool(req.base.dataset) != bool(req.cfg.dataset):
+            was, now = ("offline", "online") if req.base.dataset else ("online", "offline")
+            unit = "updates" if req.base.dataset else "env steps"
+            raise BadInput(f"--dataset cannot turn an {was} run {now} on --resume (its steps count {unit}); start a "
+                           f"new run with --init-from {checkpoint_path(req.resume or Path('.'))} instead")
         for name in FIXED_ON_RESUME:
             # an env object's run names no task that rebuilds it: its registered id may (the checkpoint checks dims)
             rebuilt = name == "task" and str(req.base.task).startswith(CUSTOM_PREFIX)
