@@ -134,6 +134,7 @@ def run_cli(fn: Callable[[], int]) -> int:
 def one_line_parse_errors(prog: str) -> Iterator[None]:
     """Around tyro.cli: its boxed parse error (exit 2: a bad value, an unknown flag, a missing subcommand) as
     one 'error:' line that points to --help; anything else it prints passes through unchanged."""
+    _dedent_field_docstrings()
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -151,6 +152,27 @@ def one_line_parse_errors(prog: str) -> Iterator[None]:
             sys.stderr.write(captured.getvalue())
 
 
+def _dedent_field_docstrings() -> None:
+    """--help's text of a field whose docstring spans lines reads as one paragraph. Tyro removes a docstring's
+    single line breaks before its indentation, so it keeps a break before every indented line (a field
+    docstring's every line but the first) and wraps around it: "several, separated" / "by commas". The
+    docstrings tyro reads are given with their lines joined (blank-line paragraphs and "- " items kept); a tyro
+    without this function is left as it is."""
+    import inspect
+
+    import tyro._docstrings as docstrings
+
+    parse = getattr(docstrings, "parse_docstring_from_object", None)
+    if parse is None or getattr(parse, "_tdmpc_joined", False):
+        return
+
+    def joined(obj: object) -> dict[str, str]:
+        return {name: re.sub(r"(?<!\n)\n(?![\n-])", " ", inspect.cleandoc(text)) for name, text in parse(obj).items()}
+
+    joined._tdmpc_joined = True  # type: ignore[attr-defined]
+    docstrings.parse_docstring_from_object = joined  # type: ignore[assignment]
+
+
 def _stdout_closed() -> int:
     """The reader of stdout left (| head): stop quietly, without the flush at exit failing again."""
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -159,8 +181,12 @@ def _stdout_closed() -> int:
 
 
 def _condensed(box: str) -> str:
-    """A tyro error box in one line: its title, then each section's text, without the help text it repeats."""
-    rows = [row.strip().strip("│|").strip() for row in box.strip().splitlines()]  # rich's boxes, or ASCII ones
+    """A tyro error box in one line: its title, then each section's text, without the help text it repeats (a
+    suggested flag's help, indented under it)."""
+    inner = [re.sub(r"^\s*[│|]", "", row).rstrip().rstrip("│|") for row in box.strip("\n").splitlines()]
+    indents = [len(row) - len(row.lstrip()) for row in inner]  # boxed (rich or ASCII) or plain, the same steps
+    base = min((n for row, n in zip(inner[1:], indents[1:]) if re.search(r"\w", row)), default=0)
+    rows = [row.strip() for i, (row, n) in enumerate(zip(inner, indents)) if i == 0 or n < base + 8]
     title = rows[0].strip("╭╮─-+ ") if rows else "error"
     sections: list[list[str]] = [[]]
     for row in rows[1:-1] if rows and set(rows[-1]) <= set("╰╯─-+ ") else rows[1:]:
@@ -168,7 +194,8 @@ def _condensed(box: str) -> str:
             sections.append([])
         elif row:
             sections[-1].append(row)
-    kept = [" ".join(s) for s in sections if s and not s[0].startswith(("For full helptext", "Argument helptext"))]
+    kept = [s[0] + " " + " or ".join(s[1:]) if s[0].endswith("you meant:") else " ".join(s)
+            for s in sections if s and not s[0].startswith(("For full helptext", "Argument helptext"))]
     text = re.sub(r"\s+", " ", "; ".join(kept))
     # Python's own words for a bad number, said as the flag's
     text = re.sub(r"Error parsing (--[\w-]+): invalid literal for int\(\) with base 10: ('[^']*')",

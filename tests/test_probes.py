@@ -462,6 +462,21 @@ def test_a_second_run_directory_an_empty_info_and_a_dataset_named_twice_are_one_
     assert not list(tmp_path.iterdir())
 
 
+def test_a_mistyped_flag_is_one_line_naming_the_flags_meant_without_their_help(capsys):
+    line = one_line_error(cli(capsys, "tdmpc.train", "--no-no-buffer"))
+    assert "Perhaps you meant: --no-buffer or --save-buffer, --no-save-buffer (see" in line, line
+
+
+def test_help_reads_a_field_docstring_of_several_lines_as_one_paragraph_and_no_buffer_as_one_flag(capsys,
+                                                                                                   monkeypatch):
+    monkeypatch.setenv("COLUMNS", "400")  # no wrapping: a row break is a break tyro kept
+    r = cli(capsys, "tdmpc.train", "--help")
+    assert r.returncode == 0
+    rows = [row.strip("│ ") for row in r.stdout.splitlines()]
+    assert any("several, separated by commas (--tasks is the same flag), or mt30" in row for row in rows), r.stdout
+    assert any(row.startswith("--no-buffer ") for row in rows) and "--no-no-buffer" not in r.stdout
+
+
 def test_reproduce_checks_the_train_flags_after_the_double_dash_before_any_run(tmp_path, capsys):
     for extra, needle in ((["--bogus"], "Unrecognized options: --bogus"), (["--lr", "-1"], "'lr'")):
         line = one_line_error(cli(capsys, "tdmpc.reproduce", "--tasks", "Pendulum-v1", "--seeds", 1, "--runs-root",

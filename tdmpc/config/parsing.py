@@ -128,8 +128,9 @@ def parse_cli(run_args: type[T], argv: list[str], base_for: Callable[[T], Config
 
     def parse(defaults: Config) -> Config:
         with one_line_parse_errors(prog or "python -m tdmpc.train"):
-            return tyro.cli(args_cls, default=args_cls(run, defaults), args=argv, prog=prog, description=description,
-                            config=(tyro.conf.OmitArgPrefixes,)).config
+            # run_args' own defaults: a flag such as --no-buffer over run's True would read as --no-no-buffer
+            return tyro.cli(args_cls, default=args_cls(run_args(), defaults), args=argv, prog=prog,
+                            description=description, config=(tyro.conf.OmitArgPrefixes,)).config
 
     cfg = parse(base)
     # A field given on the command line parses to the same value over any base; one that was not given

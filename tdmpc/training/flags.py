@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import torch
+import tyro
 
 from tdmpc.config import CPU_CONFIG, Config, load_json
 from tdmpc.training import run_dir as runs
@@ -20,7 +21,7 @@ class TrainArgs:
     cpu.json on a machine without a GPU, else the reference settings."""
     resume: Optional[str] = None
     """Continue the run in this directory from its latest checkpoint (flags override its config.json)."""
-    no_buffer: bool = False
+    no_buffer: Annotated[bool, tyro.conf.FlagCreatePairsOff] = False  # not --no-no-buffer
     """With --resume: leave the saved replay buffer (damaged or missing, say) aside and refill it by acting."""
     config_from_checkpoint: bool = False
     """With --resume: take the config the checkpoint holds (when config.json is damaged or missing)."""
