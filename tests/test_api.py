@@ -93,6 +93,25 @@ def test_a_stop_signal_during_fit_writes_a_checkpoint_then_acts_as_the_signal(tm
     assert ck["train"]["step"] == 100 and not ck["train"]["finished"]
 
 
+def test_a_second_ctrl_c_that_python_drops_in_a_finalizer_still_stops_at_once(tmp_path):
+    """A signal handler's exception raised inside a __del__ is printed and dropped by Python: the second Ctrl-C is
+    raised again at the loop's next safe point, before the stop's checkpoint (none is written)."""
+    import os
+    import signal
+
+    class InterruptedWhileCollected:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGINT)  # the handler runs inside this finalizer
+
+    def twice(row: dict) -> None:
+        os.kill(os.getpid(), signal.SIGINT)
+        InterruptedWhileCollected()
+
+    with pytest.raises(KeyboardInterrupt):
+        tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=twice, **TINY)
+    assert not (tmp_path / "run" / "checkpoints" / "latest.pt").exists()
+
+
 def test_fit_without_a_config_starts_where_the_train_command_does(tmp_path, monkeypatch, capsys):
     """No GPU: cpu.json, as python -m tdmpc.train, and the same note saying so."""
     import torch

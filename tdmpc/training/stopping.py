@@ -19,6 +19,7 @@ class StopSignals:
     stop_reason: str | None
     stop_signal: int | None
     interrupts: int
+    aborted_by: int | None
     looping: bool
     run_ended: bool
     old_handlers: dict[int, Any] | None
@@ -68,12 +69,21 @@ class StopSignals:
         if signum == signal.SIGINT:
             self.interrupts += 1
             if self.interrupts > 1:  # a second Ctrl-C aborts at once
+                self.aborted_by = signum
                 raise self._stopped_at_once(signum)
         if self.stop_signal is None:  # a later signal of another kind (a forwarded SIGTERM) changes nothing
             self.stop_reason = f"signal {signal.Signals(signum).name}"
             self.stop_signal = signum
 
-    def _stopped_at_once(self, signum: int) -> BaseException:
+    def check_aborted(self, checkpoint_written: bool = False) -> None:
+        """Raise a second Ctrl-C's stop again at the loop's safe points. Python runs a signal handler between any
+        two bytecodes, so its exception can land in a weakref callback or a __del__, where Python prints and
+        drops it: the run would carry on, write the stop's checkpoint and exit 3 as if Ctrl-C came once.
+        checkpoint_written: the stop's checkpoint was written meanwhile (the line says so)."""
+        if self.aborted_by is not None:
+            raise self._stopped_at_once(self.aborted_by, checkpoint_written)
+
+    def _stopped_at_once(self, signum: int, checkpoint_written: bool = False) -> BaseException:
         """A second Ctrl-C, or a stop signal before a command's loop: KeyboardInterrupt for Python callers
         (tdmpc.fit); in a command, its one line saying what there is to go on from (exit 128 + the signal)."""
         if not in_command():
@@ -86,6 +96,8 @@ class StopSignals:
             what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
             return Interrupted(f"{what} before training started, so at once: nothing was trained; {how}",
                                128 + signum)
+        if checkpoint_written:  # the stop's checkpoint was written before the second Ctrl-C took effect
+            return Interrupted(f"interrupted again, after the stop's checkpoint; {how}")
         return Interrupted(f"interrupted again, so stopped at once without a new checkpoint; {how}")
 
 

@@ -101,6 +101,7 @@ class Trainer(StopSignals):
         self.stop_reason: str | None = None  # a signal's name, or the callback that asked to stop
         self.stop_signal: int | None = None  # the first signal that stopped the run (fit() then acts as it would)
         self.interrupts = 0  # Ctrl-Cs so far: the second aborts at once
+        self.aborted_by: int | None = None  # the signal that aborted at once (StopSignals.check_aborted)
         self.looping = False  # run() has begun: a stop signal checkpoints (before it, a command stops at once)
         self.run_ended = False  # the stop's checkpoint is written, or the run finished: nothing left to stop
         self.old_handlers: dict[int, Any] | None = None  # the stop signals' handlers before ours, while ours are set
@@ -203,7 +204,9 @@ class Trainer(StopSignals):
                     self.save()
             self.progress()
         if self.stop_reason is not None:
+            self.check_aborted()
             self.save()
+            self.check_aborted(checkpoint_written=True)
             self.run_ended = True
             self.progress(force=True)
             self.logger.end(f"stopped by {self.stop_reason} at step {c.step:,}; checkpoint written. "
@@ -225,6 +228,7 @@ class Trainer(StopSignals):
 
     def _stopping(self) -> bool:
         """A stop signal or callback; with several ranks, one that reached any rank stops them all together."""
+        self.check_aborted()
         if self.shard.any(self.stop_reason is not None, self.device) and self.stop_reason is None:
             self.stop_reason = "a stop on another rank"
         return self.stop_reason is not None
@@ -294,6 +298,7 @@ class Trainer(StopSignals):
     def _eval_interrupted(self) -> bool:
         """Asked at every evaluation step: has a stop signal arrived?"""
         kill_point("evaluation")
+        self.check_aborted()
         return self.stop_reason is not None
 
     def _log(self) -> None:
