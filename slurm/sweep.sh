@@ -22,6 +22,11 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 die() { echo "sweep.sh: $*" >&2; exit 2; }
 
+value() {  # OPTION [VALUE ...]: the option's value, or a one-line error if it has none
+    [ -n "${2:-}" ] || die "$1 needs a value"
+    echo "$2"
+}
+
 # "1-3,7" -> "1 2 3 7"
 expand_seeds() {
     local part out=()
@@ -42,13 +47,13 @@ expand_seeds() {
 tasks="" seeds="" name=tdmpc max_parallel="" dry_run=0 sbatch_opts=()
 while [ $# -gt 0 ]; do
     case $1 in
-        --tasks) tasks=${2:?--tasks needs a value}; shift 2 ;;
+        --tasks) tasks=$(value "$@"); shift 2 ;;
         --tasks=*) tasks=${1#*=}; shift ;;
-        --seeds) seeds=${2:?--seeds needs a value}; shift 2 ;;
+        --seeds) seeds=$(value "$@"); shift 2 ;;
         --seeds=*) seeds=${1#*=}; shift ;;
-        --name | --job-name | -J) name=${2:?$1 needs a value}; shift 2 ;;
+        --name | --job-name | -J) name=$(value "$@"); shift 2 ;;
         --name=* | --job-name=*) name=${1#*=}; shift ;;
-        --max-parallel) max_parallel=${2:?--max-parallel needs a value}; shift 2 ;;
+        --max-parallel) max_parallel=$(value "$@"); shift 2 ;;
         --max-parallel=*) max_parallel=${1#*=}; shift ;;
         --dry-run) dry_run=1; shift ;;
         -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
@@ -66,6 +71,16 @@ seed_words=$(expand_seeds "$seeds")  # a separate assignment, so that its die st
 read -r -a seed_list <<<"$seed_words"
 for t in "${task_list[@]}"; do
     [[ -n $t && $t != *[[:space:]]* ]] || die "--tasks: empty or blank task name in '$tasks'"
+done
+for list in "tasks:${task_list[*]}" "seeds:${seed_list[*]}"; do  # a repeat would give two elements one run directory
+    twice=$(tr ' ' '\n' <<<"${list#*:}" | sort | uniq -d | head -n 1)
+    [ -z "$twice" ] || die "--${list%%:*} names $twice twice: two array elements would train in one run directory"
+done
+for arg in "${train_args[@]}"; do
+    case $arg in
+        --task | --task=* | --tasks | --tasks=* | --seed | --seed=*)
+            die "${arg%%=*} after --: the sweep gives each element its task and seed (--tasks, --seeds before --)" ;;
+    esac
 done
 n=$((${#task_list[@]} * ${#seed_list[@]}))
 

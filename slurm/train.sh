@@ -116,6 +116,12 @@ else
     train_args=(--run-dir "$run_dir" "$@" "${sweep_args[@]}")
 fi
 
+# How to go on by hand: a new job in this run directory with this job's arguments (a sweep element's task and
+# seed included), so that a run with no checkpoint yet starts again as it was asked for, not from the defaults.
+given=("$@" "${sweep_args[@]}")
+resume_command="TDMPC_RUN_DIR=$(printf %q "$run_dir") sbatch slurm/train.sh"
+[ ${#given[@]} -eq 0 ] || resume_command+=$(printf ' %q' "${given[@]}")
+
 log "job $SLURM_JOB_ID${SLURM_ARRAY_TASK_ID:+ (array $SLURM_ARRAY_JOB_ID, index $SLURM_ARRAY_TASK_ID)} on $(hostname -s), restart ${SLURM_RESTART_COUNT:-0}; $mode $run_dir"
 log "running: $PYTHON -m tdmpc.train ${train_args[*]}"
 
@@ -175,7 +181,7 @@ case $rc in
         elif [ -n "$got_signal" ] && [ "$rc" -gt 128 ]; then
             log "the trainer was stopped by SIG$got_signal before it could write a checkpoint"
         else
-            log "the trainer failed (exit code $rc); not requeueing. Fix the cause, then resume: TDMPC_RUN_DIR=$run_dir sbatch slurm/train.sh"
+            log "the trainer failed (exit code $rc); not requeueing. Fix the cause, then go on: $resume_command"
             exit "$rc"
         fi ;;
 esac
@@ -189,12 +195,12 @@ if [ "$got_signal" = TERM ]; then
             exit 3 ;;
         *)
             log "the job ended (${reason:-cancelled by a user}); not requeueing it. Resume by hand:" \
-                "TDMPC_RUN_DIR=$run_dir sbatch slurm/train.sh"
+                "$resume_command"
             exit 3 ;;
     esac
 fi
 log "requeueing job $SLURM_JOB_ID; it will resume from $run_dir/checkpoints"
 scontrol requeue "$SLURM_JOB_ID" || {
-    log "scontrol requeue failed; resume by hand: TDMPC_RUN_DIR=$run_dir sbatch slurm/train.sh"
+    log "scontrol requeue failed; resume by hand: $resume_command"
     exit 3
 }
