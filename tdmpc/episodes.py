@@ -7,6 +7,7 @@ recorded to a video (numpy envs). Training evaluates with this, and so does pyth
 
 from __future__ import annotations
 
+import errno
 import itertools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vecto
 from tdmpc.errors import BadInput, NonFiniteData
 from tdmpc.model.checkpoint import describe_sizes
 from tdmpc.memory.peak import EVAL_PARALLEL
-from tdmpc.runtime.files import atomic_write
+from tdmpc.runtime.files import atomic_write, fmt_bytes, free_bytes
 from tdmpc.runtime.transfer import to_device
 
 MAX_PARALLEL = EVAL_PARALLEL  # episodes at once; the memory estimate plans a planner of this size
@@ -39,6 +40,7 @@ class EvalResult:
     # An episodic model's termination head on these (held-out) transitions: counts indexed [terminated, predicted].
     termination: np.ndarray | None = None
     dropped: int = 0  # episodes left out for non-finite observations (drop_nonfinite)
+    video_error: str | None = None  # why the video was not written (a full disk): the episodes still count
 
     def summary(self) -> dict:
         """Means over the episodes (NaN where there is none: JSON writes null)."""
@@ -148,7 +150,10 @@ def _run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, see
         if not np.isnan(success[kept]).all():
             result.successes += np.nan_to_num(success[kept]).tolist()
     if video is not None and frames:
-        write_video(video, frames, video_fps)
+        try:
+            write_video(video, frames, video_fps)
+        except OSError as e:
+            result.video_error = f"{e.filename or video}: {e.strerror or e}"
     return result
 
 
@@ -257,8 +262,15 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
         import imageio.v2 as imageio
     except ImportError:
         raise BadInput("videos need imageio: pip install 'tdmpc[video]'") from None
-    atomic_write(path, lambda tmp: imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1),  # type: ignore[arg-type]
-                 suffix=f".tmp{path.suffix}")
+    try:
+        atomic_write(path, lambda tmp: imageio.mimsave(tmp, frames, fps=fps, macro_block_size=1),  # type: ignore[arg-type]
+                     suffix=f".tmp{path.suffix}")
+    except OSError as e:
+        if e.errno is not None:
+            raise
+        # imageio's word for a writer (ffmpeg) that stopped: "[Errno 32] Broken pipe" and ffmpeg's command line
+        raise OSError(errno.EIO, f"the video writer stopped ({e.strerror or str(e).splitlines()[0]}; ffmpeg's lines above say why, "
+                                 f"{fmt_bytes(free_bytes(path.parent), decimal=True)} free)", str(path)) from None
 
 
 CHECK_EVERY = 50  # tensor evaluation steps between reads of whether every episode has ended

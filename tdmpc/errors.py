@@ -10,6 +10,7 @@ traceback; 141 the reader of stdout left (| head), quietly.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
 import re
@@ -71,6 +72,9 @@ class RunFailed(RuntimeError):
     keeping its last checkpoint: where the command exits 1."""
 
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # a write that failed for want of space: not the user's input, exit 1
+
+
 class DiskError(OSError):
     """A write that failed or would fail for lack of space or permission; one line with the free space."""
 
@@ -121,11 +125,12 @@ def run_cli(fn: Callable[[], int]) -> int:
     except DiskError as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_ERROR
-    except OSError as e:  # a path given that cannot be used as one: a file where a folder goes, no permission
-        if e.filename is None:
+    except OSError as e:  # a path given that cannot be used as one (a file where a folder goes, no permission),
+        disk = e.errno in DISK_FULL  # or a write the disk refused
+        if e.filename is None and not disk:
             raise
-        print(f"error: {e.filename}: {e.strerror or e}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+        print(f"error: {e.filename if e.filename else 'a write failed'}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_ERROR if disk else EXIT_BAD_INPUT
     finally:
         _commands -= 1
 

@@ -374,6 +374,25 @@ def test_a_video_write_that_fails_leaves_the_file_that_was_there(tmp_path, monke
     assert video.read_bytes() == b"an earlier video" and list(tmp_path.iterdir()) == [video]
 
 
+def test_a_video_writer_that_stops_still_prints_the_result_and_its_report_then_one_line(finished, tmp_path, capsys,
+                                                                                         monkeypatch):
+    """ffmpeg stopping on a full disk reaches imageio as an OSError with no errno ("[Errno 32] Broken pipe" and
+    ffmpeg's command line): the episodes were played, so the result and the report come first."""
+    import imageio.v2 as imageio
+
+    def stopped(path, frames, **kw):
+        raise OSError("[Errno 32] Broken pipe\n\nFFMPEG COMMAND:\nffmpeg -y -f rawvideo ...")
+
+    monkeypatch.setattr(imageio, "mimsave", stopped)
+    r = cli(capsys, "tdmpc.evaluate", "--checkpoint", finished, "--episodes", 1, "--threads", 1, "--no-mpc",
+            "--video", tmp_path / "v.mp4", "--report", tmp_path / "r.json")
+    line = one_line_error(r, code=1)
+    assert "Pendulum-v1: return" in r.stdout and "video:" not in r.stdout, r.stdout
+    assert f"the video could not be written: {tmp_path / 'v.mp4'}: the video writer stopped ([Errno 32] Broken pipe;" \
+        in line, line
+    assert "video" not in json.loads((tmp_path / "r.json").read_text()) and not (tmp_path / "v.mp4").exists()
+
+
 def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("mine")

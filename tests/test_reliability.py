@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json
+from helpers import TINY as TINY_RUN, one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json
 
 PY = sys.executable
 
@@ -272,10 +272,84 @@ def test_a_full_disk_stops_with_one_line_and_the_last_checkpoint_intact(tmp_path
     assert "1.0 MB more kept free as a margin; " in line and "KB are free on" in line, line
     assert f"the last good checkpoint is {run / 'checkpoints' / 'latest.pt'}" in line
     assert (run / "checkpoints" / "latest.pt").read_bytes() == before
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["buffer_0000000300.h5", "latest.pt", "previous.pt"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["buffer_0000000300.h5", "latest.pt"]
     filler.unlink()  # space again: the run goes on from its last good checkpoint
     r = run_train("--resume", run, "--steps", 400)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_run_ending_on_a_periodic_save_keeps_the_checkpoint_before_it_as_previous(tmp_path, finished_run):
+    """The last step's checkpoint is written twice (periodic, then finished): previous.pt stays the one before,
+    with its buffer, rather than becoming latest.pt again."""
+    run = copy_run(finished_run, tmp_path / "run")
+    assert not (run / "checkpoints" / "previous.pt").exists()  # one checkpoint (step 300): nothing before it
+    r = run_train("--resume", run, "--steps", 600)
+    assert r.returncode == 0, r.stderr
+    ck = {name: torch.load(run / "checkpoints" / name, weights_only=True) for name in ("latest.pt", "previous.pt")}
+    assert (ck["latest.pt"]["train"]["step"], ck["latest.pt"]["train"]["finished"]) == (600, True)
+    assert ck["previous.pt"]["train"]["step"] == 300 and ck["previous.pt"]["buffer_file"] == "buffer_0000000300.h5"
+    assert sorted(p.name for p in (run / "checkpoints").glob("buffer_*")) == ["buffer_0000000300.h5",
+                                                                             "buffer_0000000600.h5"]
+
+
+def test_a_csv_rewrite_on_a_full_disk_keeps_the_rows_it_held(small_disk):
+    from tdmpc.training.logger import CSVLog
+
+    log = CSVLog(small_disk / "train.csv")
+    log.write({"env_step": 100, "loss": 1.5})
+    before = (small_disk / "train.csv").read_bytes()
+    filler = _fill(small_disk, 0)
+    with pytest.raises(OSError, match="No space left"):
+        log.write({"env_step": 200, "loss": 1.0, "new_metric": 2.0})  # a new column: the file is rewritten
+    assert (small_disk / "train.csv").read_bytes() == before
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "train.csv"]  # no temp file left
+    filler.unlink()
+
+
+def test_a_write_refused_for_space_names_the_file_and_exits_1(tmp_path, capsys):
+    """h5py reports a full disk naming its temp file in a message of many lines: the one line names the file asked
+    for, with exit 1 (a failed write), not 2 (bad input)."""
+    import errno
+
+    from tdmpc.errors import run_cli
+    from tdmpc.runtime.files import atomic_write
+
+    def h5py_like(tmp: Path) -> None:
+        raise OSError(errno.ENOSPC, f"Unable to synchronously create file (file write failed: time = ...\n"
+                                    f", filename = '{tmp}', errno = 28, error message = 'No space left on device')")
+
+    def command() -> int:
+        atomic_write(tmp_path / "d.h5", h5py_like)
+        return 0
+
+    assert run_cli(command) == 1
+    assert capsys.readouterr().err == f"error: {tmp_path / 'd.h5'}: No space left on device\n"
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_disk_that_fills_during_a_run_is_one_line_saying_where_to_go_on_from(tmp_path, monkeypatch):
+    """A log row refused for want of space (the checkpoint's own check comes only at a save): one DiskError line
+    naming the last good checkpoint, as the train command prints it (exit 1)."""
+    import errno
+
+    import tdmpc
+    from tdmpc.errors import DiskError
+    from tdmpc.training.logger import RunLogger
+
+    rows = []
+
+    def train_row(self, row):
+        if rows:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        rows.append(row)
+
+    monkeypatch.setattr(RunLogger, "train", train_row)
+    options = {k: v for k, v in TINY_RUN.items() if k != "task"} | {"eval_episodes": 0, "save_every": 100}
+    with pytest.raises(DiskError) as e:
+        tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", **options)
+    message = str(e.value)
+    assert message.startswith("a write of the run failed: No space left on device (") and "free in" in message
+    assert f"the last good checkpoint is {tmp_path / 'run' / 'checkpoints' / 'latest.pt'}" in message, message
 
 
 def test_a_short_disk_is_said_before_the_run(tmp_path, small_disk):

@@ -114,12 +114,12 @@ def evaluate(args: EvalArgs) -> int:
                "precision": str(agent.plan_dtype).removeprefix("torch."),
                "dims": agent.dims.to_dict(), **res.summary(),
                "returns": res.returns, "lengths": res.lengths, "seconds": round(time.time() - t0, 1),
-               **({"video": str(args.video)} if args.video else {})}
+               **({"video": str(args.video)} if args.video and not res.video_error else {})}
     origin = " (imported reference TD-MPC2 checkpoint)" if imported else ""
     success = f", success {summary['success_rate']:.2f}" if "success_rate" in summary else ""
     print(f"{cfg.task}{origin}: return {summary['episode_return']:.1f} ± {summary['episode_return_std']:.1f} "
           f"over {summary['episodes']} episodes (seed {seed}), length {summary['episode_length']:.0f}{success} "
-          f"[{summary['seconds']}s]" + (f"\nvideo: {args.video}" if args.video else "")
+          f"[{summary['seconds']}s]" + (f"\nvideo: {args.video}" if "video" in summary else "")
           + (f"\n{res.dropped} episode(s) left out: NaN or inf in an observation (--nonfinite-data drop)"
              if res.dropped else ""), flush=True)
     if res.termination is not None:
@@ -135,6 +135,9 @@ def evaluate(args: EvalArgs) -> int:
               f"Choose another place with --report PATH", file=sys.stderr)
         return EXIT_ERROR
     print(f"report: {report}")
+    if res.video_error:  # after the result and the report, which the episodes still gave
+        print(f"error: the video could not be written: {res.video_error}", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK
 
 

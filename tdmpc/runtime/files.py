@@ -40,8 +40,8 @@ def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp",
 
     The file gets the mode a plain write would leave (an existing file keeps its own, a new one follows the umask).
     A crash at any point leaves either the old file or the new one, never half of one. A write that
-    fails leaves no temp file, and is an OSError naming the file (torch.save reports a write cut short
-    by a full disk as a RuntimeError).
+    fails leaves no temp file, and is an OSError naming `path` (torch.save reports a write cut short
+    by a full disk as a RuntimeError, h5py names the temp file, a writer through a pipe names none).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -57,6 +57,11 @@ def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp",
             if "unexpected pos" not in str(e) and "write" not in str(e).lower():
                 raise
             raise OSError(errno.ENOSPC, f"the write of {path} was cut short (is the disk full?)") from None
+        except OSError as e:  # named as the file being written (h5py names the temp file, a pipe to ffmpeg none)
+            if e.filename not in (None, tmp) or isinstance(e, DiskError):
+                raise
+            why = os.strerror(e.errno) if e.errno else (str(e).strip().splitlines() or ["write failed"])[0]
+            raise OSError(e.errno, why, str(path)) from None
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         kill_point(point)  # the tests' kill -9 between a complete temp file and its rename

@@ -7,6 +7,7 @@ metrics once per interval), so nothing here touches the hot path.
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 import sys
@@ -16,6 +17,7 @@ from tqdm import tqdm
 
 from tdmpc.config import Config
 from tdmpc.errors import ConfigError
+from tdmpc.runtime.files import write_text_atomic
 from tdmpc.training.run_dir import wandb_run_id
 
 
@@ -44,11 +46,13 @@ class CSVLog:
             return list(csv.DictReader(f))
 
     def _rewrite(self, columns: list[str], rows: list[dict]) -> None:
+        """The whole file anew, atomically: a full disk keeps the rows it held."""
+        text = io.StringIO()
+        w = csv.DictWriter(text, fieldnames=columns, restval="", lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+        write_text_atomic(self.path, text.getvalue())
         self.columns = columns
-        with open(self.path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=columns, restval="", lineterminator="\n")
-            w.writeheader()
-            w.writerows(rows)
 
     def truncate_after(self, step: int, key: str = "env_step") -> None:
         """Drop rows logged after `step` (written after the checkpoint a resume starts from)."""

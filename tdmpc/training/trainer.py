@@ -9,6 +9,7 @@ OfflineTrainer (tdmpc.training.offline) updates on a dataset. tdmpc.training.set
 from __future__ import annotations
 
 import dataclasses
+import errno
 import gc
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,8 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config, save_json
 from tdmpc.envs import EnvSource, EnvSpec
 from tdmpc.episodes import EvalResult, eval_seed, run_episodes
-from tdmpc.errors import EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFiniteData, RunDirError, in_command
+from tdmpc.errors import (DISK_FULL, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFiniteData, RunDirError,
+                          in_command)
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime.distributed import Shard
 from tdmpc.runtime.faults import kill_point
@@ -105,6 +107,7 @@ class Trainer(StopSignals):
         self.looping = False  # run() has begun: a stop signal checkpoints (before it, a command stops at once)
         self.run_ended = False  # the stop's checkpoint is written, or the run finished: nothing left to stop
         self.old_handlers: dict[int, Any] | None = None  # the stop signals' handlers before ours, while ours are set
+        self.saved_at: int | None = None  # the step of this session's last checkpoint
         self.phase = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         if setup.checkpoint is not None:
             self._restore(load_file(setup.checkpoint), no_buffer)
@@ -163,6 +166,13 @@ class Trainer(StopSignals):
                 self.logger.message(f"error: {e}; checkpoint written at step {self.counters.step:,} "
                                     f"(resume with --resume {self.quoted_run_dir} --nonfinite-data drop)")
                 return EXIT_ERROR
+            except OSError as e:  # a log row, an evaluation's video: the disk filled up (or went away) meanwhile
+                if isinstance(e, DiskError) or e.errno not in (*DISK_FULL, errno.EROFS, errno.EIO):
+                    raise
+                where = f" ({e.filename})" if e.filename else ""
+                raise DiskError(f"a write of the run failed{where}: {e.strerror or e} "
+                                f"({fmt_bytes(free_bytes(self.run_dir), decimal=True)} free in {self.run_dir}); "
+                                f"{self.last_checkpoint()}") from None
             except RuntimeError as e:  # torch.cuda.OutOfMemoryError, or an error it caused (a graph capture)
                 oom = _out_of_memory_error(e)
                 if oom is None:
@@ -273,6 +283,8 @@ class Trainer(StopSignals):
             res = self.play_episodes(task, video)
             if res is None:
                 return False
+            if res.video_error:  # the evaluation stands; a full disk stops the run at its next write
+                self.logger.message(f"warning: the evaluation's video was not written: {res.video_error}")
             rows.append(({"task": task} if self.tasks else {}) | res.summary())
         if self.tasks:  # the tasks' mean, as the reference reports multi-task results
             rows.append({"task": "mean", "episodes": sum(r["episodes"] for r in rows),
@@ -390,10 +402,13 @@ class Trainer(StopSignals):
             if self.device.type == "cuda":
                 rng["cuda"] = torch.cuda.get_rng_state(self.device)
             previous = previous_checkpoint_path(self.run_dir)
-            if self.checkpoint_path.is_file():  # the last checkpoint becomes the one to fall back to
+            # The last checkpoint becomes the one to fall back to, unless it is of this step (the run's end, just
+            # after a periodic save): previous.pt would then be latest.pt again, and the one before it lost.
+            if self.checkpoint_path.is_file() and self.saved_at != self.counters.step:
                 keep_previous(self.checkpoint_path, previous)
             keep = load_file(previous, mmap=True).get("buffer_file") if previous.is_file() else None
             self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(self.counters), "rng": rng, **extra})
+            self.saved_at = self.counters.step
         except OSError as e:
             what = str(e) if isinstance(e, DiskError) else \
                 f"could not write in {ckpt_dir}: {e.strerror or e} ({fmt_bytes(free_bytes(ckpt_dir), decimal=True)} free)"
