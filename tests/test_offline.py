@@ -186,6 +186,23 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
     assert len(list(read_episodes(tmp_path / "k.h5"))) == 16
 
 
+def test_episodes_collected_from_a_multi_task_model_train_a_model_of_their_task(tmp_path):
+    """collect keeps a multi-task model's padded rows (several tasks' files can then train one multi-task model)
+    and records the task's own dims; a single-task run on the file reads those columns only."""
+    mt30 = Path(__file__).parent / "fixtures" / "reference-mt30-ms1" / "reference_checkpoint.pt"
+    data = tmp_path / "pendulum.h5"
+    r = run_module("tdmpc.collect", "--checkpoint", mt30, "--task", "pendulum-swingup", "--episodes", 1, "--no-mpc",
+                   "--out", data, "--threads", 1)
+    assert r.returncode == 0, r.stderr
+    info = run_module("tdmpc.dataset", "info", data)
+    assert "obs state (24,)" in info.stdout and "obs/action dims 3/1" in info.stdout, info.stdout
+    r = run_train("--dataset", data, "--task", "pendulum-swingup", "--cfg", tiny_json(tmp_path), "--steps", 20,
+                  "--eval-episodes", 0, "--run-dir", tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    weights = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)["model"]
+    assert weights["_encoder.0.weight"].shape[1] == 3  # the task's own obs, not the 24 padded columns
+
+
 @pytest.mark.parametrize("command,needle", [
     (["tdmpc.collect", "--checkpoint", "{run}", "--episodes", "1", "--out", "{tmp}/c.h5", "--threads", "0"],
      "--threads must be >= 1, got 0"),

@@ -8,12 +8,12 @@ sampled (tdmpc.offline.sampler), when they would take more than half of the free
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from tdmpc.config import Config
-from tdmpc.offline.format import DatasetError, DatasetInfo, open_dataset
+from tdmpc.offline.format import DatasetError, DatasetInfo, Schema, open_dataset
 from tdmpc.offline.sampler import DatasetSampler, InMemoryDataset, StreamingDataset
 from tdmpc.runtime.files import available_host_memory
 from tdmpc.envs import EnvSpec, make_env
@@ -36,7 +36,16 @@ def open_offline(cfg: Config, device: torch.device, seed: int, shard: tuple[int,
     batch. Bad files, and data for other tasks or dims, are one-line DatasetErrors."""
     info = open_dataset(cfg.dataset, unit_actions=True)
     spec, tasks = model_spec(cfg, info)
+    if tasks is None and _padded(info.schema):  # read each row's task's own columns only (sampler._read_into)
+        info = replace(info, schema=replace(info.schema, obs_shape=(info.schema.task_obs_dims[0],),
+                                            action_dim=info.schema.task_action_dims[0]))
     return OfflineData(info, spec, tasks, _sampler(cfg, info, device, seed, shard))
+
+
+def _padded(schema: Schema) -> bool:
+    """One state task's episodes zero-padded to a multi-task model's dims (tdmpc.collect from such a model)."""
+    return (len(schema.tasks) == 1 and len(schema.obs_shape) == 1 and not schema.discrete
+            and (schema.task_obs_dims[0], schema.task_action_dims[0]) != (schema.obs_shape[0], schema.action_dim))
 
 
 def offline_spec(cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
@@ -54,12 +63,13 @@ def model_spec(cfg: Config, info: DatasetInfo) -> tuple[EnvSpec, TaskSetup | Non
             raise DatasetError(f"{info.files[0].path}: the data are of task {task!r}; pass --task {task}")
         env, spec = make_env(task, obs=cfg.obs, action_repeat=schema.action_repeat)
         env.close()
-        if (tuple(spec.obs_shape), spec.action_dim, spec.discrete) != (schema.obs_shape, schema.action_dim,
-                                                                        schema.discrete):
+        rows = ((schema.task_obs_dims[0],), schema.task_action_dims[0]) if _padded(schema) else \
+            (schema.obs_shape, schema.action_dim)
+        if (tuple(spec.obs_shape), spec.action_dim, spec.discrete) != (*rows, schema.discrete):
             def actions(n: int, discrete: bool) -> str:
                 return f"{n} discrete actions" if discrete else f"action rows of {n}"
-            raise DatasetError(f"{info.files[0].path}: 'obs' rows {schema.obs_shape} and "
-                               f"{actions(schema.action_dim, schema.discrete)} do not fit task {task!r} (obs "
+            raise DatasetError(f"{info.files[0].path}: 'obs' rows {rows[0]} and "
+                               f"{actions(rows[1], schema.discrete)} do not fit task {task!r} (obs "
                                f"{spec.obs_shape}, {actions(spec.action_dim, spec.discrete)})")
         tasks = None
     else:

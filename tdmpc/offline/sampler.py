@@ -265,10 +265,12 @@ class StreamingDataset(DatasetSampler):
 
 
 def _read_into(f: h5py.File, file: DatasetFile, name: str, lo: int, hi: int, out: np.ndarray) -> None:
-    """Rows [lo, hi) of a field into `out`, zero-padding narrower (multi-task) obs and actions at the end."""
+    """Rows [lo, hi) of a field into `out`, zero-padding narrower (multi-task) obs and actions at the end, and
+    reading a padded single task's own columns of wider ones."""
     width = f[name].shape[1:]
+    cols = min(width[0], out.shape[1]) if width else 0
     try:
-        f[name].read_direct(out, np.s_[lo:hi], np.s_[:, :width[0]] if width else np.s_[:])
+        f[name].read_direct(out, np.s_[lo:hi, :cols] if width else np.s_[lo:hi], np.s_[:, :cols] if width else np.s_[:])
     except OSError as e:
         raise DatasetError(f"{file.path}: cannot read '{name}' rows {lo}..{hi}: the file is corrupt "
                            f"({str(e).splitlines()[0][:120]})") from None
