@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tdmpc.config import Config
-from tdmpc.errors import ConfigError
+from tdmpc.errors import ConfigError, TaskError
 from tdmpc.tasks.sets import TaskInfo, expand, reference_info
 
 if TYPE_CHECKING:
@@ -113,4 +113,6 @@ def _info(task: str, action_repeat: int | None) -> TaskInfo:
 
     env, spec = make_env(task, action_repeat=action_repeat)
     env.close()
+    if spec.discrete:  # said here, where --dry-run asks too, not first when the training envs are built
+        raise TaskError(f"task {task!r} has discrete actions; multi-task models are for continuous ones")
     return TaskInfo(task, spec.obs_shape[0], spec.action_dim, spec.episode_length)

@@ -497,8 +497,13 @@ def test_dry_run_of_a_discrete_task(tmp_path, capsys):
     assert "CartPole-v1 (obs (4,) state, 2 discrete actions)" in capsys.readouterr().out
 
 
-def test_a_discrete_task_in_a_multitask_set_is_refused():
+def test_a_discrete_task_in_a_multitask_set_is_refused(tmp_path, capsys):
+    from tdmpc.cli.train import main
     from tdmpc.envs import make_task_envs
 
     with pytest.raises(TaskError, match="discrete actions; multi-task models are for continuous"):
         make_task_envs(["CartPole-v1"], 1, seed=0, obs_dim=4, action_dim=2)
+    # --dry-run says so too, as the run would, rather than printing an estimate for it
+    cfg = str(tiny_json(tmp_path, **CARTPOLE))
+    assert main(["--cfg", cfg, "--task", "CartPole-v1,Acrobot-v1", "--dry-run", "--run-dir", str(tmp_path / "r")]) == 2
+    assert "task 'CartPole-v1' has discrete actions; multi-task models are for continuous ones" in capsys.readouterr().err
