@@ -34,9 +34,11 @@ def fake_run(run_dir: Path, task: str, seed: int, evals: list[tuple[int, float]]
         w.writerow(EVAL_COLUMNS)
         for step, ret in evals:
             w.writerow([step, 10, ret, 5.0, 500, 3.0, step * seconds_per_step])
-    if checkpoint:
+    if checkpoint:  # its counters, as the trainer writes them at the last evaluation's step
+        import torch
+
         (run_dir / "checkpoints").mkdir(exist_ok=True)
-        (run_dir / "checkpoints" / "latest.pt").write_bytes(b"fake")
+        torch.save({"train": {"step": max((s for s, _ in evals), default=0)}}, run_dir / "checkpoints" / "latest.pt")
     return run_dir
 
 
@@ -170,6 +172,12 @@ def test_gather_keeps_offline_runs_set_aside_runs_and_repeated_seeds_apart(tmp_p
     assert row["seeds"] == "1" and row["check"] == "PASS", row
     assert "offline" in err and "seed 1" in err and "2 runs" in err, err
 
+    # Of two runs of one seed, the one that got further counts, whichever path sorts first (a resubmitted grid)
+    fake_run(tmp_path / "early/cup-catch/seed1", "cup-catch", 1, [(0, 5.0), (50_000, 10.0)])
+    assert main(["--gather", str(tmp_path / "early"), str(tmp_path / "runs"), "--out", str(tmp_path / "out2")]) == 0
+    assert read_rows(tmp_path / "out2/results.csv")[0]["env_step"] == "100000"
+    assert f"skipping {tmp_path / 'early/cup-catch/seed1'}: seed 1" in capsys.readouterr().err
+
 
 def test_gather_of_a_file_and_an_out_folder_blocked_by_a_file_are_one_line(tmp_path, capsys):
     run = fake_run(tmp_path / "runs/p", "Pendulum-v1", 1, [(400, -500.0)])
@@ -200,6 +208,11 @@ def test_decide_start_skip_resume_restart(tmp_path):
     fake_run(d, "cup-catch", 1, [(50_000, 500.0), (100_000, 900.0)])
     assert decide(d, "cup-catch", 1, 100_000) is Action.SKIP
     assert decide(d, "cup-catch", 1, 200_000) is Action.RESUME  # extend a finished shorter run
+    fake_run(d, "cup-catch", 1, [(50_000, 500.0)])  # the final checkpoint failed (a full disk) after its eval
+    fake_run(d, "cup-catch", 1, [(50_000, 500.0), (100_000, 900.0)], checkpoint=False)
+    assert decide(d, "cup-catch", 1, 100_000) is Action.RESUME
+    (d / "checkpoints/latest.pt").write_bytes(b"damaged")  # eval.csv's word, as with none
+    assert decide(d, "cup-catch", 1, 100_000) is Action.SKIP
     (d / "checkpoints/latest.pt").unlink()  # checkpoints deleted to free disk: still finished
     assert decide(d, "cup-catch", 1, 100_000) is Action.SKIP
     fake_run(d, "cup-catch", 1, [(50_000, 500.0)], checkpoint=False)  # died before its first checkpoint

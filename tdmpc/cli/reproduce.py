@@ -29,7 +29,7 @@ from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STO
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import check_results_folder, find_runs, gather
 from tdmpc.runtime.files import shipped_dir
-from tdmpc.training.run_dir import RunDirLock
+from tdmpc.training.run_dir import RunDirLock, saved_step
 
 TRAIN = [sys.executable, "-m", "tdmpc.train"]  # module-level so tests can swap in a fake trainer
 SET_HERE = ("--task", "--seed", "--steps", "--run-dir", "--resume", "--cfg")  # not allowed after --
@@ -178,11 +178,27 @@ def decide(run_dir: Path, task: str, seed: int, steps: int, obs: str = "state") 
             raise BadInput(f"{run_dir} holds a run from {cfg.get('obs', 'state')} observations, not {obs}; choose "
                            f"another --runs-root")
     last = last_eval_step(run_dir)
-    if last is not None and last >= steps:
+    checkpoint = run_dir / "checkpoints" / "latest.pt"
+    if last is not None and last >= steps and not _checkpoint_short_of(checkpoint, steps):
         return Action.SKIP
-    if (run_dir / "checkpoints" / "latest.pt").is_file():
+    if checkpoint.is_file():
         return Action.RESUME
     return Action.RESTART
+
+
+def _checkpoint_short_of(checkpoint: Path, steps: int) -> bool:
+    """Whether the run's checkpoint stops before `steps` although eval.csv reached it: the final checkpoint failed
+    (a full disk), so a resume would take those steps again and drop their rows. One that cannot be read, or none
+    (deleted to free disk), leaves the answer to eval.csv."""
+    if not checkpoint.is_file():
+        return False
+    from tdmpc.errors import CheckpointError
+    from tdmpc.model.checkpoint import load_file  # torch, imported only where a run is there to look at
+
+    try:
+        return saved_step(load_file(checkpoint, mmap=True).get("train", {})) < steps
+    except (CheckpointError, KeyError, TypeError, ValueError):
+        return False
 
 
 def train_command(action: Action, run_dir: Path, task: str, seed: int, steps: int, cfg: str | None,
@@ -393,8 +409,10 @@ def submit_slurm(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra:
     out = args.out or args.runs_root
     print(f"\nWhen the jobs have finished (squeue --me lists none), compare with:\n"
           f"  python -m tdmpc.reproduce --gather {shlex.quote(str(root / 'slurm'))} --out {shlex.quote(str(out))}\n"
-          f"(or name the run directories printed above). Requeued or failed elements can be resubmitted "
-          f"with the same command; see slurm/.")
+          f"(or name the run directories printed above). Elements Slurm requeues resume by themselves; one that "
+          f"fails or is cancelled goes on with the command the last line of its log prints (TDMPC_RUN_DIR=... "
+          f"sbatch slurm/train.sh ...). This command again would start a new grid in a new array's directories "
+          f"(gather then counts each seed's furthest run).")
     return EXIT_OK
 
 

@@ -79,8 +79,8 @@ def set_aside(relative: Path) -> bool:
 
 def load_groups(run_dirs: list[Path]) -> list[Group]:
     """The evaluation series of the runs (one per task of a multi-task run), grouped by task, exp_name and obs.
-    Offline runs (steps that count updates) are left out, and a seed found in several runs counts once (the first),
-    each said in a line."""
+    Offline runs (steps that count updates) are left out, and a seed found in several runs counts once (the run that
+    got furthest, else the first), each said in a line."""
     by_key: dict[tuple[str, str, str], list[Series]] = defaultdict(list)
     for d in run_dirs:
         for series in read_run(d):
@@ -93,10 +93,13 @@ def load_groups(run_dirs: list[Path]) -> list[Group]:
                 continue
             members = by_key[(series.task, series.exp_name, series.obs)]
             twin = next((m for m in members if series.seed is not None and m.seed == series.seed), None)
-            if twin is not None:
-                print(f"skipping {d}: seed {series.seed} of {series.label} again (2 runs of one seed; "
-                      f"{twin.run_dir} counts)", file=sys.stderr)
-                continue
+            if twin is not None:  # the run that got further counts (an earlier, shorter attempt is left out)
+                kept, left = (series, twin) if series.steps[-1] > twin.steps[-1] else (twin, series)
+                print(f"skipping {left.run_dir}: seed {series.seed} of {series.label} again (2 runs of one seed; "
+                      f"{kept.run_dir} counts: it reached step {int(kept.steps[-1]):,})", file=sys.stderr)
+                if kept is twin:
+                    continue
+                members.remove(twin)
             members.append(series)
     groups = []
     for (task, exp_name, obs), members in sorted(by_key.items()):
