@@ -254,6 +254,9 @@ def check_video_path(path: Path) -> None:
         raise BadInput(f"--video {path} is a folder: give a file name, e.g. {path / 'episode.mp4'}")
     if path.suffix.lower() not in VIDEO_SUFFIXES:
         raise BadInput(f"--video {path}: the name must end in {', '.join(VIDEO_SUFFIXES)} (the format follows it)")
+    blocked = next((p for p in path.parents if p.exists() or p.is_symlink()), None)
+    if blocked is not None and not blocked.is_dir():
+        raise BadInput(f"--video {path}: {blocked} is a file where a folder goes")
 
 
 def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:

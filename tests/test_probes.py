@@ -403,7 +403,12 @@ def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path, capsy
                                  ("tdmpc.reproduce", ["--tasks", "Pendulum-v1", "--seeds", "1-100000000", "--dry-run"],
                                   "more than 1,000 seeds"),
                                  ("tdmpc.dataset", ["from-minari", tmp_path, "--out", tmp_path / "m.h5"],
-                                  "no such local Minari dataset")):
+                                  "no such local Minari dataset"),
+                                 # a file where a folder goes is said so (mkdir's word was 'File exists')
+                                 ("tdmpc.plot", [finished, "--out", afile / "p.png"],
+                                  f"{afile}: a file where a folder goes"),
+                                 ("tdmpc.evaluate", ["--checkpoint", finished, "--video", afile / "v.mp4"],
+                                  f"--video {afile / 'v.mp4'}: {afile} is a file where a folder goes")):
         line = one_line_error(cli(capsys, module, *args))
         assert needle in line, (module, line)
     assert afile.read_text() == "mine"

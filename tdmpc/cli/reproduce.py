@@ -28,7 +28,7 @@ from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STO
                           parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import check_results_folder, find_runs, gather
-from tdmpc.runtime.files import shipped_dir
+from tdmpc.runtime.files import make_dirs, shipped_dir
 from tdmpc.training.run_dir import RunDirLock, saved_step
 
 TRAIN = [sys.executable, "-m", "tdmpc.train"]  # module-level so tests can swap in a fake trainer
@@ -283,7 +283,7 @@ class Runner:
             proc = subprocess.Popen(cmd, preexec_fn=_ignore_sigint)
         else:
             print(f"  output: {cell.log}", flush=True)
-            cell.log.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(cell.log.parent)
             with open(cell.log, "a") as log:  # appended to: a resumed run's output follows its first
                 proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_ignore_sigint)
         self.running[proc] = (cell, time.monotonic())

@@ -26,6 +26,7 @@ from gymnasium import spaces
 
 from tdmpc.offline.format import DatasetError, Episode, open_h5, read_episodes, read_file
 from tdmpc.offline.writer import DatasetWriter
+from tdmpc.runtime.files import make_dirs
 
 METADATA_KEY = "tdmpc"  # our attributes, as JSON, in the Minari dataset's metadata
 EXPORT_BATCH = 256  # episodes handed to Minari at a time
@@ -91,7 +92,7 @@ def to_minari(dataset_path: str | Path, dataset_id: str, author: str | None = No
         if dest.exists():
             raise DatasetError(f"Minari dataset {dataset_id!r} already exists ({dest}): made by another process "
                                "while this export ran; choose another name or version")
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(dest.parent)
         os.rename(partial / dataset_id, dest)
     finally:
         shutil.rmtree(partial, ignore_errors=True)

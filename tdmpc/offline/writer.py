@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 from gymnasium import spaces
 
-from tdmpc.runtime.files import atomic_write
+from tdmpc.runtime.files import atomic_write, make_dirs
 from tdmpc.offline.format import (CHUNK_BYTES, COMPRESSION, EPISODE_CHUNK, EPISODE_FIELDS, FORMAT, ROW_FIELDS, VERSION,
                            DatasetError, DatasetFile, Episode, Schema, check_episode, make_schema, open_h5, read_file)
 
@@ -216,7 +216,7 @@ def task_action_start(source: Any, **make: Any) -> int:
 
 def _lock(path: Path):
     """An exclusive flock on `.NAME.lock` beside the file, released by the kernel if the holder dies."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     handle = open(path.parent / f".{path.name}.lock", "a")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

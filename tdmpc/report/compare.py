@@ -20,7 +20,7 @@ import numpy as np
 from tdmpc.errors import BadInput
 from tdmpc.report.curves import Curve, Series, draw, group_series, read_run
 from tdmpc.report.published import ALGORITHMS, Published, load_published, solved_threshold
-from tdmpc.runtime.files import atomic_write, write_text_atomic
+from tdmpc.runtime.files import atomic_write, make_dirs, write_text_atomic
 
 
 @dataclass
@@ -273,7 +273,7 @@ def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9)
     results = {obs: load_published(obs) for obs in dict.fromkeys(g.obs for g in groups)}
     rows = compare(groups, results, at, bar)
     check_results_folder(out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_dirs(out)
     write_markdown(rows, out / "results.md", at, bar)
     write_csv(rows, out / "results.csv")
     write_plot(groups, results, out / "results.png")

@@ -33,6 +33,15 @@ def _umask() -> int:
 NEW_FILE_MODE = 0o666 & ~_umask()
 
 
+def make_dirs(path: Path) -> None:
+    """path.mkdir(parents=True, exist_ok=True), where a file in the way is said as such: mkdir's own word is
+    'File exists', naming the file, which reads as if the folder were there."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except FileExistsError as e:
+        raise NotADirectoryError(errno.ENOTDIR, "a file where a folder goes", e.filename) from None
+
+
 def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp", point: str = "write") -> None:
     """Write via `write(tmp_path)` to a temp file in the same directory, fsync, then rename. `suffix` ends the
     temp file's name (a writer that picks the format by extension needs the real one at the end); `point` names
@@ -44,7 +53,7 @@ def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp",
     by a full disk as a RuntimeError, h5py names the temp file, a writer through a pipe names none).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     try:  # the mode a plain write would leave: the file's own if it exists, else a new file's
         os.fchmod(fd, path.stat().st_mode & 0o7777 if path.exists() else NEW_FILE_MODE)

@@ -24,7 +24,7 @@ from typing import IO
 
 from tdmpc.config import AS_BEFORE_ADDED, Config, from_dict, read_json
 from tdmpc.errors import CheckpointError, ConfigError, RunDirError
-from tdmpc.runtime.files import write_text_atomic
+from tdmpc.runtime.files import make_dirs, write_text_atomic
 
 
 
@@ -176,7 +176,7 @@ class RunDirLock:
                 if attempt == 0:
                     self.created = next((p for p in reversed([self.path.parent, *self.path.parent.parents])
                                          if not p.exists()), None)
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                make_dirs(self.path.parent)
                 f: IO[str] = open(self.path, "a+")
             except OSError as e:
                 raise RunDirError(f"cannot use the run directory {self.path.parent}: {e.strerror or e}") from None
