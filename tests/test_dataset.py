@@ -502,6 +502,10 @@ def test_convert_buffer_cli_and_old_buffers(tmp_path, capsys):
     assert cli_main(["info", str(out)]) == 0
     text = capsys.readouterr().out
     assert "4 episodes, 30 rows" in text and "task Pendulum-v1: 4 episodes, return" in text
+    capsys.readouterr()  # converting the same buffer into the file again would hold each episode twice
+    assert cli_main(["convert", str(tmp_path / "buffer.h5"), "--task", "Pendulum-v1", "--out", str(out)]) == 2
+    assert "already holds the episodes of replay buffer" in capsys.readouterr().err
+    assert open_dataset(out).episodes == 4
     with h5py.File(tmp_path / "buffer.h5", "a") as f:
         del f["first"]
     with pytest.raises(DatasetError, match="saved before episode starts were recorded"):
@@ -639,8 +643,10 @@ def test_minari_import_of_a_dataset_made_by_minari(tmp_path, minari_root):
     minari.create_dataset_from_buffers("pendulum/random-v0", buffers, env=env)
     out = tmp_path / "pendulum.h5"
     assert from_minari(minari_root / "pendulum" / "random-v0", out) == 3
+    with pytest.raises(DatasetError, match="already holds the episodes of minari"):  # not each twice
+        from_minari(minari_root / "pendulum" / "random-v0", out)
     info = open_dataset(out)
-    assert info.schema.tasks == ("Pendulum-v1",) and info.schema.obs_shape == (3,)
+    assert info.schema.tasks == ("Pendulum-v1",) and info.schema.obs_shape == (3,) and info.episodes == 3
     for ep, buf in zip(read_episodes(out), buffers):
         np.testing.assert_allclose(ep.obs, buf.observations, rtol=1e-6)
         np.testing.assert_allclose(ep.action, buf.actions / 2, rtol=1e-6)  # [-2, 2] -> [-1, 1], as UnitActions

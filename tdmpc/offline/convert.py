@@ -90,5 +90,5 @@ def convert_buffer(buffer_path: str | Path, out_path: str | Path, task: str, obs
     start = _check_task(task, obs_type, tuple(obs_shape), action_dim, discrete, Path(buffer_path))
     source = source or f"replay buffer {Path(buffer_path).resolve()}"
     with DatasetWriter(out_path, obs_shape, action_dim, [task], obs_type, action_repeat, source,
-                       discrete=discrete, action_start=start) as writer:
+                       discrete=discrete, action_start=start, whole=True) as writer:
         return writer.commit(episodes_from_buffer(buffer_path))

@@ -227,7 +227,8 @@ def _write(dataset, source: str | Path, out_path: str | Path, obs_space: spaces.
     with DatasetWriter(out_path, obs_space.shape, action_dim, tasks, obs_type,
                        meta.get("action_repeat", 1), meta.get("source", f"minari {source}"),
                        meta.get("task_obs_dims"), meta.get("task_action_dims"),
-                       discrete=isinstance(dataset.action_space, spaces.Discrete), action_start=action_start) as writer:
+                       discrete=isinstance(dataset.action_space, spaces.Discrete), action_start=action_start,
+                       whole=True) as writer:
         return writer.commit(episodes())
 
 

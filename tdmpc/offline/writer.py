@@ -33,9 +33,12 @@ class DatasetWriter:
 
     def __init__(self, path: str | Path, obs_shape: Sequence[int], action_dim: int, tasks: Sequence[str],
                  obs_type: str, action_repeat: int, source: str, task_obs_dims: Sequence[int] | None = None,
-                 task_action_dims: Sequence[int] | None = None, discrete: bool = False, action_start: int = 0):
+                 task_action_dims: Sequence[int] | None = None, discrete: bool = False, action_start: int = 0,
+                 whole: bool = False):
         """discrete: actions are integers 0..action_dim-1 (action_dim: the number of actions); action_start: the
-        `start` of the env's Discrete space (what its actions are offset by), kept for readers of the file."""
+        `start` of the env's Discrete space (what its actions are offset by), kept for readers of the file.
+        whole: the writer appends all of its source at once (a converted buffer, an imported Minari dataset), so a
+        file whose sources name it already holds those episodes: refused, rather than each counted twice."""
         self.path = Path(path)
         self.schema = make_schema(self.path, obs_shape, action_dim, tasks, obs_type, action_repeat,
                                   task_obs_dims, task_action_dims, discrete, action_start)
@@ -53,6 +56,9 @@ class DatasetWriter:
                 self._check_extends(old)
                 self.episodes = old.episodes
                 self.segments = _segments(self.path, old.episodes)
+                if whole and set(source.splitlines()) <= set(old.source.splitlines()):
+                    raise DatasetError(f"{self.path} already holds the episodes of {source.splitlines()[0]}: "
+                                       f"writing them again would count each twice; choose another --out")
                 if source not in old.source.splitlines():
                     self.source = f"{old.source}\n{source}" if old.source else source
         except BaseException:
