@@ -393,6 +393,24 @@ def test_a_video_writer_that_stops_still_prints_the_result_and_its_report_then_o
     assert "video" not in json.loads((tmp_path / "r.json").read_text()) and not (tmp_path / "v.mp4").exists()
 
 
+def test_evaluations_of_other_settings_or_checkpoints_keep_their_own_reports(finished, tmp_path, capsys):
+    import shutil
+
+    from tdmpc.episodes import eval_seed
+
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    shutil.copy(run / "checkpoints" / "latest.pt", run / "checkpoints" / "step300.pt")
+    for checkpoint, extra in ((run, []), (run, ["--plan-horizon", 2]), (run / "checkpoints" / "step300.pt", [])):
+        r = cli(capsys, "tdmpc.evaluate", "--checkpoint", checkpoint, "--episodes", 1, "--threads", 1, "--no-mpc",
+                *extra)
+        assert r.returncode == 0, r.stderr
+    seed = eval_seed(json.loads((run / "config.json").read_text())["seed"])
+    names = sorted(p.name for p in (run / "checkpoints").glob("eval_*.json"))
+    assert names == [f"eval_Pendulum-v1_seed{seed}_{what}.json" for what in ("no-mpc", "no-mpc_plan-horizon2",
+                                                                            "step300_no-mpc")], names
+
+
 def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path, capsys):
     afile = tmp_path / "afile"
     afile.write_text("mine")

@@ -38,7 +38,8 @@ class EvalArgs:
     """Record the first episode to this file, its format by extension (.mp4, .gif, .webm, ...), written whole or
     not at all (MuJoCo offscreen rendering; set MUJOCO_GL=egl or osmesa)."""
     report: Optional[Path] = None
-    """Where to write the JSON report; default: beside the checkpoint."""
+    """Where to write the JSON report; default: beside the checkpoint, named for the task, seed, checkpoint (if not
+    latest.pt) and each planning setting given, e.g. eval_walker-walk_seed3_no-mpc.json."""
     device: str = "auto"
     """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     threads: Optional[int] = None
@@ -62,6 +63,17 @@ class EvalArgs:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(EvalArgs, argv, "python -m tdmpc.evaluate", __doc__.splitlines()[0])
     return run_cli(lambda: evaluate(args))
+
+
+def report_name(task: str, seed: int, checkpoint: Path, args: EvalArgs) -> str:
+    """The default report's name: the task and seed, then what else makes it another evaluation (a checkpoint
+    other than latest.pt, each planning setting given), so that no report overwrites another's."""
+    parts = [f"eval_{task}", f"seed{seed}"] + ([checkpoint.stem] if checkpoint.stem != "latest" else [])
+    parts += [] if args.mpc else ["no-mpc"]
+    parts += [f"{name.replace('_', '-')}{value}" for name in ("precision", "iterations", "num_samples", "num_elites",
+                                                             "num_pi_trajs", "plan_horizon")
+              if (value := getattr(args, name)) is not None]
+    return "_".join(parts) + ".json"
 
 
 def evaluate(args: EvalArgs) -> int:
@@ -127,7 +139,7 @@ def evaluate(args: EvalArgs) -> int:
         print(f"termination head: {summary['termination_accuracy']:.4f} of {t.sum():,} transitions right; "
               f"{t[1, 1]} of {t[1].sum()} terminal steps predicted, {t[0, 1]} false alarms")
     task_name = cfg.task.replace("/", "_").replace(":", "_")  # a namespaced id (phys2d/Pendulum-v0) is one name
-    report = args.report or checkpoint.with_name(f"eval_{task_name}_seed{seed}.json")
+    report = args.report or checkpoint.with_name(report_name(task_name, seed, checkpoint, args))
     try:
         write_text_atomic(report, json_text(summary))
     except OSError as e:
