@@ -432,6 +432,27 @@ def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path, capsy
     assert afile.read_text() == "mine"
 
 
+def test_plot_counts_a_run_named_twice_once_and_an_unevaluated_run_is_one_line(finished, tmp_path, capsys):
+    import shutil
+
+    from tdmpc.report.curves import group_runs
+
+    (curve,) = group_runs([finished, finished / "." / ""])
+    assert curve.label.endswith(", 1 seed"), curve.label  # not "2 runs of 1 seed"
+    never = tmp_path / "never"  # eval_episodes 0: no eval.csv at all
+    shutil.copytree(finished, never)
+    (never / "eval.csv").unlink()
+    assert f"{never}: no evaluation yet (no eval.csv" in one_line_error(cli(capsys, "tdmpc.plot", never, "--out",
+                                                                             tmp_path / "p.png"))
+    header = tmp_path / "header"  # stopped before its first evaluation's row
+    shutil.copytree(finished, header)
+    (header / "eval.csv").write_text((finished / "eval.csv").read_text().splitlines()[0] + "\n")
+    line = one_line_error(cli(capsys, "tdmpc.plot", header, "--out", tmp_path / "p.png"))
+    assert "no evaluation yet" in line and not (tmp_path / "p.png").exists()
+    r = cli(capsys, "tdmpc.plot", header, finished, "--out", tmp_path / "p.png")  # the other run is drawn
+    assert r.returncode == 0 and f"skipping {header}: no evaluation yet" in r.stderr
+
+
 def test_a_damaged_config_json_is_one_line_for_plot(finished, tmp_path, capsys):
     import shutil
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import sys
 import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ def read_run(run_dir: Path) -> list[Series]:
     """The evaluation series of a run directory: one, or one per task of a multi-task run."""
     eval_csv = run_dir / "eval.csv"
     if not eval_csv.is_file():
+        if (run_dir / "config.json").is_file():  # a run that has not evaluated (yet, or ever: eval_episodes 0)
+            raise BadInput(f"{run_dir}: no evaluation yet (no eval.csv; python -m tdmpc.evaluate --checkpoint "
+                           f"{run_dir} evaluates its checkpoint)")
         raise BadInput(f"{run_dir}: no eval.csv (is this a tdmpc run directory?)")
     cfg_file = run_dir / "config.json"
     try:
@@ -110,7 +114,15 @@ def _eval_points(eval_csv: Path, default_task: str) -> list[tuple[str, tuple[flo
 
 
 def group_runs(runs: list[Path], group: bool = True) -> list[Curve]:
-    return group_series([s for run in runs for s in read_run(run)], group)
+    """The curves of the run directories (one named twice counts once); a run with no evaluation yet is left out
+    in a line, and none with any is a one-line error, not an empty figure."""
+    series = [s for run in {r.resolve(): r for r in runs}.values() for s in read_run(run)]
+    for s in series:
+        if len(s.steps) == 0:
+            print(f"skipping {s.run_dir}: no evaluation yet", file=sys.stderr)
+    if not any(len(s.steps) for s in series):
+        raise BadInput(f"no evaluation yet in {', '.join(str(r) for r in runs)}: nothing to plot")
+    return group_series([s for s in series if len(s.steps)], group)
 
 
 def group_series(series_list: list[Series], group: bool = True) -> list[Curve]:
