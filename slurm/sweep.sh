@@ -87,8 +87,11 @@ n=$((${#task_list[@]} * ${#seed_list[@]}))
 # train.sh reads the lists from its environment (sbatch passes the submitter's environment
 # on, and keeps it for requeues); spaces separate them, since task ids may hold ':'.
 export TDMPC_SWEEP_TASKS="${task_list[*]}" TDMPC_SWEEP_SEEDS="${seed_list[*]}"
+# Logs under slurm/logs/ of the directory the sweep is submitted from, as train.sh's own (#SBATCH --output): never
+# beside a packaged script (in site-packages, say).
+logs=$PWD/slurm/logs
 cmd=(sbatch --parsable --job-name="$name" --array="0-$((n - 1))${max_parallel:+%$max_parallel}"
-     --output="$here/logs/%x-%A_%a.out" "${sbatch_opts[@]}" "$here/train.sh" "${train_args[@]}")
+     --output="$logs/%x-%A_%a.out" "${sbatch_opts[@]}" "$here/train.sh" "${train_args[@]}")
 
 # What each element runs and where it writes (the same rule as train.sh).
 show_runs() {  # array job id
@@ -99,7 +102,7 @@ show_runs() {  # array job id
         printf '  %s_%-3s %-20s seed %-4s %s\n' "$1" "$i" "$task" "$seed" \
             "${TDMPC_RUN_DIR:-${TDMPC_RUNS:-runs}/slurm/$name/$1}/$task/seed$seed"
     done
-    echo "logs: $here/logs/$name-${1}_<index>.out"
+    echo "logs: $logs/$name-${1}_<index>.out"
 }
 
 if [ "$dry_run" = 1 ]; then
@@ -112,7 +115,7 @@ if [ "$dry_run" = 1 ]; then
     exit 0
 fi
 
-mkdir -p "$here/logs"
+mkdir -p "$logs"
 job=$("${cmd[@]}")
 job=${job%%;*}  # --parsable prints "id" or "id;cluster"
 echo "submitted array job $job: $n runs (${#task_list[@]} tasks x ${#seed_list[@]} seeds)"

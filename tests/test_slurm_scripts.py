@@ -46,3 +46,11 @@ def test_a_failed_sweep_element_says_how_to_go_on_with_its_own_arguments(tmp_pat
     expected = (f"TDMPC_RUN_DIR={shlex.quote(str(run_dir))} sbatch slurm/train.sh --cfg {shlex.quote(str(cfg))} "
                 f"--horizon 0 --task Pendulum-v1 --seed 4")
     assert f"not requeueing. Fix the cause, then go on: {expected}\n" in r.stdout, r.stdout
+
+
+def test_sweep_logs_go_under_the_submit_directory_not_beside_the_script(tmp_path):
+    """As train.sh's own #SBATCH --output: a packaged sweep.sh (in site-packages, say) writes no logs there."""
+    r = subprocess.run([SLURM / "sweep.sh", "--tasks", "walker-walk", "--seeds", "1", "--dry-run"], cwd=tmp_path,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert f"--output={tmp_path}/slurm/logs/%x-%A_%a.out" in r.stdout and f"logs: {tmp_path}/slurm/logs/" in r.stdout

@@ -387,7 +387,7 @@ def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: lis
 
 def sweep_script() -> Path:
     """./slurm/sweep.sh (a checkout, or a copy made by python -m tdmpc.slurm_scripts --copy .), else the
-    packaged one (its logs then go beside it)."""
+    packaged one (its logs go under ./slurm/logs all the same)."""
     packaged = shipped_dir("slurm")
     for script in (Path.cwd() / "slurm" / "sweep.sh", packaged / "sweep.sh"):
         if script.is_file():
