@@ -186,6 +186,7 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
     assert len(list(read_episodes(tmp_path / "k.h5"))) == 16
 
 
+@pytest.mark.slow  # a run of its own (CI's slow step, .ci/run): the default suite stays under 8 minutes
 def test_episodes_collected_from_a_multi_task_model_train_a_model_of_their_task(tmp_path):
     """collect keeps a multi-task model's padded rows (several tasks' files can then train one multi-task model)
     and records the task's own dims; a single-task run on the file reads those columns only."""

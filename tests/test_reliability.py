@@ -278,6 +278,7 @@ def test_a_full_disk_stops_with_one_line_and_the_last_checkpoint_intact(tmp_path
     assert r.returncode == 0, r.stderr
 
 
+@pytest.mark.slow  # a run of its own (CI's slow step, .ci/run): the default suite stays under 8 minutes
 def test_a_run_ending_on_a_periodic_save_keeps_the_checkpoint_before_it_as_previous(tmp_path, finished_run):
     """The last step's checkpoint is written twice (periodic, then finished): previous.pt stays the one before,
     with its buffer, rather than becoming latest.pt again."""
