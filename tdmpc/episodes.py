@@ -272,7 +272,8 @@ def write_video(path: Path, frames: list[np.ndarray], fps: int) -> None:
         if e.errno is not None:
             raise
         # imageio's word for a writer (ffmpeg) that stopped: "[Errno 32] Broken pipe" and ffmpeg's command line
-        raise OSError(errno.EIO, f"the video writer stopped ({e.strerror or str(e).splitlines()[0]}; ffmpeg's lines above say why, "
+        why = e.strerror or str(e).splitlines()[0]
+        raise OSError(errno.EIO, f"the video writer stopped ({why}; ffmpeg's lines above say why, "
                                  f"{fmt_bytes(free_bytes(path.parent), decimal=True)} free)", str(path)) from None
 
 

@@ -506,4 +506,5 @@ def test_a_discrete_task_in_a_multitask_set_is_refused(tmp_path, capsys):
     # --dry-run says so too, as the run would, rather than printing an estimate for it
     cfg = str(tiny_json(tmp_path, **CARTPOLE))
     assert main(["--cfg", cfg, "--task", "CartPole-v1,Acrobot-v1", "--dry-run", "--run-dir", str(tmp_path / "r")]) == 2
-    assert "task 'CartPole-v1' has discrete actions; multi-task models are for continuous ones" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "task 'CartPole-v1' has discrete actions; multi-task models are for continuous ones" in err
