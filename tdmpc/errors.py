@@ -139,7 +139,7 @@ def run_cli(fn: Callable[[], int]) -> int:
 def one_line_parse_errors(prog: str) -> Iterator[None]:
     """Around tyro.cli: its boxed parse error (exit 2: a bad value, an unknown flag, a missing subcommand) as
     one 'error:' line that points to --help; anything else it prints passes through unchanged."""
-    _dedent_field_docstrings()
+    _join_field_docstrings()
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -157,7 +157,7 @@ def one_line_parse_errors(prog: str) -> Iterator[None]:
             sys.stderr.write(captured.getvalue())
 
 
-def _dedent_field_docstrings() -> None:
+def _join_field_docstrings() -> None:
     """--help's text of a field whose docstring spans lines reads as one paragraph. Tyro removes a docstring's
     single line breaks before its indentation, so it keeps a break before every indented line (a field
     docstring's every line but the first) and wraps around it: "several, separated" / "by commas". The

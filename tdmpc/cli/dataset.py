@@ -68,8 +68,7 @@ def describe(file: DatasetFile) -> str:
         r, length = returns[mine], file.episode_length[mine]
         stats = (f"return {r.mean():.1f} +- {r.std():.1f} (min {r.min():.1f}, max {r.max():.1f}), length "
                  f"{length.mean():.1f}" if mine.any() else "")
-        padded = (s.task_obs_dims[t], s.task_action_dims[t]) != (s.obs_shape[0], s.action_dim)  # (pixels: channels)
-        dims = f", obs/action dims {s.task_obs_dims[t]}/{s.task_action_dims[t]}" if len(s.tasks) > 1 or padded else ""
+        dims = f", obs/action dims {s.task_obs_dims[t]}/{s.task_action_dims[t]}" if len(s.tasks) > 1 or s.padded(t) else ""
         lines.append(f"  task {name}: {int(mine.sum()):,} episodes{', ' + stats if stats else ''}{dims}")
     lines += [f"  source: {line}" for line in file.source.splitlines()]
     return "\n".join(lines)

@@ -44,8 +44,7 @@ def open_offline(cfg: Config, device: torch.device, seed: int, shard: tuple[int,
 
 def _padded(schema: Schema) -> bool:
     """One state task's episodes zero-padded to a multi-task model's dims (tdmpc.collect from such a model)."""
-    return (len(schema.tasks) == 1 and len(schema.obs_shape) == 1 and not schema.discrete
-            and (schema.task_obs_dims[0], schema.task_action_dims[0]) != (schema.obs_shape[0], schema.action_dim))
+    return len(schema.tasks) == 1 and len(schema.obs_shape) == 1 and not schema.discrete and schema.padded(0)
 
 
 def offline_spec(cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:

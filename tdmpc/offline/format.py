@@ -83,6 +83,10 @@ class Schema:
         return {"obs": (self.obs_shape, self.obs_dtype), "action": action, "reward": ((), f32),
                 "terminated": ((), b), "truncated": ((), b)}
 
+    def padded(self, task: int) -> bool:
+        """Whether task `task`'s rows are zero-padded: its own dims are smaller than the file's."""
+        return (self.task_obs_dims[task], self.task_action_dims[task]) != (self.obs_shape[0], self.action_dim)
+
     def row_bytes(self) -> int:
         return sum(int(np.prod(shape, dtype=np.int64)) * dt.itemsize for shape, dt in self.row_fields().values())
 

@@ -268,9 +268,9 @@ def _read_into(f: h5py.File, file: DatasetFile, name: str, lo: int, hi: int, out
     """Rows [lo, hi) of a field into `out`, zero-padding narrower (multi-task) obs and actions at the end, and
     reading a padded single task's own columns of wider ones."""
     width = f[name].shape[1:]
-    cols = min(width[0], out.shape[1]) if width else 0
+    cols = (slice(min(width[0], out.shape[1])),) if width else ()  # a row's columns, none for a scalar field
     try:
-        f[name].read_direct(out, np.s_[lo:hi, :cols] if width else np.s_[lo:hi], np.s_[:, :cols] if width else np.s_[:])
+        f[name].read_direct(out, (slice(lo, hi), *cols), (slice(None), *cols))
     except OSError as e:
         raise DatasetError(f"{file.path}: cannot read '{name}' rows {lo}..{hi}: the file is corrupt "
                            f"({str(e).splitlines()[0][:120]})") from None

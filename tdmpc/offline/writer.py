@@ -170,7 +170,7 @@ class DatasetWriter:
                        action_type="discrete" if s.discrete else "continuous")
         if s.discrete:
             f.attrs.update(num_actions=s.action_dim, action_start=s.action_start)
-        if len(s.tasks) > 1 or s.task_obs_dims[0] != s.obs_shape[0] or s.task_action_dims[0] != s.action_dim:
+        if len(s.tasks) > 1 or s.padded(0):
             # several tasks, or one task's episodes padded to a multi-task model's dims (tdmpc.collect)
             f.attrs.update(task_obs_dims=json.dumps(list(s.task_obs_dims)),
                            task_action_dims=json.dumps(list(s.task_action_dims)))
