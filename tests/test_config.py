@@ -1,6 +1,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -238,3 +239,29 @@ def test_a_failed_compile_names_where_it_raised():
                         "in test")
     assert raised_at(told) == f" at test_config.py:{inner.__code__.co_firstlineno}: def inner():"
     assert raised_at(RuntimeError("no traceback")) == ""
+
+
+def test_a_compiled_function_never_gets_inputs_that_share_storage():
+    """act() sends observations and first-step flags to the device in one copy, as two views of it. Torch 2.11's
+    inductor cache ran a graph compiled for separate inputs on such a pair and failed ("wrong number of
+    dimensions"; reproduced on the CPU: docs/speed.md), so a compiled function gets a copy of each tensor that
+    shares storage with an earlier one; its eager fallback, which has no cache, gets them as they are."""
+    from tdmpc.runtime.compile import Compiled
+    from tdmpc.runtime.transfer import to_device
+    from tdmpc.runtime.device import cuda_code_path
+
+    with cuda_code_path():  # CUDA's staging copy, on the CPU
+        obs, first = to_device(torch.device("cpu"), np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, 0], bool))
+    assert obs.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+    seen: list[tuple] = []
+    compiled = Compiled(lambda *a: seen.append(a), "f")
+    compiled.fn = lambda *a: seen.append(a)  # stands in for torch.compile's function
+    for _ in range(2):  # the compiling call and the ones after it
+        compiled(obs, first, True, obs[:1])
+        got = seen.pop()
+        ptrs = [t.untyped_storage().data_ptr() for t in got if isinstance(t, torch.Tensor)]
+        assert len(set(ptrs)) == 3 and got[0] is obs and got[2] is True
+        assert all(torch.equal(a, b) for a, b in zip(got, (obs, first, True, obs[:1])) if isinstance(a, torch.Tensor))
+    compiled.fn = compiled.eager
+    compiled(obs, first)
+    assert seen.pop()[1] is first

@@ -174,7 +174,7 @@ class Ensemble(nn.Sequential):
         if isinstance(heads, ChosenHeads):
             assert not detach, "chosen heads are a frozen copy's"
             chosen, heads = heads.params, None
-        elif heads is not None and self._flat and not detach:
+        elif heads is not None and self.flattened and not detach:
             chosen = self.choose(heads.unsqueeze(0))[0].params
         for i, layer in enumerate(self):
             y = layer(y, heads, detach, None if chosen is None else chosen[i], every_action if i == 0 else 0)
@@ -183,7 +183,7 @@ class Ensemble(nn.Sequential):
     @property
     def flattened(self) -> bool:
         """flatten_heads() was called: choose() can select heads' parameters."""
-        return bool(self._flat)
+        return len(self._flat) > 0  # not bool(list): dynamo before torch 2.13 cannot trace it
 
     def flatten_heads(self) -> None:
         """For frozen copies (planning): each head's parameters become a row of one (num, P) tensor per dtype, and

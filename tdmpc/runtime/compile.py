@@ -20,7 +20,8 @@ class Compiled:
     inductor's generated code: the one line a report needs). Tracing runs no real computation, so the eager retry
     starts clean.
     Another agent of the same shapes reuses the graphs an earlier one compiled (dynamo guards on the modules'
-    structure, not their identity): its first call compiles nothing and prints nothing."""
+    structure, not their identity): its first call compiles nothing and prints nothing.
+    Tensor arguments never share storage (see unaliased)."""
 
     def __init__(self, fn: Callable[..., Any], name: str, fullgraph: bool = True):
         self.eager, self.name = fn, name
@@ -28,6 +29,8 @@ class Compiled:
         self.ready = False
 
     def __call__(self, *args: Any) -> Any:
+        if self.fn is not self.eager:
+            args = unaliased(args)
         if self.ready:
             return self.fn(*args)
         start, graphs, cached = time.perf_counter(), compiled_graphs(), cache_use()
@@ -45,6 +48,22 @@ class Compiled:
             print(f"compile: {self.name} compiled in {time.perf_counter() - start:.0f} s{source}", file=sys.stderr)
         self.ready = True
         return out
+
+
+def unaliased(args: tuple) -> tuple:
+    """args with each tensor that shares storage with an earlier one copied. Torch 2.11's inductor cache hands a
+    graph compiled for separate inputs to a call whose inputs alias (act()'s observations and first-step flags
+    are views of one host-to-device copy) and the graph fails ("wrong number of dimensions", the H200's bench
+    profile step; reproduced on the CPU: docs/speed.md). Inputs that never alias compile one graph for both."""
+    seen: set[int] = set()
+    out = list(args)
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            ptr = a.untyped_storage().data_ptr()
+            if ptr in seen:
+                out[i] = a.clone()
+            seen.add(ptr)
+    return tuple(out)
 
 
 def compiled_graphs() -> int:
