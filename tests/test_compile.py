@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch._inductor.config as inductor_config
@@ -144,6 +145,24 @@ def test_a_second_agent_of_the_same_shapes_compiles_nothing(capsys):
     second.act(torch.randn(3, OBS), first_step=True)  # a planner for 3 envs: new shapes
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
     assert "compile: plan() for 3 env(s), train compiled in" in capsys.readouterr().err
+
+
+def test_plans_from_staged_and_from_separate_inputs_both_compile(capsys):
+    """The H200 bench's profile step: a plan compiled for separate inputs (a CUDA graph's static copies), then
+    another agent's act() from numpy, whose observations and first-step flags are two views of one staging copy
+    (CUDA's path, taken on the CPU). On torch 2.11 the second fell back to eager ("wrong number of dimensions":
+    inductor's cache gave it the first graph); neither may."""
+    from tdmpc.runtime.device import cuda_code_path
+
+    obs = np.random.default_rng(0).standard_normal((2, OBS)).astype(np.float32)
+    with cuda_code_path():
+        first = make(True, "single")
+        first.act_on_device(torch.from_numpy(obs).clone(), torch.ones(2, dtype=torch.bool))
+        second = make(True, "single", cuda_graphs=False)
+        second.act(obs, first_step=np.ones(2, dtype=bool))
+        second.act(obs)
+    err = capsys.readouterr().err
+    assert "runs eagerly" not in err and "compile: plan() for 2 env(s), train compiled in" in err, err
 
 
 def test_a_failed_compile_falls_back_to_eager_with_one_line(capsys):

@@ -329,7 +329,8 @@ def test_the_cpu_count_predicts_the_last_gpu_profile_by_group():
 @pytest.mark.compile
 def test_a_compiled_calls_ops_are_traced_to_the_generated_codes_line():
     """bench --profile's by_site on a real profile: an op a compiled function calls is traced to inductor's
-    generated code (here on the CPU: the profiler's frames are the same on CUDA)."""
+    generated code (here on the CPU: the profiler's frames are the same on CUDA), or on torch 2.11 to its
+    compiled graph."""
     from torch.profiler import ProfilerActivity, profile
 
     from tdmpc.bench.gpu_profile import call_site
@@ -339,4 +340,5 @@ def test_a_compiled_calls_ops_are_traced_to_the_generated_codes_line():
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         fn(torch.ones(8, 8))
     sites = [call_site(e) for e in prof.events() if e.name == "aten::mm"]
-    assert len(sites) == 2 and all(re.fullmatch(r"c\w+\.py\(\d+\): call", s) for s in sites), sites
+    # torch 2.13 records the generated code's frames; 2.11 (the H200's) only the compiled graph's call
+    assert len(sites) == 2 and all(re.fullmatch(r"c\w+\.py\(\d+\): call|CompiledFxGraph \w+", s) for s in sites), sites

@@ -54,11 +54,15 @@ def kernels_by_site(events: Any, top: int = 40) -> dict[str, int]:
 
 def call_site(event: Any) -> str:
     """The innermost Python function above a profiled op outside torch's own code, as the profiler names it
-    (FILE(LINE OF ITS DEF): NAME); '?' without one."""
+    (FILE(LINE OF ITS DEF): NAME), or, where the profiler records no Python frames in compiled code (torch 2.11),
+    the compiled graph that ran it ("CompiledFxGraph KEY", inductor's cache key); '?' without either."""
     parent = event.cpu_parent
     while parent is not None:
         if re.match(r".+\.py\(\d+\): ", parent.name) and not parent.name.startswith("torch/"):
             return parent.name.rsplit("/", 1)[-1]
+        graph = re.fullmatch(r"## Call (CompiledFxGraph \w+) ##", parent.name)
+        if graph:
+            return graph[1]
         parent = parent.cpu_parent
     return "?"
 

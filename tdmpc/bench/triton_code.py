@@ -83,6 +83,6 @@ def _combo_groups_on_any_device(scheduler: Any) -> list[list[Any]]:
     combo_kernel_max_num_nodes), without its exclusion of CPU nodes; one device and one stream here."""
     import torch._inductor.config as inductor_config
 
-    size = inductor_config.combo_kernel_max_num_nodes
+    size = getattr(inductor_config, "combo_kernel_max_num_nodes", 8)  # before torch 2.13 a constant 8 in inductor
     return [level[i:i + size] for level in map(list, scheduler._topological_sort_nodes())
             for i in range(0, len(level), size)]
