@@ -22,7 +22,7 @@ from tdmpc.model.world_model import ModelDims, WorldModel
 from tdmpc.planners.make import make_planner
 from tdmpc.planners.base import Planner
 from tdmpc.planners.mppi import MPPIConfig
-from tdmpc.runtime.compile import compile_enabled, compiled_if
+from tdmpc.runtime.compile import PLAN_OPTIONS, compile_enabled, compiled_if
 from tdmpc.runtime.cuda_graphs import CUDAGraphed
 from tdmpc.runtime.device import cpu_fast_paths, resolve_dtype
 from tdmpc.runtime.streams import UpdateStream
@@ -73,7 +73,7 @@ class Actor:
         if key not in self._plan_fns:
             planner = self.planner(num_envs, role)
             # act() runs it in inference mode, or under no_grad when compiled (PyTorch issue 180823)
-            graph = compiled_if(self.compile, planner.plan_graph, f"plan() for {num_envs} env(s), {role}")
+            graph = compiled_if(self.compile, planner.plan_graph, f"plan() for {num_envs} env(s), {role}", PLAN_OPTIONS)
             fn = lambda obs, first, *task: graph(obs, first, eval_mode, *task)  # noqa: E731
             self._plan_fns[key] = CUDAGraphed(fn) if self.graphs else fn
         return self._plan_fns[key]

@@ -251,7 +251,7 @@ def test_a_compiled_function_never_gets_inputs_that_share_storage():
     from tdmpc.runtime.device import cuda_code_path
 
     with cuda_code_path():  # CUDA's staging copy, on the CPU
-        obs, first = to_device(torch.device("cpu"), np.arange(6, dtype=np.float32).reshape(2, 3), np.array([1, 0], bool))
+        obs, first = to_device(torch.device("cpu"), np.ones((2, 3), np.float32), np.array([1, 0], bool))
     assert obs.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
     seen: list[tuple] = []
     compiled = Compiled(lambda *a: seen.append(a), "f")

@@ -24,6 +24,7 @@ from tdmpc.bench.kernels import TransferCounter, compiled_kernels, count_kernels
 from tdmpc.bench.timing import BATCH, OBS_DIM, agent_for, random_batch
 from tdmpc.bench.triton_code import triton_for_gpu
 from tdmpc.config import Config, validate
+from tdmpc.runtime.compile import PLAN_OPTIONS
 from tdmpc.runtime.device import cuda_code_path
 from tdmpc.runtime.files import json_text, write_text_atomic
 
@@ -48,7 +49,8 @@ def plan_kernels(agent: Agent, n: int, compiled: bool) -> Counter[str]:
         planner.plan_graph(*args)
         if not compiled:
             return count_kernels(lambda: planner.plan_graph(*args)).counts
-        return compiled_kernels(torch.compile(planner.plan_graph, fullgraph=True, dynamic=False), *args)
+        plan = torch.compile(planner.plan_graph, fullgraph=True, dynamic=False, options=PLAN_OPTIONS)  # as Actor's
+        return compiled_kernels(plan, *args)
 
 
 def update_kernels(size: int, compiled: bool) -> tuple[Counter[str], Counter[str]]:

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import torch
 
+InductorOptions = dict[str, str | int | bool | Callable[..., Any]]  # torch.compile's options: inductor config keys
+
 
 class Compiled:
     """fn through torch.compile (inductor, static shapes). The first call compiles: its time is printed, with how
@@ -23,9 +25,10 @@ class Compiled:
     structure, not their identity): its first call compiles nothing and prints nothing.
     Tensor arguments never share storage (see unaliased)."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, fullgraph: bool = True):
+    def __init__(self, fn: Callable[..., Any], name: str, fullgraph: bool = True,
+                 options: InductorOptions | None = None):
         self.eager, self.name = fn, name
-        self.fn: Callable[..., Any] = torch.compile(fn, fullgraph=fullgraph, dynamic=False)
+        self.fn: Callable[..., Any] = torch.compile(fn, fullgraph=fullgraph, dynamic=False, options=options)
         self.ready = False
 
     def __call__(self, *args: Any) -> Any:
@@ -100,6 +103,14 @@ def compile_enabled(flag: bool | None, device: torch.device) -> bool:
     return flag if flag is not None else device.type == "cuda"
 
 
-def compiled_if(enabled: bool, fn: Callable[..., Any], name: str) -> Callable[..., Any]:
-    """Compiled(fn, name) when enabled (Config.compile), else fn itself."""
-    return Compiled(fn, name) if enabled else fn
+# plan() compiles with inductor's realize_reads_threshold at 8 (default 4: a value read more often is stored):
+# LayerNorm + SimNorm recomputes each group's values from the row's statistics (fused.py), and at 4 inductor 2.11
+# (the H200's torch) stores them in kernels of their own: 293 kernels per plan() instead of 246, counted in Triton
+# code for a GPU (torch 2.13: 248 -> 245; results/kernels-torch2.11.json, BENCHMARKS.md). The update would save 2.
+PLAN_OPTIONS: InductorOptions = {"realize_reads_threshold": 8}
+
+
+def compiled_if(enabled: bool, fn: Callable[..., Any], name: str,
+                options: InductorOptions | None = None) -> Callable[..., Any]:
+    """Compiled(fn, name, options=options) when enabled (Config.compile), else fn itself."""
+    return Compiled(fn, name, options=options) if enabled else fn
