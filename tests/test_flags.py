@@ -126,6 +126,7 @@ def tiny_run(tmp_path_factory):
     return tmp / "run"
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_no_save_buffer_writes_checkpoints_without_the_replay_buffer(tmp_path, tiny_run):
     assert list((tiny_run / "checkpoints").glob("buffer_*.h5"))  # the default stores it
     r = run_train("--cfg", str(tiny_json(tmp_path)), "--run-dir", str(tmp_path / "run"), "--no-save-buffer")
@@ -171,6 +172,7 @@ def test_a_resume_cannot_turn_an_online_run_offline(tiny_run):
     assert "--dataset cannot turn an online run offline on --resume" in one_line_error(r)
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_updates_per_round_sets_the_updates_each_round_runs(tmp_path):
     counts = {}
     for per_round in (1, 3):

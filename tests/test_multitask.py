@@ -40,6 +40,7 @@ def rows(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_one_model_trains_on_two_tasks_with_a_row_per_task_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     r = run("tdmpc.train", "--tasks", "cartpole-swingup,pendulum-swingup", *TINY_MODEL, *SMALL, "--steps", "480",

@@ -105,6 +105,7 @@ def test_offline_training_updates_evaluates_and_resumes(online, tmp_path, stream
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["updates"] == 300
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_collect_appends_a_trained_agents_episodes(online, tmp_path):
     run, _ = online
     out = tmp_path / "collected.h5"
@@ -231,6 +232,7 @@ def test_bad_input_to_the_data_commands_is_one_line(online, tmp_path, command, n
     assert not (tmp_path / "c.h5").exists() and not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_path):
     """torchrun, 2 processes on gloo at batch 8 each, against 1 process at batch 16: after 20 updates every
     parameter agrees (dropout off: its masks are drawn per rank)."""

@@ -115,6 +115,7 @@ def test_an_observation_of_another_shape_than_declared_is_one_line(tmp_path, pro
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_a_nonfinite_reset_observation_is_named_or_reset_again(tmp_path, probe_envs):
     r = run_train("--cfg", small(tmp_path), "--task", "probe_envs:NanAtReset-v0", "--run-dir", tmp_path / "a")
     assert "non-finite observation from reset()" in one_line_error(r)
@@ -133,6 +134,7 @@ def test_a_nonfinite_reset_observation_is_named_or_reset_again(tmp_path, probe_e
     assert run_train("--resume", run, "--steps", 400).returncode == 0
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_a_constant_action_dimension_is_held_at_its_value(tmp_path, probe_envs):
     run = tmp_path / "run"
     r = run_train("--cfg", small(tmp_path), "--task", "probe_envs:ConstantDim-v0", "--run-dir", run)
@@ -176,6 +178,7 @@ def test_a_resume_with_nothing_to_do_changes_nothing(finished):
     assert [int(x["env_step"]) for x in read_csv(finished / "eval.csv")] == [0, 300]
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_evaluate_stops_on_nan_observations_or_drops_them_and_writes_valid_json(tmp_path, probe_envs):
     run = tmp_path / "run"
     assert run_train("--cfg", small(tmp_path), "--task", "probe_envs:Point-v0", "--run-dir", run).returncode == 0
@@ -264,6 +267,7 @@ def test_async_vectorization_trains(tmp_path):
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 400
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_debug_stops_at_the_first_nonfinite_metric_with_one_line(tmp_path):
     assert run_train("--cfg", small(tmp_path), "--debug", "--run-dir", tmp_path / "a").returncode == 0
     r = run_train("--cfg", small(tmp_path), "--debug", "--lr", "1e30", "--run-dir", tmp_path / "b")

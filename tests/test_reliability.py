@@ -75,6 +75,7 @@ def test_a_build_lock_held_by_a_killed_process_never_blocks_the_next(tmp_path):
 
 # --- 2. one writer per run directory -----------------------------------------------------------------
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_two_trainers_or_two_resumes_of_one_run_never_both_run(tmp_path):
     cfg = tiny_json(tmp_path, steps=1_000_000, save_every=100, eval_episodes=0)
     run = tmp_path / "run"
@@ -250,6 +251,7 @@ def _fill(disk: Path, leave: int) -> Path:
     return filler
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_a_full_disk_stops_with_one_line_and_the_last_checkpoint_intact(tmp_path, small_disk, finished_run):
     """The tiny run's checkpoint (~0.4 MB) fits in 3 MB (no hidden margin refuses it); with 0.5 MB free it does not:
     said up front, then refused in one line with the real need and margin, the last checkpoint kept intact."""

@@ -329,6 +329,7 @@ def test_a_users_registered_vector_env_trains_by_its_id(tmp_path):
     assert [int(r["env_step"]) for r in read_csv(tmp_path / "run" / "eval.csv")] == [0, 240]
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_gymnasium_jax_pendulum_trains_from_the_command_line(tmp_path):
     import_or_skip("jax", "pip install -e '.[jax]'")
     r = run_train("--cfg", str(tiny_json(tmp_path, task="phys2d/Pendulum-v0", num_envs=8, steps=400, seed_steps=200,

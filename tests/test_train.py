@@ -248,6 +248,7 @@ def test_fresh_start_sets_aside_a_session_without_checkpoint(tmp_path):
     assert len(aside) == 1 and (aside[0] / "train.csv").read_text().startswith("env_step,episodes\n100,0")
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_evaluate_records_a_video_through_mujoco_offscreen_rendering(tmp_path):
     import_or_skip("dm_control")
     imageio = import_or_skip("imageio.v3")
