@@ -256,6 +256,7 @@ def test_update_every_runs_one_round_every_k_agent_steps(tmp_path):
     assert "100 pretraining updates" in r.stderr
 
 
+@pytest.mark.slow  # a run in subprocess envs (CI runs it in its slow step)
 def test_async_vectorization_trains(tmp_path):
     """--vectorization async: each env in its own process (forkserver), stopped with the run."""
     import torch

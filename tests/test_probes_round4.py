@@ -76,7 +76,7 @@ SIGNAL_BEFORE_THE_LOOP = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signame", [pytest.param("SIGINT", marks=pytest.mark.slow), "SIGTERM"])  # (CI: both)
 def test_a_stop_signal_before_the_loop_is_one_line_that_says_what_there_is_to_go_on_from(tmp_path, signame):
     """Ctrl-C or SIGTERM while a command's run does its work before the loop: stopped at once (nothing was trained),
     exit 130 or 143 as a shell reports the signal (slurm/train.sh then requeues it), in one line that sends the user

@@ -154,7 +154,8 @@ def damage(path: Path, kind: str) -> None:
         raise ValueError(kind)
 
 
-@pytest.mark.parametrize("kind", ["truncated", pytest.param("random", marks=pytest.mark.slow)])  # (CI: both)
+@pytest.mark.slow  # a run and two resumes (CI runs it in its slow step)
+@pytest.mark.parametrize("kind", ["truncated", "random"])
 def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, kind):
     """Each checkpoint write keeps the one before as previous.pt, with its buffer: a damaged latest.pt is kept
     aside and the run resumes from previous.pt, saying which steps run again; with neither usable, one line."""
@@ -178,7 +179,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ki
     assert "no older checkpoint to fall back to" in line and "--init-from" in line, line
 
 
-@pytest.mark.parametrize("kind", ["truncated", "random", "missing", "nan"])
+@pytest.mark.parametrize("kind", ["truncated", pytest.param("random", marks=pytest.mark.slow), "missing", "nan"])  # (CI: all)
 def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
     (buffer,) = (run / "checkpoints").glob("buffer_*.h5")
@@ -204,7 +205,8 @@ def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path,
     assert (run / "checkpoints" / (buffer.name + ".damaged")).is_file() == (kind != "missing")  # still kept
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated", "random", "list", "missing", "healthy"])
+@pytest.mark.parametrize("kind", ["empty", "truncated", pytest.param("random", marks=pytest.mark.slow),
+                                  pytest.param("list", marks=pytest.mark.slow), "missing", "healthy"])  # (CI: all)
 def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
     if kind != "healthy":
