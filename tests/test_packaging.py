@@ -47,7 +47,7 @@ def test_the_wheel_holds_the_package_data_and_no_other_top_level_package(install
     assert tops == {"tdmpc"}, tops
     for needed in ("tdmpc/configs/cpu.json", "tdmpc/configs/a4000.json", "tdmpc/slurm/train.sh",
                    "tdmpc/slurm/sweep.sh", "tdmpc/planners/mppi.py", "tdmpc/py.typed", "tdmpc/model/csrc/fused_cpu.cpp",
-                   "tdmpc/data/dmc_published.csv"):
+                   "tdmpc/data/dmc_published.csv", "tdmpc/data/kernels-h200-2026-11-27.json"):
         assert needed in names, needed
 
 
@@ -61,6 +61,9 @@ def test_installed_commands_run_from_outside_the_checkout(installed):
     assert "dry run: Pendulum-v1" in r.stdout and "model size 1" in r.stdout
     r = run(installed, py, "-m", "tdmpc.train", "--cfg", "nope.json")
     assert r.returncode == 2 and "available: a4000.json" in r.stderr and "cpu.json" in r.stderr
+    # bench --kernels' GPU offsets (read after minutes of counting): from the installed package, not a checkout
+    offsets = run(installed, py, "-c", "from tdmpc.bench import kernel_groups as k; k.profile(); print(k.PROFILE)")
+    assert offsets.returncode == 0 and str(installed / "venv") in offsets.stdout, offsets.stderr
     scripts = run(installed, installed / "venv" / "bin" / "tdmpc-slurm")
     assert scripts.returncode == 0 and Path(scripts.stdout.strip(), "train.sh").is_file()
     copied = run(installed, py, "-m", "tdmpc.slurm_scripts", "--copy", installed / "mine")

@@ -171,7 +171,7 @@ def gpu_estimates(detail: dict[str, dict[str, int]]) -> dict[str, Any]:
     cpu = {"plan_eager": detail["plan_eager"], "update_eager": detail["update_eager"],
            "plan_compiled": detail["plan_compiled"],
            "update_compiled": dict(Counter(detail["update_compiled_graphs"]) + Counter(detail["update_compiled_around"]))}
-    return {"profile": str(kernel_groups.PROFILE.relative_to(kernel_groups.PROFILE.parents[3])),
+    return {"profile": str(kernel_groups.PROFILE.relative_to(kernel_groups.PROFILE.parents[2])),
             **{"{}_kernels_{}".format(*call.split("_")): kernel_groups.gpu_estimate(call, counts)
                for call, counts in cpu.items()},
             "offsets_by_group": {call: kernel_groups.offsets(call) for call in kernel_groups.CALLS}}
