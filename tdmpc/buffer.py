@@ -16,7 +16,8 @@ starts with one multinomial and no Python loop.
 Unlike the reference, which samples only finished episodes (its buffer stores whole
 episodes), the episode in progress is sampled too, on purpose: its newest transitions are
 learned from at once instead of up to an episode later (500 agent steps on DMC), and an
-env that never ends an episode still trains.
+env that never ends an episode still trains (docs/deviations.md, with the other difference:
+starts are uniform over transitions, not over episodes first).
 """
 
 from __future__ import annotations

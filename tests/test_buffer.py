@@ -85,6 +85,52 @@ def test_sampling_is_uniform_over_valid_starts():
     assert freq.min() > 0.7 * freq.mean() and freq.max() < 1.3 * freq.mean()
 
 
+def reference_start_probabilities(buf, finished_only=True):
+    """The reference's draw (torchrl's SliceSampler, strict_length): an episode uniformly among those with at least
+    H+1 rows, then a start uniformly among its first length - H rows. Only finished episodes: its buffer gets an
+    episode when it ends. Returns {(episode id, step): probability}."""
+    obs = buf.obs.numpy()
+    episodes: dict = {}
+    for e in range(buf.N):
+        for s in range(buf.C):
+            if obs[e, s, 0] > 0:
+                episodes.setdefault(obs[e, s, 0], []).append(obs[e, s, 1])
+    in_progress = {obs[e, (buf.ptr[e].item() - 1) % buf.C, 0] for e in range(buf.N)}
+    lengths = {i: len(steps) for i, steps in episodes.items()
+               if len(steps) >= buf.H + 1 and not (finished_only and i in in_progress)}
+    return {(i, float(s)): 1 / len(lengths) / (n - buf.H) for i, n in lengths.items() for s in range(n - buf.H)}
+
+
+def our_start_probabilities(buf):
+    obs, valid = buf.obs.numpy(), buf.valid.numpy()
+    p = valid / valid.sum()
+    return {(obs[e, s, 0], obs[e, s, 1]): p[e, s] for e, s in np.argwhere(valid)}
+
+
+def test_sampling_equals_the_references_when_episodes_have_one_length():
+    """DMC's episodes all have one length (500 agent steps; the MT30/MT80 datasets' 501 and 101 rows): then a start
+    uniform over valid starts is the reference's episode-then-start draw exactly. The episode in progress, which the
+    reference cannot sample, is ours only (docs/deviations.md)."""
+    H = 3
+    buf = fill(2, H, 60, ([[0, 0]] * 9 + [[2, 2]]) * 4)  # 2 envs x 4 truncated 10-step episodes, none in progress
+    ours, reference = our_start_probabilities(buf), reference_start_probabilities(buf)
+    assert set(ours) == set(reference) and len(ours) == 2 * 4 * (11 - H)
+    assert all(abs(ours[k] - reference[k]) < 1e-12 for k in ours)
+
+
+def test_sampling_differs_from_the_references_with_episodes_of_several_lengths():
+    """With terminations (episodes of several lengths) the reference gives every episode the same share, so a
+    short one's starts weigh more; ours gives every start the same share (docs/deviations.md). This pins what
+    that row of the docs says: the test fails if either side changes."""
+    H = 3
+    buf = fill(1, H, 60, [[0]] * 19 + [[2]] + [[0]] * 4 + [[2]])  # truncated episodes of 21 and 6 rows
+    ours, reference = our_start_probabilities(buf), reference_start_probabilities(buf)
+    assert set(ours) == set(reference)
+    long_start, short_start = (1.0, 0.0), (2.0, 0.0)
+    assert abs(ours[long_start] - ours[short_start]) < 1e-12
+    assert reference[short_start] / reference[long_start] == pytest.approx(18 / 3)
+
+
 def test_overwrites_oldest_when_full():
     buf = fill(1, 1, 5, [[0]] * 12)  # one endless episode, 13 rows into a 5-row ring
     steps = sorted(buf.obs[0, :, 1].tolist())
