@@ -129,16 +129,21 @@ def test_fit_without_a_config_starts_where_the_train_command_does(tmp_path, monk
     assert "no GPU here: starting from the CPU default" in out.out + out.err  # (through the progress bar's stream)
 
 
-def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues(tmp_path):
+def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues(tmp_path, capsys):
+    """The stop's message tells a Python user how to resume from Python (a run on an env object has no name the
+    command line could rebuild), and a resume's changes are said as fit()'s keywords."""
     stop_at_first_log = lambda row: False  # noqa: E731
     run_dir, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", on_log=stop_at_first_log, **TINY)
     import torch
 
     ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["step"] == 100 and not ck["train"]["finished"]
-    _, _ = tdmpc.fit(run_dir=run_dir, resume=True)
+    err = capsys.readouterr().err
+    assert f"Resume with: tdmpc.fit(env=..., run_dir={str(run_dir)!r}, resume=True)" in err
+    _, _ = tdmpc.fit(run_dir=run_dir, resume=True, eval_episodes=3)
     ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["step"] == 300 and ck["train"]["finished"]
+    assert "resume: eval_episodes changed from 2 to 3 by fit()'s keywords" in capsys.readouterr().err
 
 
 @pytest.mark.slow  # subprocess runs of tens of seconds: CI's slow step keeps the default suite under 8 min

@@ -72,6 +72,7 @@ class RunRequest:
     notes: tuple[str | None, ...] = ()  # lines to print once the input is known good
     on_log: Callback | None = None
     on_eval: Callback | None = None
+    from_python: bool = False  # tdmpc.fit's: messages name its keywords and its resume, not the command line's
 
 
 def prepare(req: RunRequest) -> RunSetup | None:
@@ -211,7 +212,8 @@ def _check_resume(req: RunRequest) -> None:
                 raise BadInput(f"--{name.replace('_', '-')} cannot change on --resume: this run has "
                                f"{changed[name][0]!r} ({why}){keep}")
         for name, (old, new) in changed.items():
-            print(f"resume: {name} changed from {old!r} to {new!r} by the command line", file=sys.stderr)
+            by = "fit()'s keywords" if req.from_python else "the command line"
+            print(f"resume: {name} changed from {old!r} to {new!r} by {by}", file=sys.stderr)
     if req.init_from:
         print(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
 
@@ -347,6 +349,8 @@ def open_run(req: RunRequest) -> Trainer | None:
     if setup is None:
         return None
     trainer = build(setup, req.no_buffer, req.on_log, req.on_eval)
+    if req.from_python:  # a run on an env object has no task name the command line could rebuild
+        trainer.resume_hint = f"tdmpc.fit(env=..., run_dir={str(trainer.run_dir)!r}, resume=True)"
     if setup.shard.main:
         for line in setup.notes:
             print(line, file=sys.stderr)
@@ -409,6 +413,7 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     trainer = open_run(RunRequest(config, resume=resumed, init_from=str(init_from) if init_from else None,
                                   given=frozenset(overrides), base=base if resume else None,
                                   env=None if isinstance(env, str) else env, on_log=on_log, on_eval=on_eval,
+                                  from_python=True,
                                   notes=(base_note(TrainArgs(), "cfg=tdmpc.config.load_json('a4000.json')")
                                          if cfg is None and not resumed else None,)))
     if trainer is None:  # a resumed run that had already reached its steps

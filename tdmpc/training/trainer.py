@@ -109,6 +109,7 @@ class Trainer(StopSignals):
         self.old_handlers: dict[int, Any] | None = None  # the stop signals' handlers before ours, while ours are set
         self.saved_at: int | None = None  # the step of this session's last checkpoint
         self.phase = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
+        self.resume_hint = f"python -m tdmpc.train --resume {self.quoted_run_dir}"  # fit() names its own
         if setup.checkpoint is not None:
             self._restore(load_file(setup.checkpoint), no_buffer)
         if self.shard.main:
@@ -220,7 +221,7 @@ class Trainer(StopSignals):
             self.run_ended = True
             self.progress(force=True)
             self.logger.end(f"stopped by {self.stop_reason} at step {c.step:,}; checkpoint written. "
-                            f"Resume with: python -m tdmpc.train --resume {self.quoted_run_dir}")
+                            f"Resume with: {self.resume_hint}")
             return EXIT_REQUEUE
         if c.last_eval != c.step and not self.evaluate():
             self.save()
