@@ -553,6 +553,26 @@ def test_the_progress_bar_redraws_during_pretraining_and_a_resumed_eta_counts_th
     log.close()
 
 
+def test_the_step_0_evaluation_is_not_in_the_step_rate(tmp_path):
+    """An evaluation before the bar's first step took a whole evaluation for no step: counted, the first ETA
+    read hours (one step per evaluation). Later evaluations stay in the rate: they are part of the run's time."""
+    from tdmpc.config import Config
+    from tdmpc.training.logger import RunLogger
+
+    log = RunLogger(tmp_path, Config(tensorboard=False), total_steps=1000, start_step=0)
+    row = {"env_step": 0, "episode_return": 1.0, "episode_return_std": 0.0, "episodes": 1}
+    time.sleep(0.5)  # the evaluation
+    log.eval([row])
+    time.sleep(0.1)
+    log.progress(100, 1000.0, 0.0)
+    d = log.bar.format_dict
+    assert d["n"] == 100 and d["elapsed"] < 0.5  # ~0.1 s since the evaluation, not its 0.5 s too
+    time.sleep(0.3)
+    log.eval([{**row, "env_step": 100}])
+    assert log.bar.format_dict["elapsed"] > 0.35  # a later evaluation is run time
+    log.close()
+
+
 def test_a_custom_env_without_render_modes_starts_without_warnings(tmp_path):
     (tmp_path / "spiky.py").write_text(NAN_ENV.replace("if self.steps == 150", "if False"))
     cfg = tiny_json(tmp_path, task="spiky:Spiky-v0", steps=100, seed_steps=100, eval_episodes=1)

@@ -82,6 +82,7 @@ class RunLogger:
         self.wandb = _wandb_run(run_dir, cfg) if cfg.wandb and writes else None
         self.show, self.task, self.total_steps = cfg.progress and writes, cfg.task, total_steps
         self.bar = self._bar(total_steps, start_step, "step", cfg.task)
+        self.bar_from = start_step  # the step the bar started at
         self.pretrain_bar: tqdm | None = None
         self.last_eval: float | None = None
         self.rates: dict[str, str] = {}  # the rates the bar shows, as last measured
@@ -116,6 +117,8 @@ class RunLogger:
             if len(rows) > 1 else f" ± {mean['episode_return_std']:.1f}"
         self.message(f"eval  step {step:>9,}  return {mean['episode_return']:8.1f}{per_task}  "
                      f"({mean['episodes']} episodes)")
+        if self.bar.n == self.bar_from:  # before the bar's first step (step 0's evaluation, or a resume's): not the
+            self.bar.unpause()  # steps' time, else the first rate is one step per evaluation and the ETA reads hours
 
     def _scalars(self, prefix: str, row: dict) -> None:
         step = row["env_step"]
@@ -151,7 +154,7 @@ class RunLogger:
         if done:
             self.pretrain_bar.close()
             self.pretrain_bar = None
-            self.bar = self._bar(self.total_steps, step, "step", self.task)
+            self.bar, self.bar_from = self._bar(self.total_steps, step, "step", self.task), step
 
     def message(self, text: str) -> None:
         """Human-readable lines go to stderr, with the progress bar, so stdout stays clean."""
