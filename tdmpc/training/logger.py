@@ -116,7 +116,7 @@ class RunLogger:
         per_task = "  (" + ", ".join(f"{r['task']} {r['episode_return']:.1f}" for r in rows[:-1]) + ")" \
             if len(rows) > 1 else f" ± {mean['episode_return_std']:.1f}"
         self.message(f"eval  step {step:>9,}  return {mean['episode_return']:8.1f}{per_task}  "
-                     f"({mean['episodes']} episodes)")
+                     f"({mean['episodes']} episode{'s' if mean['episodes'] != 1 else ''})")
         if self.bar.n == self.bar_from:  # before the bar's first step (step 0's evaluation, or a resume's): not the
             self.bar.unpause()  # steps' time, else the first rate is one step per evaluation and the ETA reads hours
 
