@@ -8,6 +8,12 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from tdmpc.envs.gl import load_triton_first  # noqa: E402
+
+# Before any test module imports dm_control: Triton loaded after Mesa's EGL segfaults (tdmpc.envs.gl), and
+# `pytest tests/test_custom_tasks.py` alone imported dm_control first.
+load_triton_first()
+
 
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
