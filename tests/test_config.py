@@ -24,6 +24,15 @@ def test_model_size_presets(size):
     assert Config(model_size=size).sizes() == MODEL_SIZES[size]
 
 
+def test_mt30_at_size_19_has_the_references_latent_of_512():
+    """The reference's parser sets latent_dim 512 for mt30 at size 19 (its released checkpoint's size); other task
+    sets and sizes keep the preset, and an explicit latent_dim wins."""
+    assert Config(task="mt30", model_size=19).sizes() == {**MODEL_SIZES[19], "latent_dim": 512}
+    assert Config(task="mt80", model_size=19).sizes() == MODEL_SIZES[19]
+    assert Config(task="mt30", model_size=48).sizes() == MODEL_SIZES[48]
+    assert Config(task="mt30", model_size=19, latent_dim=768).sizes()["latent_dim"] == 768
+
+
 def test_explicit_dims_override_the_preset():
     assert Config(model_size=5, mlp_dim=1024).sizes()["mlp_dim"] == 1024
 

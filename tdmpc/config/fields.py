@@ -293,7 +293,9 @@ class Config(_Hardware, _Output, _TaskSet, NetworkSettings, _Sizes, MPPIConfig, 
     # --- derived -------------------------------------------------------------------
     def sizes(self) -> dict[str, int]:
         """The size fields: the model_size preset, with explicitly set fields winning."""
-        preset = MODEL_SIZES.get(self.model_size or 0, {})
+        preset = dict(MODEL_SIZES.get(self.model_size or 0, {}))
+        if self.task == "mt30" and self.model_size == 19:
+            preset["latent_dim"] = 512  # the reference's (common/parser.py): its released mt30 size-19 model's
         return {n: v if (v := getattr(self, n)) is not None else preset.get(n) for n in SIZE_FIELDS}  # type: ignore[misc]
 
     def embedding_dim(self, num_tasks: int) -> int:
