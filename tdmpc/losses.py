@@ -63,8 +63,7 @@ def world_model_loss(s: LossSetup, obs: Tensor, action: Tensor, reward: Tensor, 
         # convolution weight gradients over H+1 frames would cost more than the launches they save.
         z_all = None if m.dims.pixels else m.encode(batch.obs, task)
     with torch.no_grad(), s.autocast():
-        # The targets' frames unshifted: the reference encodes them in eval mode.
-        next_z = m.encode(batch.obs[1:], task, augment=False) if z_all is None else z_all[1:].detach()
+        next_z = m.encode(batch.obs[1:], task) if z_all is None else z_all[1:].detach()
         next_action = m.pi(next_z, task, eps=s.noise("td_target.pi_eps", next_z.shape[:-1])).action
         values, z_in = s.values(next_z)
         with values:

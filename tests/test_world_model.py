@@ -105,23 +105,51 @@ def test_sample_heads_draws_two_distinct_heads_uniformly():
     assert m.sample_heads("test").shape == (2,)
 
 
-def test_pixel_td_targets_are_encoded_without_the_random_shift():
-    """The reference encodes the TD targets' frames in eval mode (no shift), z_0's in training mode (shifted);
-    the agent's update does the same, through encode(augment=False)."""
+def _reference_shift(x):
+    """The reference's ShiftAug.forward (tdmpc2/common/layers.py at e9f5932), which checks no training flag."""
+    import torch.nn.functional as F
+
+    x = x.float()
+    n, _, h, w = x.size()
+    x = F.pad(x, (3, 3, 3, 3), "replicate")
+    eps = 1.0 / (h + 6)
+    arange = torch.linspace(-1.0 + eps, 1.0 - eps, h + 6, device=x.device, dtype=x.dtype)[:h]
+    arange = arange.unsqueeze(0).repeat(h, 1).unsqueeze(2)
+    base_grid = torch.cat([arange, arange.transpose(1, 0)], dim=2).unsqueeze(0).repeat(n, 1, 1, 1)
+    shift = torch.randint(0, 7, size=(n, 1, 1, 2), device=x.device, dtype=x.dtype) * (2.0 / (h + 6))
+    return F.grid_sample(x, base_grid + shift, padding_mode="zeros", align_corners=False)
+
+
+def test_pixel_frames_are_shifted_as_the_reference_shifts_them_in_every_mode():
+    """The reference's encoder shifts every frame it encodes, in training and eval mode alike: z_0's, the TD
+    targets' and the frames it plans on. Ours draws the same shifts from the same generator state, and the
+    update and a plan each shift what the reference's do."""
     from tdmpc.agent import Agent
     from tdmpc.buffer import Batch
+    from tdmpc.model.layers import ShiftAug
 
-    cfg = Config(model_size=1, obs="rgb", num_channels=8, latent_dim=128, batch_size=4, horizon=2, device="cpu")
+    frames = torch.randint(0, 256, (6, 3, 64, 64), dtype=torch.uint8)
+    for mode in (True, False):
+        aug = ShiftAug().train(mode)
+        torch.manual_seed(3)
+        ours = aug(frames)
+        torch.manual_seed(3)
+        assert torch.equal(ours, _reference_shift(frames)), mode
+        assert not torch.equal(ours, frames.float())
+
+    cfg = Config(model_size=1, obs="rgb", num_channels=8, latent_dim=128, batch_size=4, horizon=2, device="cpu",
+                 num_samples=16, num_elites=4, num_pi_trajs=2, iterations=1, precision="fp32")
     agent = Agent(cfg, ModelDims.from_config(cfg, (3, 64, 64), 2, False), 100, torch.device("cpu"))
-    m = agent.model.train()
-    frames = torch.randint(0, 256, (3, 3, 64, 64), dtype=torch.uint8)
-    unshifted = m.encode(frames, augment=False)
-    assert torch.equal(unshifted, m.eval().encode(frames))
-    assert not torch.equal(m.train().encode(frames), unshifted)  # training's shift is on by default
-    seen = []
-    encode = m.encode
-    m.encode = lambda obs, task=None, augment=True: (seen.append((tuple(obs.shape), augment)), encode(obs, task, augment))[1]
-    batch = Batch(torch.randint(0, 256, (3, 4, 3, 64, 64), dtype=torch.uint8), torch.rand(2, 4, 2) * 2 - 1,
-                  torch.randn(2, 4), torch.zeros(2, 4, dtype=torch.bool))
-    agent.update(batch)
-    assert seen == [((2, 4, 3, 64, 64), False), ((4, 3, 64, 64), True)]
+    seen: list[tuple[int, ...]] = []
+    original = ShiftAug.forward
+    ShiftAug.forward = lambda self, x: (seen.append(tuple(x.shape)), original(self, x))[1]  # type: ignore
+    try:
+        batch = Batch(torch.randint(0, 256, (3, 4, 3, 64, 64), dtype=torch.uint8), torch.rand(2, 4, 2) * 2 - 1,
+                      torch.randn(2, 4), torch.zeros(2, 4, dtype=torch.bool))
+        agent.update(batch)
+        assert seen == [(8, 3, 64, 64), (4, 3, 64, 64)]  # the TD targets' H x B frames, then z_0's B
+        seen.clear()
+        agent.act(frames[:2].numpy(), eval_mode=True)
+        assert seen == [(2, 3, 64, 64)]  # the frames a plan starts from, in eval mode too
+    finally:
+        ShiftAug.forward = original  # type: ignore

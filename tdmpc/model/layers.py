@@ -219,7 +219,8 @@ def _param_owners(layer: EnsembleLinear) -> list[tuple[nn.Module, str]]:
 
 
 class ShiftAug(nn.Module):
-    """Random shift of up to `pad` pixels (DrQ-v2), applied while training only."""
+    """Random shift of up to `pad` pixels (DrQ-v2) on fp32 frames, in every mode: the reference's ShiftAug checks no
+    training flag, so it shifts the frames it plans on and the TD targets' too."""
 
     def __init__(self, pad: int = 3):
         super().__init__()
@@ -227,8 +228,7 @@ class ShiftAug(nn.Module):
         self.random: RandomSource = TORCH  # WorldModel.use_random() sets the agent's
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training:
-            return x
+        x = x.float()
         n, _, h, w = x.shape
         x = F.pad(x, (self.pad,) * 4, mode="replicate")
         eps = 1.0 / (h + 2 * self.pad)
@@ -252,12 +252,11 @@ class PixelEncoder(nn.Sequential):
             nn.Conv2d(num_channels, num_channels, 3, stride=1), nn.Flatten())
         self.simnorm_dim = simnorm_dim
 
-    def forward(self, x: Tensor, augment: bool = True) -> Tensor:
-        """augment=False leaves out the random shift even in training mode (the TD targets' frames)."""
+    def forward(self, x: Tensor) -> Tensor:
         lead = x.shape[:-3]
-        x = x.reshape(-1, *x.shape[-3:]).to(cast(nn.Conv2d, self[2]).weight.dtype)
-        for i, layer in enumerate(self):
-            x = x if i == 0 and not augment else layer(x)
+        x = self[0](x.reshape(-1, *x.shape[-3:])).to(cast(nn.Conv2d, self[2]).weight.dtype)  # shifted in fp32
+        for layer in list(self)[1:]:
+            x = layer(x)
         return simnorm(x, self.simnorm_dim).view(*lead, -1)
 
 

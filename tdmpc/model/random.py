@@ -16,7 +16,7 @@ Every draw is named; the names, their shapes and where they go:
 | `pi.q_pair` | head_pairs | (1, 2) | the Q heads the policy loss averages |
 | `pi.eps` | normal | (..., A) | any other call of the prior without given noise (acting without planning) |
 | `dropout` | dropout | as its input | the Q heads' dropout after the first layer (training mode) |
-| `shift_aug` | integers | (n, 1, 1, 2) | the pixel encoder's random shift (training mode) |
+| `shift_aug` | integers | (n, 1, 1, 2) | the pixel encoder's random shift (every encode of pixel frames, as the reference's) |
 | `plan.normal` | normal_ | GaussianMPPI.draw_views | all of one plan's N(0, 1) draws, in one flat buffer |
 | `plan.uniform` | uniform_ | CategoricalMPPI | a discrete plan's U(0, 1) draws |
 | `plan.q_pairs` | head_pairs | (iterations, 2) | each MPPI iteration's Q heads for the value estimate |

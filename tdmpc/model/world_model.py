@@ -200,13 +200,12 @@ class WorldModel(nn.Module):
             return None
         return self._action_masks[torch.as_tensor(task, device=self._action_masks.device)]
 
-    def encode(self, obs: Tensor, task: Task = None, augment: bool = True) -> Tensor:
-        """augment=False: pixel frames without training's random shift, as the reference encodes the TD targets'
-        (it encodes them in eval mode)."""
+    def encode(self, obs: Tensor, task: Task = None) -> Tensor:
+        """Pixel frames are randomly shifted in every mode, as the reference's encoder shifts them (ShiftAug)."""
         if obs.is_floating_point():  # a reduced-precision planning copy takes its inputs in its dtype
             obs = obs.to(self.latent_dtype)
         if self.dims.pixels:
-            return self._encoder(obs, augment)
+            return self._encoder(obs)
         return self._encoder(self._with_task(obs, task))
 
     def next(self, z: Tensor, a: Tensor, task: Task = None) -> Tensor:
