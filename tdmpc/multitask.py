@@ -90,6 +90,9 @@ def task_setup(cfg: Config) -> TaskSetup | None:
                           f"adds the tasks it does not have as new embedding rows")
     if cfg.obs != "state":
         raise ConfigError("config field 'obs': multi-task models take state observations (as the reference's)")
+    if cfg.episodic:
+        raise ConfigError("config field 'episodic': multi-task models are for tasks without terminations (as the "
+                          "reference's); train episodic tasks one at a time")
     infos = tuple(_info(t, cfg.action_repeat) for t in task_set)
     repeats = {_repeat(t, cfg.action_repeat) for t in tasks}
     if len(repeats) > 1:

@@ -161,3 +161,13 @@ def test_a_task_lists_default_run_dir_has_no_commas():
 
     path = default_run_dir(Config(task="cheetah-run,finger-spin", seed=3))
     assert path.parts[:3] == ("runs", "cheetah-run+finger-spin", "seed3")
+
+
+def test_an_episodic_multitask_run_is_one_line_before_anything_is_built(tmp_path):
+    """It passed validation and died building the model: a traceback, exit 1 (a user's audit, 2026-11-29)."""
+    r = run("tdmpc.train", "--task", "walker-walk,cheetah-run", "--episodic", "--steps", "200", "--run-dir",
+            tmp_path / "run", *SMALL, *TINY_MODEL)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ["error: config field 'episodic': multi-task models are for tasks without "
+                                             "terminations (as the reference's); train episodic tasks one at a time"]
+    assert not (tmp_path / "run").exists()
