@@ -580,3 +580,16 @@ def test_a_custom_env_without_render_modes_starts_without_warnings(tmp_path):
                   env=_env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"))
     assert r.returncode == 0, r.stderr
     assert "render_mode" not in r.stderr and "WARN" not in r.stderr, r.stderr
+
+
+def test_a_run_that_ends_within_its_seed_steps_says_it_will_not_update(tmp_path):
+    """--steps at or below the seed steps acted at random, made no update and said nothing (a user's audit,
+    2026-11-29). It may be meant (random data for --save-data), so a note, not an error."""
+    r = run_train("--cfg", tiny_json(tmp_path, steps=300, seed_steps=400, eval_episodes=1, eval_freq=300),
+                  "--run-dir", tmp_path / "run")
+    assert r.returncode == 0, r.stderr
+    assert ("note: the run ends at step 300, within its 400 seed steps: it acts at random and makes no update "
+            "(raise --steps or lower --seed-steps)") in r.stderr
+    r = run_train("--cfg", tiny_json(tmp_path, steps=500, seed_steps=400, eval_episodes=1, eval_freq=500),
+                  "--run-dir", tmp_path / "run2")
+    assert r.returncode == 0 and "seed steps: it acts at random" not in r.stderr, r.stderr

@@ -153,7 +153,11 @@ def prepare(req: RunRequest) -> RunSetup | None:
         return None
     assert device is not None
     cap = cap_cuda_memory(device, memory.parse_size(req.gpu_mem)) if req.gpu_mem and device.type == "cuda" else None
-    notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note) if n]
+    seeding = (f"note: the run ends at step {filled.steps:,}, within its {filled.seed_steps:,} seed steps: it acts at "
+               f"random and makes no update (raise --steps or lower --seed-steps)"
+               if not filled.dataset and filled.steps <= (filled.seed_steps or 0) else None)
+    notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note, seeding)
+             if n]
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
