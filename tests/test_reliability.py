@@ -593,3 +593,16 @@ def test_a_run_that_ends_within_its_seed_steps_says_it_will_not_update(tmp_path)
     r = run_train("--cfg", tiny_json(tmp_path, steps=500, seed_steps=400, eval_episodes=1, eval_freq=500),
                   "--run-dir", tmp_path / "run2")
     assert r.returncode == 0 and "seed steps: it acts at random" not in r.stderr, r.stderr
+
+
+def test_a_resume_compares_sizes_as_the_model_size_preset_makes_them(tmp_path):
+    """--mlp-dim 384 on a model-size-1 run (whose mlp_dim field is None: the preset's 384) was refused with 'this run
+    has None' (a user's audit, 2026-11-29): the run's own size is accepted, another names the real one."""
+    sizes = {k: None for k in ("enc_dim", "mlp_dim", "latent_dim", "num_enc_layers", "num_q")}
+    cfg = tiny_json(tmp_path, model_size=1, steps=300, seed_steps=200, eval_episodes=1, eval_freq=300, **sizes)
+    run = tmp_path / "run"
+    assert run_train("--cfg", cfg, "--run-dir", run).returncode == 0
+    r = run_train("--resume", run, "--steps", 400, "--mlp-dim", 384)
+    assert r.returncode == 0 and "mlp_dim changed" not in r.stderr, r.stderr
+    line = one_line_error(run_train("--resume", run, "--steps", 500, "--mlp-dim", 512))
+    assert "--mlp-dim cannot change on --resume: this run has 384" in line, line

@@ -201,6 +201,12 @@ def _check_resume(req: RunRequest) -> None:
     is said; --init-from gives way to the run's own checkpoint."""
     if req.base is not None:
         changed = changed_fields(dataclasses.replace(req.base, run_dir=req.cfg.run_dir), req.cfg)
+        old_sizes, new_sizes = req.base.sizes(), req.cfg.sizes()
+        for name in set(SIZE_FIELDS) & set(changed):  # a size is what the preset makes it, not its field's None
+            if old_sizes[name] == new_sizes[name]:
+                del changed[name]  # the run's own value, given explicitly
+            else:
+                changed[name] = (old_sizes[name], new_sizes[name])
         if bool(req.base.dataset) != bool(req.cfg.dataset):
             was, now = ("offline", "online") if req.base.dataset else ("online", "offline")
             unit = "updates" if req.base.dataset else "env steps"
