@@ -93,7 +93,8 @@ def small(tmp_path, **over):
     return tiny_json(tmp_path, **{"steps": 300, "seed_steps": 100, "eval_freq": 300, "save_every": 300, **over})
 
 
-@pytest.mark.parametrize("flags, field", [(["--seed", "-1"], "'seed'"), (["--lr", "inf"], "'lr'"),
+@pytest.mark.parametrize("flags, field", [(["--seed", "-1"], "'seed'"), (["--seed", str(10**14)], "'seed'"),
+                                          (["--lr", "inf"], "'lr'"),
                                           (["--temperature", "nan"], "'temperature'"),
                                           (["--num-samples", "8", "--num-elites", "32"], "'num_elites'")])
 def test_bad_values_are_one_line_naming_the_field(tmp_path, flags, field):
@@ -347,7 +348,8 @@ def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_k
     kept = tmp_path / "notes"
     kept.write_text("mine")
     for flags, needle in ((["--video", kept], "the name must end in .mp4"), (["--video", tmp_path], "is a folder"),
-                          (["--seed", -1], "--seed must be >= 0"), (["--report", tmp_path], "is a folder")):
+                          (["--seed", -1], "--seed must be >= 0"), (["--seed", 10**20], "< 2**62"),
+                          (["--report", tmp_path], "is a folder")):
         line = one_line_error(cli(capsys, "tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 1, "--threads", 1,
                                          *flags))
         assert needle in line, line
@@ -359,6 +361,9 @@ def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_k
     line = one_line_error(cli(capsys, "tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed",
                               -1))
     assert "--seed must be >= 0, got -1" in line and not (tmp_path / "d.h5").exists()
+    line = one_line_error(cli(capsys, "tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed",
+                              10**20))  # a traceback from torch.manual_seed before (a user's audit, 2026-11-29)
+    assert "--seed must be < 2**62" in line and not (tmp_path / "d.h5").exists()
 
 
 def test_a_video_write_that_fails_leaves_the_file_that_was_there(tmp_path, monkeypatch):

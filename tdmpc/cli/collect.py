@@ -63,6 +63,8 @@ def collect(args: CollectArgs) -> int:
                                ("threads", 1 if args.threads is None else args.threads, 1)):
         if not value >= least:
             raise BadInput(f"--{flag} must be >= {least}, got {value}")
+    if args.seed is not None and args.seed >= 2**62:
+        raise BadInput(f"--seed must be < 2**62 (torch seeds with it), got {args.seed}")
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc)
     cfg, dims = agent.cfg, agent.dims
     task = chosen_task(dims.tasks, args.task, args.checkpoint, "collect") if dims.multitask else args.task or cfg.task

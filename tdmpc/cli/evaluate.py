@@ -81,8 +81,8 @@ def evaluate(args: EvalArgs) -> int:
         raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
     if args.threads is not None and args.threads < 1:
         raise BadInput(f"--threads must be >= 1, got {args.threads}")
-    if args.seed is not None and args.seed < 0:
-        raise BadInput(f"--seed must be >= 0 (gymnasium seeds envs with it), got {args.seed}")
+    if args.seed is not None and not 0 <= args.seed < 2**62:
+        raise BadInput(f"--seed must be >= 0 and < 2**62 (gymnasium and torch seed with it), got {args.seed}")
     if args.video is not None:
         check_video_path(args.video)
     if args.report is not None and args.report.is_dir():

@@ -34,6 +34,8 @@ def validate(cfg: Config) -> Config:
             raise bad(name, "must be >= 1")
     if cfg.seed < 0:
         raise bad("seed", "must be >= 0 (gymnasium and numpy take non-negative seeds)")
+    if cfg.seed >= 2**32:  # its evaluations' seed (tdmpc.episodes.eval_seed) must fit torch's 64-bit seed
+        raise bad("seed", "must be < 2**32")
     for name in ("num_pi_trajs", "eval_episodes"):
         if (getattr(cfg, name) or 0) < 0:
             raise bad(name, "must be >= 0")
