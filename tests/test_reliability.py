@@ -582,6 +582,7 @@ def test_a_custom_env_without_render_modes_starts_without_warnings(tmp_path):
     assert "render_mode" not in r.stderr and "WARN" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # runs of their own: CI's slow step keeps the default suite under 8 minutes
 def test_a_run_that_ends_within_its_seed_steps_says_it_will_not_update(tmp_path):
     """--steps at or below the seed steps acted at random, made no update and said nothing (a user's audit,
     2026-11-29). It may be meant (random data for --save-data), so a note, not an error."""
@@ -595,6 +596,7 @@ def test_a_run_that_ends_within_its_seed_steps_says_it_will_not_update(tmp_path)
     assert r.returncode == 0 and "seed steps: it acts at random" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # runs of their own: CI's slow step keeps the default suite under 8 minutes
 def test_a_resume_compares_sizes_as_the_model_size_preset_makes_them(tmp_path):
     """--mlp-dim 384 on a model-size-1 run (whose mlp_dim field is None: the preset's 384) was refused with 'this run
     has None' (a user's audit, 2026-11-29): the run's own size is accepted, another names the real one."""
