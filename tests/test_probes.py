@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -155,6 +156,18 @@ def finished(tmp_path_factory):
     return run
 
 
+def test_a_resume_follows_its_new_eval_log_and_save_schedule(finished, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(finished, run)
+    r = run_train("--resume", run, "--steps", 700, "--eval-freq", 200, "--log-every", 150, "--save-every", 200)
+    assert r.returncode == 0, r.stderr
+    assert "eval_freq changed from 300 to 200" in r.stderr, r.stderr
+    # from step 300, each at the next multiple of its new interval (the old schedule: evals at 600, logs at 400)
+    assert [int(x["env_step"]) for x in read_csv(run / "eval.csv")] == [0, 300, 400, 600, 700]
+    assert [int(x["env_step"]) for x in read_csv(run / "train.csv")][3:] == [450, 600]
+    assert torch.load(run / "checkpoints" / "previous.pt", weights_only=True)["train"]["step"] == 600
+
+
 def _files(run):
     return {p.relative_to(run): p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file() and p.name != ".lock"}
 
@@ -174,6 +187,9 @@ def test_a_resume_with_nothing_to_do_changes_nothing(finished):
     before = _files(finished)
     r = run_train("--resume", finished)
     assert r.returncode == 0 and "already finished at step 300" in r.stderr, r.stderr
+    r = run_train("--resume", finished, "--eval-freq", 50)  # said as not applied, not as changed
+    assert r.returncode == 0 and "(--eval-freq not applied: nothing was changed)" in r.stderr, r.stderr
+    assert "changed from" not in r.stderr, r.stderr
     assert _files(finished) == before
     assert json.loads((finished / "config.json").read_text())["steps"] == 300
     assert [int(x["env_step"]) for x in read_csv(finished / "eval.csv")] == [0, 300]

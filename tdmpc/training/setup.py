@@ -87,14 +87,21 @@ def prepare(req: RunRequest) -> RunSetup | None:
         raise BadInput("--dataset names no file: give one or more dataset files, or leave --dataset out to train "
                        "online")
     if req.resume is not None:
-        _check_resume(req)
+        changes = _check_resume(req)
         init_from = None
         checkpoint = resume_checkpoint(req.resume)
         done = load_file(checkpoint, mmap=True).get("train", {})
         if done.get("finished") and saved_step(done) >= cfg.steps:
-            print(f"run in {req.resume} already finished at step {saved_step(done):,}; pass --steps N to extend it",
-                  file=sys.stderr)
+            names = [n if req.from_python else f"--{n.replace('_', '-')}" for n in changes]
+            unused = f" ({', '.join(names)} not applied: nothing was changed)" if changes else ""
+            print(f"run in {req.resume} already finished at step {saved_step(done):,}; pass --steps N to extend it"
+                  f"{unused}", file=sys.stderr)
             return None
+        for name, (old, new) in changes.items():
+            by = "fit()'s keywords" if req.from_python else "the command line"
+            print(f"resume: {name} changed from {old!r} to {new!r} by {by}", file=sys.stderr)
+        if req.init_from:
+            print(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
         print(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})", file=sys.stderr)
     if init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
@@ -196,9 +203,10 @@ FIXED_ON_RESUME = ("task", "obs", "num_envs", "buffer_size", "horizon", "action_
 BUFFER_LAYOUT = ("num_envs", "buffer_size", "horizon")
 
 
-def _check_resume(req: RunRequest) -> None:
-    """What a resume may not change is refused before anything in the run directory is touched; what it changes
-    is said; --init-from gives way to the run's own checkpoint."""
+def _check_resume(req: RunRequest) -> dict[str, tuple[Any, Any]]:
+    """What a resume may not change is refused before anything in the run directory is touched; returns what it
+    changes (said by the caller once the run is known to continue)."""
+    changed: dict[str, tuple[Any, Any]] = {}
     if req.base is not None:
         changed = changed_fields(dataclasses.replace(req.base, run_dir=req.cfg.run_dir), req.cfg)
         old_sizes, new_sizes = req.base.sizes(), req.cfg.sizes()
@@ -221,11 +229,7 @@ def _check_resume(req: RunRequest) -> None:
                         f"{checkpoint_path(req.resume or Path('.'))}" if name in BUFFER_LAYOUT else "")
                 raise BadInput(f"--{name.replace('_', '-')} cannot change on --resume: this run has "
                                f"{changed[name][0]!r} ({why}){keep}")
-        for name, (old, new) in changed.items():
-            by = "fit()'s keywords" if req.from_python else "the command line"
-            print(f"resume: {name} changed from {old!r} to {new!r} by {by}", file=sys.stderr)
-    if req.init_from:
-        print(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
+    return changed
 
 
 def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:

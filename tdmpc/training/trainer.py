@@ -449,7 +449,13 @@ class Trainer(StopSignals):
         saved.setdefault("pretrain_updates_left", saved.pop("burst_left", -1))  # its name before 0.2
         saved["step"] = saved_step(saved)
         saved.pop("env_step", None)
-        self.counters = Counters(**saved)
+        self.counters = c = Counters(**saved)
+        # The schedule follows this session's --eval-freq/--log-every/--save-every (a resume may change them): the
+        # next multiple after the step, which is the saved one when they did not change. An evaluation a stop
+        # interrupted stays owed.
+        c.next_log, c.next_save = next_multiple(c.step, self.cfg.log_every), next_multiple(c.step, self.cfg.save_every)
+        if c.next_eval > c.step:
+            c.next_eval = next_multiple(c.step, self.cfg.eval_freq)
         rng = obj["rng"]
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and self.device.type == "cuda":
