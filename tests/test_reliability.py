@@ -166,6 +166,9 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ki
     saved = run.parent / "saved"
     shutil.copytree(run, saved, ignore=shutil.ignore_patterns(".lock"))
     damage(ck / "latest.pt", kind)
+    r = run_train("--resume", run, "--steps", 600, "--dry-run")  # touches nothing: latest.pt stays where it is
+    assert r.returncode == 0 and "Resuming from previous.pt" in r.stderr, r.stderr
+    assert (ck / "latest.pt").is_file() and not (ck / "latest.pt.damaged").exists()
     r = run_train("--resume", run, "--steps", 600)
     assert r.returncode == 0, r.stderr
     assert "Resuming from previous.pt" in r.stderr and "(step 300)" in r.stderr and "run again" in r.stderr
@@ -214,6 +217,11 @@ def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(tmp_pat
         r = run_train("--resume", run, "--steps", 400)
         line = one_line_error(r)
         assert "config.json" in line and f"--resume {run} --config-from-checkpoint" in line
+    if kind == "truncated":  # a resume with nothing to do (the run is finished) leaves the damaged file where it is
+        before = (run / "config.json").read_bytes()
+        r = run_train("--resume", run, "--config-from-checkpoint")
+        assert r.returncode == 0 and "already finished" in r.stderr, r.stderr
+        assert (run / "config.json").read_bytes() == before and not (run / "config.json.damaged").exists()
     r = run_train("--resume", run, "--steps", 400, "--config-from-checkpoint")
     assert r.returncode == 0, r.stderr
     assert (run / "config.json.damaged").exists() == (kind not in ("missing", "healthy"))

@@ -40,7 +40,8 @@ def previous_checkpoint_path(run_dir: Path) -> Path:
 
 def resume_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a resume starts from: latest.pt, or, when that is damaged, previous.pt, with a line saying
-    what is lost (the damaged file is kept as latest.pt.damaged). Neither usable: a one-line CheckpointError."""
+    what is lost (the damaged file is set aside once the run has restored: set_aside_on_resume). Neither usable:
+    a one-line CheckpointError."""
     from tdmpc.model.checkpoint import load_file  # the checkpoint module imports the model
 
     latest, previous = checkpoint_path(run_dir), previous_checkpoint_path(run_dir)
@@ -54,9 +55,8 @@ def resume_checkpoint(run_dir: Path) -> Path:
     except (CheckpointError, KeyError, TypeError):
         raise CheckpointError(f"{damaged}; there is no older checkpoint to fall back to: copy one you have over "
                               f"{latest} and --resume, or start a new run with --init-from it") from None
-    kept = set_aside_damaged(latest)
-    print(f"resume: {damaged}; kept as {kept.name if kept else latest.name}. Resuming from {previous.name}, the "
-          f"checkpoint before it (step {step:,}): the steps after it run again", file=sys.stderr)
+    print(f"resume: {damaged}. Resuming from {previous.name}, the checkpoint before it (step {step:,}): the steps "
+          f"after it run again", file=sys.stderr)
     return previous
 
 
@@ -83,7 +83,7 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
     """The config a run was started with (for --resume); fields added to Config since are said, one line each.
 
     A damaged config.json is a one-line error with the way out: from_checkpoint=True takes the config the
-    checkpoint holds (the damaged file is kept as config.json.damaged)."""
+    checkpoint holds (the damaged file is set aside once the run has restored: set_aside_on_resume)."""
     path = run_dir / "config.json"
     if not checkpoint_path(run_dir).is_file():
         if holder := RunDirLock.held(run_dir):
@@ -127,9 +127,7 @@ def _config_from_checkpoint(run_dir: Path) -> Config:
         raise ConfigError(f"{checkpoint_path(run_dir)} holds no config to resume with")
     cfg = _with_added_fields(from_dict(obj["config"], source=str(checkpoint_path(run_dir))), obj["config"],
                              checkpoint_path(run_dir))
-    damaged = None if _readable_config(run_dir / "config.json") else set_aside_damaged(run_dir / "config.json")
-    print(f"resume: the config comes from {checkpoint_path(run_dir)}"
-          + (f"; the damaged config.json is kept as {damaged.name}" if damaged else ""), file=sys.stderr)
+    print(f"resume: the config comes from {checkpoint_path(run_dir)}", file=sys.stderr)
     return cfg
 
 
@@ -140,6 +138,18 @@ def _readable_config(path: Path) -> bool:
         return True
     except (ConfigError, OSError):
         return False
+
+
+def set_aside_on_resume(run_dir: Path, checkpoint: Path) -> list[str]:
+    """A resume's damaged files, renamed once it has restored its checkpoint, before it writes anything: latest.pt
+    when it started from previous.pt, a config.json this version cannot read (the config came from the
+    checkpoint). Not sooner: a resume refused or failing on the way, or of a finished run, leaves the run as it
+    was, resumable as before. Returns the lines that say what was kept where."""
+    damaged = [checkpoint_path(run_dir)] if checkpoint != checkpoint_path(run_dir) else []
+    if (run_dir / "config.json").exists() and not _readable_config(run_dir / "config.json"):
+        damaged.append(run_dir / "config.json")
+    return [f"resume: the damaged {path.name} is kept as {kept.name}" for path in damaged
+            if (kept := set_aside_damaged(path)) is not None]
 
 
 def set_aside_damaged(path: Path) -> Path | None:

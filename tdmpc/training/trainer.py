@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import gc
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes, keep_previo
 from tdmpc.multitask import TaskSetup
 from tdmpc.training.logger import RunLogger
 from tdmpc.training.stopping import StopSignals
-from tdmpc.training.run_dir import RunDirLock, previous_checkpoint_path, saved_step
+from tdmpc.training.run_dir import RunDirLock, previous_checkpoint_path, saved_step, set_aside_on_resume
 
 Callback = Callable[[dict], Optional[bool]]  # gets a log or eval row; returning False stops the run
 
@@ -112,6 +113,9 @@ class Trainer(StopSignals):
         self.resume_hint = f"python -m tdmpc.train --resume {self.quoted_run_dir}"  # fit() names its own
         if setup.checkpoint is not None:
             self._restore(load_file(setup.checkpoint), no_buffer)
+            if self.shard.main:
+                for line in set_aside_on_resume(self.run_dir, setup.checkpoint):
+                    print(line, file=sys.stderr)
         if self.shard.main:
             try:
                 save_json(cfg, self.run_dir / "config.json")
