@@ -182,6 +182,71 @@ def test_one_writer_at_a_time(tmp_path):
             DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, "b")
 
 
+def test_a_writer_leaves_no_lock_file_whether_it_writes_fails_or_is_refused(tmp_path):
+    """The lock file lived on beside every dataset (.d.h5.lock): its holder now removes it as it lets go."""
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 3)])
+    with pytest.raises(KeyError):
+        with DatasetWriter(path, (3,), 1, ["walker-walk"], "state", 2, "test"):
+            raise KeyError
+    with pytest.raises(DatasetError, match="'obs_shape'"):
+        DatasetWriter(path, (4,), 1, ["walker-walk"], "state", 2, "test")
+    (tmp_path / "notjson.json").write_text("{}")
+    with pytest.raises(DatasetError, match="not an HDF5 file"):
+        DatasetWriter(tmp_path / "notjson.json", (3,), 1, ["walker-walk"], "state", 2, "test")
+    with pytest.raises(KeyError):  # a file never written: the folders made for it go too
+        with DatasetWriter(tmp_path / "new" / "sub" / "e.h5", (3,), 1, ["walker-walk"], "state", 2, "test"):
+            raise KeyError
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5", "notjson.json"]
+
+
+def test_a_lock_file_removed_under_a_waiting_writer_is_not_taken_as_the_lock(tmp_path, monkeypatch):
+    """B opens the lock file, its holder A removes it and lets go, C locks a new one: B's flock then succeeds on
+    the removed file, and B must see that and find C there, not write beside it."""
+    import tdmpc.offline.writer as writer_module
+
+    path = tmp_path / "d.h5"
+    kw = dict(obs_shape=(3,), action_dim=1, tasks=["walker-walk"], obs_type="state", action_repeat=2)
+    a = DatasetWriter(path, **kw, source="a")
+    c: list[DatasetWriter] = []
+    real_flock = writer_module.fcntl.flock
+
+    def flock_after_a_goes(fd: int, op: int) -> None:
+        if a._lock.fd >= 0:  # B, between its open and its flock
+            a.close()
+            c.append(DatasetWriter(path, **kw, source="c"))
+        real_flock(fd, op)
+
+    monkeypatch.setattr(writer_module.fcntl, "flock", flock_after_a_goes)
+    with pytest.raises(DatasetError, match="another writer"):
+        DatasetWriter(path, **kw, source="b")
+    c[0].close()
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_unwritable_folder_is_one_line_naming_the_dataset(tmp_path, monkeypatch, capsys):
+    """It named the lock file (.d.h5.lock), which the user never asked for. (Root writes anywhere: the refusal is
+    what an unwritable folder gives.)"""
+    import builtins
+    import errno
+
+    def refusing(real_open):
+        def refuse_in_ro(name, *args, **kw):
+            if "ro" in Path(name).parts:
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(name))
+            return real_open(name, *args, **kw)
+        return refuse_in_ro
+
+    monkeypatch.setattr(os, "open", refusing(os.open))
+    monkeypatch.setattr(builtins, "open", refusing(builtins.open))
+    buf, _ = run_buffer(2, 20, [[0, 0]] * 7 + [[1, 2]] + [[0, 0]] * 5)
+    buf.save(tmp_path / "buffer.h5")
+    out = tmp_path / "ro" / "new" / "d.h5"
+    assert cli_main(["convert", str(tmp_path / "buffer.h5"), "--task", "Pendulum-v1", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"error: {out}: cannot write in its folder (Permission denied)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["buffer.h5"]
+
+
 def test_an_exception_drops_what_was_not_committed(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(1, 3)])

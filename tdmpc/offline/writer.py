@@ -6,6 +6,7 @@ import fcntl
 import glob
 import itertools
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -26,8 +27,8 @@ class DatasetWriter:
     it copies the file to a temp file beside it, appends there, fsyncs and renames it over
     the original. A crash at any moment leaves the file as it was before the commit or as
     it is after, never half of one; the price is that every commit copies the whole file,
-    so commit in large batches. One writer per file at a time (an flock on `.NAME.lock`);
-    opening removes temp files that killed writers left behind. On leaving a `with` block
+    so commit in large batches. One writer per file at a time (WriterLock: a `.NAME.lock` file that
+    exists while a writer holds it); opening removes temp files that killed writers left behind. On leaving a `with` block
     normally the writer commits; on an exception it drops what was not committed.
     """
 
@@ -43,7 +44,7 @@ class DatasetWriter:
         self.schema = make_schema(self.path, obs_shape, action_dim, tasks, obs_type, action_repeat,
                                   task_obs_dims, task_action_dims, discrete, action_start)
         self.source, self.writer = source, source
-        self._lock = _lock(self.path)
+        self._lock = WriterLock(self.path)
         self._pending: list[Episode] = []
         self.episodes = 0  # in the file
         self.segments: list[list] = []  # [writer, first episode, count] per run of commits, as the file records them
@@ -220,18 +221,79 @@ def task_action_start(source: Any, **make: Any) -> int:
         env.close()
 
 
-def _lock(path: Path):
-    """An exclusive flock on `.NAME.lock` beside the file, released by the kernel if the holder dies."""
-    make_dirs(path.parent)
-    handle = open(path.parent / f".{path.name}.lock", "a")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise DatasetError(f"{path}: another writer is appending to it (it holds {handle.name})")
-    except OSError:  # a filesystem without flock (some network mounts): go on unlocked
-        pass
-    return handle
+class WriterLock:
+    """One writer per dataset file: an exclusive flock on `.NAME.lock` beside it, a file that exists only while a
+    writer holds it (or a killed one left it: the next writer takes it over, and removes it in turn).
+
+    The holder removes the lock file before letting go (unlink, then close), so no file is left behind. That alone
+    would break the guarantee: B opens the file, A unlinks it and closes it, B's flock succeeds on a file no longer
+    in the folder, and C creates a new one and locks that too. So a writer that gets the flock checks that the
+    name still leads to the file it locked (the same inode) and starts again if not. Only a holder unlinks, and it
+    holds the file the name leads to, so once that check passes no one can take the name from it. The folders a
+    writer made for a file it then never wrote are removed as it lets go. A filesystem without flock (some network
+    mounts) is written unlocked.
+    """
+
+    def __init__(self, path: Path):
+        self.path, self.file, self.made = path, path.parent / f".{path.name}.lock", None
+        try:
+            for folder in (path.parent, *path.parent.parents):
+                if folder.exists():
+                    break
+                self.made = folder  # the topmost folder this writer makes, so far
+            make_dirs(path.parent)
+            self.fd = self._acquire()
+        except OSError as e:  # said of the user's file, not of the lock file they never asked for
+            self._remove_made()
+            why = e.strerror if e.filename in (None, str(self.file)) else f"{e.filename}: {e.strerror}"
+            raise OSError(e.errno, f"cannot write in its folder ({why})", str(path)) from None
+
+    def _acquire(self) -> int:
+        """The lock file, open and locked, that the lock file's name leads to."""
+        while True:
+            fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise DatasetError(f"{self.path}: another writer is appending to it (tdmpc.collect, a run's "
+                                   "--save-data or tdmpc.dataset); run this when it is done") from None
+            except OSError:
+                pass
+            if self._names(fd):
+                return fd
+            os.close(fd)  # its holder removed it as it let go: lock the one the name leads to now
+
+    def _names(self, fd: int) -> bool:
+        """Whether the lock file's name still leads to the open file `fd`."""
+        try:
+            on_disk, held = os.stat(self.file), os.fstat(fd)
+        except FileNotFoundError:
+            return False
+        return (on_disk.st_dev, on_disk.st_ino) == (held.st_dev, held.st_ino)
+
+    def close(self) -> None:
+        """Remove the lock file while still holding it, then let go (again: nothing)."""
+        if self.fd < 0:
+            return
+        if self._names(self.fd):
+            self.file.unlink()
+        os.close(self.fd)
+        self.fd = -1
+        if not self.path.exists():
+            self._remove_made()
+
+    def _remove_made(self) -> None:
+        """The folders this writer made, from the file's up, while they are empty."""
+        if self.made is None:
+            return
+        for folder in (self.path.parent, *self.path.parent.parents):
+            try:
+                folder.rmdir()
+            except OSError:
+                return
+            if folder == self.made:
+                return
 
 
 def _append_all(f: h5py.File, episodes: Iterator[Episode], schema: Schema) -> int:
