@@ -112,9 +112,9 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_the_run_resumes(tmp_pat
         assert "removed" in r.stderr or not list((run / "checkpoints").glob(".*.tmp"))
 
 
-def _stopped_and_resumed(run: Path, steps: int, stop_at: int, edit_checkpoint=None):
+def _stopped_and_resumed(run: Path, steps: int, stop_at: int, edit_checkpoint=None, **over):
     """A run stopped (as by a signal) past `stop_at`, its checkpoint edited if asked, and the resumed trainer."""
-    cfg = validate(Config(**{**TINY, "steps": steps, "eval_freq": 10_000, "save_every": 10_000}))
+    cfg = validate(Config(**{**TINY, "steps": steps, "eval_freq": 10_000, "save_every": 10_000, **over}))
     first = Trainer(cfg, run, resolve_device("cpu"))
     _stop_after(first, stop_at)
     assert first.run() == 3
@@ -129,8 +129,13 @@ def _stopped_and_resumed(run: Path, steps: int, stop_at: int, edit_checkpoint=No
 
 
 def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
-    first, second = _stopped_and_resumed(tmp_path / "run", 700, 450)
+    first, second = _stopped_and_resumed(tmp_path / "run", 700, 450, log_every=300)
     assert second.counters.step == first.counters.step and second.counters.updates == first.counters.updates
+    # what the next log row averages: the updates since the row at 300, the episode that ended at 400
+    assert second.metric_count == first.metric_count > 0 and second.metric_sum is not None
+    for k, v in first.metric_sum.items():
+        assert torch.equal(second.metric_sum[k], v), k
+    assert torch.equal(second.ended, first.ended) and first.ended[0].sum() == 1
     F = first.buffer.filled
     assert second.buffer.transitions == first.buffer.transitions
     assert second.buffer.filled == F + 1  # + the reset observation the resumed run begins with

@@ -343,7 +343,8 @@ class OnlineTrainer(Trainer):
             self.recorder.writer.commit()
         state = self.envs.rng_state()
         return {**({"rng": {"envs": state}} if state is not None else {}), "buffer_file": buffer_file,
-                "data_episodes": self.recorder.writer.episodes if self.recorder is not None else None}
+                "data_episodes": self.recorder.writer.episodes if self.recorder is not None else None,
+                "episodes_since_log": self.ended.cpu()}  # a resume's first row counts them, as one run's would
 
     def restore_data(self, obj: dict, no_buffer: bool) -> None:
         state = obj["rng"].get("envs")
@@ -352,6 +353,8 @@ class OnlineTrainer(Trainer):
         if self.recorder is not None and obj.get("data_episodes") is not None:
             self.recorder.writer.drop_own_after(obj["data_episodes"])  # its own after this checkpoint: played again
         self._restore_buffer(obj.get("buffer_file"), no_buffer)
+        if obj.get("episodes_since_log") is not None:  # checkpoints before 2026-11-29 hold none
+            self.ended.copy_(obj["episodes_since_log"])
 
     def close_data(self) -> None:
         self.envs.close()

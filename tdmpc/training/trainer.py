@@ -111,6 +111,9 @@ class Trainer(StopSignals):
         self.saved_at: int | None = None  # the step of this session's last checkpoint
         self.phase = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         self.resume_hint = f"python -m tdmpc.train --resume {self.quoted_run_dir}"  # fit() names its own
+        # Per-log-interval statistics: metric sums stay on the device until a log row is written.
+        self.metric_sum: dict[str, torch.Tensor] | None = None
+        self.metric_count = 0
         if setup.checkpoint is not None:
             self._restore(load_file(setup.checkpoint), no_buffer)
             if self.shard.main:
@@ -126,9 +129,6 @@ class Trainer(StopSignals):
         if setup.resume and self.shard.main:
             self.logger.train_csv.truncate_after(self.counters.step)
             self.logger.eval_csv.truncate_after(self.counters.step)
-        # Per-log-interval statistics: metric sums stay on the device until a log row is written.
-        self.metric_sum: dict[str, torch.Tensor] | None = None
-        self.metric_count = 0
         self.rate_mark = (time.time(), 0, 0)  # (time, step, updates) at the last log row: rates
         self.last_bar = 0.0
         if in_command():  # a stop signal in the work before the loop (a kernel build) says what it stopped
@@ -412,7 +412,9 @@ class Trainer(StopSignals):
             if self.checkpoint_path.is_file() and self.saved_at != self.counters.step:
                 keep_previous(self.checkpoint_path, previous)
             keep = load_file(previous, mmap=True).get("buffer_file") if previous.is_file() else None
-            self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(self.counters), "rng": rng, **extra})
+            pending = {"sum": {k: v.cpu() for k, v in (self.metric_sum or {}).items()}, "count": self.metric_count}
+            self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(self.counters), "rng": rng,
+                                                   "metrics_since_log": pending, **extra})
             self.saved_at = self.counters.step
         except OSError as e:
             what = str(e) if isinstance(e, DiskError) else \
@@ -465,6 +467,10 @@ class Trainer(StopSignals):
         if "cuda" in rng and self.device.type == "cuda":
             torch.cuda.set_rng_state(rng["cuda"], self.device)
         self.rng.bit_generator.state = rng["numpy"]
+        pending = obj.get("metrics_since_log")  # the updates since the last row: the next row averages them too
+        if pending is not None and pending["count"]:
+            self.metric_sum = {k: v.to(self.device) for k, v in pending["sum"].items()}
+            self.metric_count = pending["count"]
         self.restore_data(obj, no_buffer)
 
 
