@@ -773,9 +773,10 @@ def test_a_stopped_minari_export_leaves_nothing_and_exits_3(tmp_path, minari_roo
     r = subprocess.run([sys.executable, "-c", _STOP_MID_EXPORT, str(path)], capture_output=True, text=True,
                        timeout=120, env={**os.environ, "MINARI_DATASETS_PATH": str(minari_root)})
     assert r.returncode == 3, r.stderr[-2000:]
-    errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
-    assert errors == ["error: stopped by SIGTERM before Minari dataset 'tdmpc/stopped-v0' was complete: nothing was "
-                      "written (run the command again)"], r.stderr
+    assert not any(line.startswith("error") for line in r.stderr.splitlines()), r.stderr  # a stop is no error
+    assert r.stderr.splitlines()[-1] == (
+        "stopped by SIGTERM before Minari dataset 'tdmpc/stopped-v0' was complete: nothing was written (run the "
+        "command again)"), r.stderr
     with pytest.raises(FileNotFoundError):
         minari.load_dataset("tdmpc/stopped-v0")
     assert not (minari_root / "tdmpc" / "stopped-v0").exists()

@@ -175,7 +175,8 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
     assert len(first) == 4 and not any(np.array_equal(first[i], first[i + 2]) for i in range(2))
 
     proc = subprocess.Popen([sys.executable, "-m", "tdmpc.collect", "--checkpoint", str(run), "--episodes", "200",
-                             "--out", str(tmp_path / "k.h5"), "--threads", "1"], stderr=subprocess.PIPE, text=True)
+                             "--out", str(tmp_path / "k.h5"), "--threads", "1", "--seed", "7"],
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 200
     while not (tmp_path / "k.h5").exists():  # the first batch of 16 is written
         assert time.time() < deadline and proc.poll() is None, "no batch written"
@@ -183,8 +184,24 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3, err
-    assert "stopped by SIGTERM after 16 of 200 episodes" in err and "holds 16 episodes" in err, err
+    # a stop asked for is no error; the rest is collected from the next seed, not by playing seeds 7.. again
+    assert err.splitlines()[-1] == (f"stopped by SIGTERM after 16 of 200 episodes: {tmp_path / 'k.h5'} holds 16 "
+                                    "episodes, the batch in play left out. Collect the rest with the same command "
+                                    "and --episodes 184 --seed 23"), err
     assert len(list(read_episodes(tmp_path / "k.h5"))) == 16
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5", "k.h5"]  # no lock file either
+
+
+def test_a_refused_collect_leaves_nothing(tmp_path):
+    """An --out that is not a dataset is refused in one line, and left as it was with nothing beside it (a
+    .notjson.json.lock stayed)."""
+    reference = Path(__file__).parent / "fixtures" / "reference-ms1" / "reference_checkpoint.pt"
+    out = tmp_path / "notjson.json"
+    out.write_text('{"mine": 1}')
+    r = run_module("tdmpc.collect", "--checkpoint", reference, "--task", "walker-walk", "--episodes", 1,
+                   "--no-mpc", "--out", out, "--threads", 1)
+    assert f"{out}: not an HDF5 file" in one_line_error(r)
+    assert [p.name for p in tmp_path.iterdir()] == ["notjson.json"] and out.read_text() == '{"mine": 1}'
 
 
 @pytest.mark.slow  # a run of its own (CI's slow step, .ci/run): the default suite stays under 8 minutes

@@ -77,13 +77,13 @@ def collect(args: CollectArgs) -> int:
         own = ([_own_obs_dim(task)], [dims.action_dims[dims.tasks.index(task)]])
     start = task_action_start(task, obs=cfg.obs, action_repeat=cfg.action_repeat) if dims.discrete else 0
     seed = _episodes_in(args.out) if args.seed is None else args.seed
-    writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat,
-                           _source(args, task, seed), *own, discrete=dims.discrete, action_start=start)
     set_threads(args.threads)
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     returns: list[float] = []
     with stop_signals() as stopped:
+        writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat,
+                               _source(args, task, seed), *own, discrete=dims.discrete, action_start=start)
         try:
             with writer:  # an exception drops the batch being played
                 while len(returns) < args.episodes:
@@ -92,9 +92,11 @@ def collect(args: CollectArgs) -> int:
                                      lambda: bool(stopped))
                     writer.commit()  # each batch of episodes on disk before the next is played
         except CollectStopped:
-            print(f"error: stopped by {stopped[0]} after {len(returns)} of {args.episodes} episodes: {args.out} holds "
-                  f"{writer.episodes} episodes, the batch in play left out (collect the rest with --episodes "
-                  f"{args.episodes - len(returns)})", file=sys.stderr)
+            # the default seed (the file's count) moves on by itself; a given one must, or the rest replays episodes
+            more = "" if args.seed is None else f" --seed {seed + len(returns)}"
+            print(f"stopped by {stopped[0]} after {len(returns)} of {args.episodes} episodes: {args.out} holds "
+                  f"{writer.episodes} episodes, the batch in play left out. Collect the rest with the same command "
+                  f"and --episodes {args.episodes - len(returns)}{more}", file=sys.stderr)
             return EXIT_REQUEUE
     print(f"{task}: {len(returns)} episodes (seed {seed}), return {np.mean(returns):.1f} ± {np.std(returns):.1f}; "
           f"{args.out} holds {writer.episodes} episodes")

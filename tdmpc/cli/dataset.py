@@ -100,8 +100,8 @@ def to_minari(path: Annotated[Path, tyro.conf.Positional], dataset_id: str, auth
         try:
             directory = export(path, dataset_id, author, author_email, code_permalink, stop=lambda: bool(stopped))
         except ExportStopped:
-            print(f"error: stopped by {stopped[0]} before Minari dataset {dataset_id!r} was complete: nothing was "
-                  f"written (run the command again)", file=sys.stderr)
+            print(f"stopped by {stopped[0]} before Minari dataset {dataset_id!r} was complete: nothing was written "
+                  f"(run the command again)", file=sys.stderr)
             return EXIT_REQUEUE
     print(f"{directory}: written")
     unset = [f"--{k.replace('_', '-')}" for k, v in (("author", author), ("author_email", author_email),
