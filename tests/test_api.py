@@ -146,6 +146,12 @@ def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues
     assert "resume: eval_episodes changed from 2 to 3 by fit()'s keywords" in capsys.readouterr().err
 
 
+def test_an_on_eval_callback_stops_the_run_at_the_evaluated_step(tmp_path):
+    run_dir, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", on_eval=lambda row: False, **TINY)
+    ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
+    assert ck["train"]["step"] == 0 and ck["train"]["last_eval"] == 0  # not a step after it
+
+
 @pytest.mark.slow  # subprocess runs of tens of seconds: CI's slow step keeps the default suite under 8 min
 def test_the_command_line_resumes_a_run_of_an_env_factory_by_its_registered_id(tmp_path):
     """No name rebuilds a factory's env: --resume takes --task with the registered id (what the error advises),

@@ -203,7 +203,7 @@ class Trainer(StopSignals):
         self.rate_mark = (time.time(), c.step, c.updates)
         self.finish_interrupted_work()
         while c.step < cfg.steps and not self._stopping():
-            if c.step >= c.next_eval and not self.evaluate():
+            if c.step >= c.next_eval and (not self.evaluate() or self._stopping()):  # on_eval may stop the run
                 break
             self.step()
             c.elapsed = time.time() - t_start
