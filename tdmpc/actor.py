@@ -90,12 +90,20 @@ class Actor:
             raise TaskError(f"a multi-task model needs the task of each observation (one of {len(tasks)}: "
                             f"{', '.join(tasks[:4])}, ...)")
         names = [task] if isinstance(task, str) else list(task) if isinstance(task, (list, tuple)) else None
-        if names is not None and all(isinstance(t, str) for t in names):
+        if names is not None and any(isinstance(t, str) for t in names):
+            if not all(isinstance(t, str) for t in names):
+                raise TaskError(f"task {task!r} mixes names and ids: give names only or ids only")
             unknown = [t for t in names if t not in tasks]
             if unknown:
                 raise TaskError(f"task '{unknown[0]}' is not in this model's task set ({task_set_name(tasks)})")
             task = [tasks.index(t) for t in names]
-        ids = torch.as_tensor(task, dtype=torch.long).reshape(-1)
+        try:
+            ids = torch.as_tensor(task, dtype=torch.long).reshape(-1)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TaskError(f"task {task!r} is not a task name, an id, or one of them per observation ({e})") from None
+        if ids.numel() not in (1, n):
+            raise TaskError(f"{ids.numel()} tasks for {n} observation{'s' if n != 1 else ''}: give one task for all "
+                            f"or one per observation")
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= len(tasks)):
             raise TaskError(f"task id {int(ids.max()) if int(ids.max()) >= len(tasks) else int(ids.min())} is "
                             f"out of range: this model has {len(tasks)} tasks (ids 0-{len(tasks) - 1})")

@@ -111,9 +111,13 @@ def test_task_ids_are_checked_in_one_line():
     assert agent.act(obs, task="walker-walk").shape == (6,)
     assert np.count_nonzero(agent.act(obs, task=7)) == 1  # pendulum-swingup acts on one dim
     for task, needle in ((None, "needs the task of each observation"), (30, "task id 30 is out of range"),
-                         ("walker-fly", "not in this model's task set")):
+                         ("walker-fly", "not in this model's task set"),
+                         (["walker-walk", 3], "mixes names and ids"), ([1, 2], "2 tasks for 1 observation:"),
+                         ([[1], [2, 3]], "is not a task name, an id")):
         with pytest.raises(ValueError, match=needle):
             agent.act(obs, task=task)
+    with pytest.raises(ValueError, match="3 tasks for 2 observations"):
+        agent.act(np.zeros((2, 24), np.float32), task=[1, 2, 3])
 
 
 def test_all_thirty_mt30_tasks_act_in_one_batched_call():
