@@ -569,6 +569,30 @@ def test_plot_keeps_offline_runs_apart_and_says_when_runs_share_a_seed(tmp_path)
     assert labels == ["cup-catch (default), 2 runs of 1 seed", "cup-catch (default, offline), 1 seed"], labels
 
 
+def test_plot_averages_every_point_over_all_the_seeds_its_label_counts(tmp_path, monkeypatch, capsys):
+    """Seeds that evaluated at different steps: each step averaged the seeds present there (one of '3 seeds' at
+    40k), and the curve went on past a seed's end. Now each seed is read off the line between its evaluations,
+    and the curve covers the steps all three reach, with a line saying what is left out."""
+    import matplotlib.axes
+    import numpy as np
+
+    from tdmpc.report.curves import draw, group_runs
+
+    runs = [fake_run(tmp_path / "s1", "cup-catch", 1, [(0, 0.0), (50_000, 100.0), (100_000, 300.0)]),
+            fake_run(tmp_path / "s2", "cup-catch", 2, [(0, 0.0), (40_000, 80.0), (100_000, 200.0)]),
+            fake_run(tmp_path / "s3", "cup-catch", 3, [(0, 30.0), (50_000, 130.0)])]
+    drawn = []
+    real_plot = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
+                        lambda ax, x, y, **kw: drawn.append((list(x), list(y), kw["label"])) or real_plot(ax, x, y, **kw))
+    draw(group_runs(runs), tmp_path / "p.png")
+    ((steps, mean, label),) = drawn
+    assert label == "cup-catch (default), 3 seeds" and steps == [0, 40_000, 50_000, 100_000]
+    np.testing.assert_allclose(mean, [10.0, 90.0, 110.0, np.nan])  # s1 at 40k: 80, s2 at 50k: 100, s3 ends at 50k
+    assert capsys.readouterr().err == ("note: cup-catch (default), 3 seeds: drawn over steps 0-50,000, which all 3 "
+                                       "runs reach; their evaluations span steps 0-100,000\n")
+
+
 def test_a_row_cut_short_at_the_end_of_eval_csv_is_left_out(tmp_path):
     """A crash as a row was written leaves a last line without its newline: it is no evaluation (nor garbage)."""
     from tdmpc.report.curves import group_runs

@@ -24,7 +24,9 @@ class PlotArgs:
     out: Path = Path("eval_return.png")
     """The figure; its extension picks the format (.png, .pdf, .svg, ...)."""
     group: bool = True
-    """Average runs of the same task and exp_name as seeds of one curve."""
+    """Average runs of the same task and exp_name as seeds of one curve. Each point is the mean of all of them:
+    where they evaluated at different steps, each is read off the straight line between its own evaluations, and
+    the curve covers only the steps that all of them reach (a line says what is left out)."""
     title: Optional[str] = None
     """The figure's title; default: none."""
 

@@ -1,7 +1,11 @@
 """Eval-return curves read from run directories, grouped by task and experiment, drawn into one figure.
 
 Runs with the same task and experiment name are seeds of one curve (mean, with a band
-for min-max across seeds); --no-group draws every run separately.
+for min-max across seeds); --no-group draws every run separately. Every point of a curve is over all of its
+seeds, as its label counts them: seeds that evaluated at different steps are read off the straight line between
+each one's own evaluations, and a curve is drawn only over the steps that all of its seeds reach (a line on stderr
+says what is left out). Averaging whichever seeds evaluated at a step made a curve jump wherever the seeds
+present changed.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ import csv
 import io
 import json
 import sys
-import warnings
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,22 @@ class Curve:
     returns: np.ndarray  # (seeds, len(steps)); NaN where a seed has no point
     style: dict = field(default_factory=dict)
     offline: bool = False  # its steps count updates
+    evaluated: np.ndarray | None = None  # (seeds, len(steps)): where each seed evaluated (None: everywhere)
+
+    def own(self) -> np.ndarray:
+        """(seeds, len(steps)): where each seed evaluated."""
+        return np.ones(self.returns.shape, bool) if self.evaluated is None else self.evaluated
+
+    def seed_values(self) -> np.ndarray:
+        """returns, each seed read off the straight line between its own evaluations where it has none: so
+        every step's mean is over all seeds. NaN before a seed's first evaluation and after its last (no
+        extrapolation), and beside one that returned NaN (a gap, as drawn)."""
+        out = np.full(self.returns.shape, np.nan)
+        for i, (row, own) in enumerate(zip(self.returns, self.own())):
+            steps = self.steps[own]
+            inside = (self.steps >= steps[0]) & (self.steps <= steps[-1])
+            out[i, inside] = np.interp(self.steps[inside], steps, row[own])
+        return out
 
 
 @dataclass
@@ -134,10 +153,12 @@ def group_series(series_list: list[Series], group: bool = True) -> list[Curve]:
     for label, series in grouped.items():
         steps = np.unique(np.concatenate([s.steps for s in series]))
         table = np.full((len(series), len(steps)), np.nan)
+        evaluated = np.zeros(table.shape, bool)
         for i, s in enumerate(series):
             table[i, np.searchsorted(steps, s.steps)] = s.returns
+            evaluated[i, np.searchsorted(steps, s.steps)] = True
         curves.append(Curve(f"{label}, {_seeds(series)}" if group else label, steps, table,
-                            offline=series[0].offline))
+                            offline=series[0].offline, evaluated=evaluated))
     return curves
 
 
@@ -161,6 +182,21 @@ def check_figure_path(out: Path) -> None:
         raise BadInput(f"--out {out}: the name must end in one of {', '.join('.' + f for f in sorted(formats))}")
 
 
+def _say_what_is_left_out(c: Curve) -> None:
+    """A line on stderr when some of a curve's seeds reach steps that not all of them do: those are not drawn."""
+    own = c.own()
+    first, last = c.steps[own.argmax(1)], c.steps[len(c.steps) - 1 - own[:, ::-1].argmax(1)]
+    if (first.max(), last.min()) == (first.min(), last.max()):
+        return
+    runs, span = len(own), f"their evaluations span steps {first.min():,}-{last.max():,}"
+    if first.max() > last.min():
+        print(f"note: {c.label}: no step lies within all {runs} runs' evaluations ({span}): nothing drawn; "
+              f"--no-group draws each run", file=sys.stderr)
+    else:
+        print(f"note: {c.label}: drawn over steps {first.max():,}-{last.min():,}, which all {runs} runs reach; {span}",
+              file=sys.stderr)
+
+
 def _pyplot():  # matplotlib.pyplot, imported when a figure is drawn (an optional extra)
     try:
         import matplotlib
@@ -175,9 +211,9 @@ def draw(curves: list[Curve], out: Path, title: str | None = None) -> Path:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for c in curves:
-        with warnings.catch_warnings():  # an evaluation that returned NaN in every seed is a gap, said in its log
-            warnings.simplefilter("ignore", RuntimeWarning)
-            mean, low, high = np.nanmean(c.returns, 0), np.nanmin(c.returns, 0), np.nanmax(c.returns, 0)
+        values = c.seed_values()
+        _say_what_is_left_out(c)
+        mean, low, high = values.mean(0), values.min(0), values.max(0)  # NaN (a gap) where a seed has no value
         (line,) = ax.plot(c.steps, mean, label=c.label, **c.style)
         if c.returns.shape[0] > 1:
             ax.fill_between(c.steps, low, high, alpha=0.15, color=line.get_color())
