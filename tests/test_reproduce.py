@@ -593,6 +593,21 @@ def test_plot_averages_every_point_over_all_the_seeds_its_label_counts(tmp_path,
                                        "runs reach; their evaluations span steps 0-100,000\n")
 
 
+def test_plot_makes_the_missing_folders_of_out_as_every_command_does_and_says_so(tmp_path, capsys):
+    """collect --out, evaluate --report and reproduce --gather --out make missing folders: plot does too, and its
+    --help now says so (it made them unannounced)."""
+    import re
+
+    from tdmpc.cli.plot import main as plot_main
+
+    run = fake_run(tmp_path / "s1", "cup-catch", 1, [(0, 10.0), (50_000, 400.0)])
+    out = tmp_path / "new" / "figs" / "cup.png"
+    assert plot_main([str(run), "--out", str(out)]) == 0 and out.stat().st_size > 5_000
+    with pytest.raises(SystemExit):
+        plot_main(["--help"])
+    assert "Missing folders on its way are made" in " ".join(re.sub("[│|]", " ", capsys.readouterr().out).split())
+
+
 def test_a_row_cut_short_at_the_end_of_eval_csv_is_left_out(tmp_path):
     """A crash as a row was written leaves a last line without its newline: it is no evaluation (nor garbage)."""
     from tdmpc.report.curves import group_runs

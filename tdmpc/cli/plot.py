@@ -22,7 +22,8 @@ class PlotArgs:
     runs: Annotated[tuple[Path, ...], tyro.conf.Positional]
     """Run directories (each with eval.csv and config.json)."""
     out: Path = Path("eval_return.png")
-    """The figure; its extension picks the format (.png, .pdf, .svg, ...)."""
+    """The figure; its extension picks the format (.png, .pdf, .svg, ...). Missing folders on its way are made, as
+    for every command's output (collect --out, evaluate --report, reproduce --gather --out)."""
     group: bool = True
     """Average runs of the same task and exp_name as seeds of one curve. Each point is the mean of all of them:
     where they evaluated at different steps, each is read off the straight line between its own evaluations, and
