@@ -183,6 +183,9 @@ def test_unknown_task_is_one_line(task, says):
 def test_unknown_task_suggests_close_match():
     with pytest.raises(UnknownTaskError, match="did you mean 'Pendulum-v1'"):
         make_vector_env("Pendulum", 2, seed=0)
+    with pytest.raises(UnknownTaskError) as err:  # a name like no task's gets no suggestion (it got Hopper-v5)
+        make_env("Nope-v0")
+    assert "did you mean" not in str(err.value)
     if HAS_DMC:
         with pytest.raises(UnknownTaskError, match="did you mean 'walker-walk'"):
             make_env("walkr-walk")

@@ -118,6 +118,6 @@ def _unknown(name: str) -> str:
         from tdmpc.envs import dmcontrol
 
         candidates += dmcontrol.task_names()
-    close = difflib.get_close_matches(name.rpartition(":")[2], candidates, n=1)
+    close = difflib.get_close_matches(name.rpartition(":")[2], candidates, n=1, cutoff=0.75)  # not Nope -> Hopper
     hint = f"; did you mean {close[0]!r}?" if close else ""
     return f"unknown task {name!r}: {_HOW_TASKS_ARE_NAMED}{hint}"
