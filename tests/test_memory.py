@@ -247,6 +247,9 @@ def test_dry_run_prints_breakdown_and_verdict(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "verdict: FITS" in r.stdout and "headroom" in r.stdout and "budget" in r.stdout
     assert not (run / "checkpoints").exists()
+    if not torch.cuda.is_available():  # without --cfg, the dry run says which config it starts from, as a run does
+        r = run_train("--task", "Pendulum-v1", "--dry-run", "--run-dir", run)
+        assert r.returncode == 0 and "starting from the CPU default, configs/cpu.json" in r.stderr, r.stderr
 
 
 ESTIMATE_IMPORTS = """

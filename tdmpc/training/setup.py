@@ -149,7 +149,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
                                     spec.discrete))
         if host_error:
             print(f"host memory: DOES NOT FIT this machine: {host_error}")
-        for line in (*off_cuda, init_note):
+        for line in (*req.notes, *off_cuda, init_note):  # where the config came from, as a run says it
             if line:
                 print(line, file=sys.stderr)
     if not plan.fits:
