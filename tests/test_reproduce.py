@@ -583,8 +583,12 @@ def test_plot_averages_every_point_over_all_the_seeds_its_label_counts(tmp_path,
             fake_run(tmp_path / "s3", "cup-catch", 3, [(0, 30.0), (50_000, 130.0)])]
     drawn = []
     real_plot = matplotlib.axes.Axes.plot
-    monkeypatch.setattr(matplotlib.axes.Axes, "plot",
-                        lambda ax, x, y, **kw: drawn.append((list(x), list(y), kw["label"])) or real_plot(ax, x, y, **kw))
+
+    def plot(ax, x, y, **kw):
+        drawn.append((list(x), list(y), kw["label"]))
+        return real_plot(ax, x, y, **kw)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
     draw(group_runs(runs), tmp_path / "p.png")
     ((steps, mean, label),) = drawn
     assert label == "cup-catch (default), 3 seeds" and steps == [0, 40_000, 50_000, 100_000]

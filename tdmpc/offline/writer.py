@@ -28,8 +28,8 @@ class DatasetWriter:
     the original. A crash at any moment leaves the file as it was before the commit or as
     it is after, never half of one; the price is that every commit copies the whole file,
     so commit in large batches. One writer per file at a time (WriterLock: a `.NAME.lock` file that
-    exists while a writer holds it); opening removes temp files that killed writers left behind. On leaving a `with` block
-    normally the writer commits; on an exception it drops what was not committed.
+    exists while a writer holds it); opening removes temp files that killed writers left behind. On
+    leaving a `with` block normally the writer commits; on an exception it drops what was not committed.
     """
 
     def __init__(self, path: str | Path, obs_shape: Sequence[int], action_dim: int, tasks: Sequence[str],
