@@ -159,12 +159,15 @@ def finished(tmp_path_factory):
 def test_a_resume_follows_its_new_eval_log_and_save_schedule(finished, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished, run)
-    r = run_train("--resume", run, "--steps", 700, "--eval-freq", 200, "--log-every", 150, "--save-every", 200)
+    r = run_train("--resume", run, "--steps", 800, "--eval-freq", 200, "--log-every", 150, "--save-every", 200)
     assert r.returncode == 0, r.stderr
     assert "eval_freq changed from 300 to 200" in r.stderr, r.stderr
     # from step 300, each at the next multiple of its new interval (the old schedule: evals at 600, logs at 400)
-    assert [int(x["env_step"]) for x in read_csv(run / "eval.csv")] == [0, 300, 400, 600, 700]
-    assert [int(x["env_step"]) for x in read_csv(run / "train.csv")][3:] == [450, 600]
+    assert [int(x["env_step"]) for x in read_csv(run / "eval.csv")] == [0, 300, 400, 600, 800]
+    rows = read_csv(run / "train.csv")[3:]
+    assert [int(x["env_step"]) for x in rows] == [450, 600, 750, 800]  # and a last row for the steps after 750
+    # ... just after the evaluation at 800, which took no step: no rate, not 0
+    assert rows[-1]["env_steps_per_s"] == "" and float(rows[-2]["env_steps_per_s"]) > 0, rows[-2:]
     assert torch.load(run / "checkpoints" / "previous.pt", weights_only=True)["train"]["step"] == 600
 
 

@@ -119,6 +119,7 @@ class Trainer(StopSignals):
             if self.shard.main:
                 for line in set_aside_on_resume(self.run_dir, setup.checkpoint):
                     print(line, file=sys.stderr)
+        self.row_from = self.counters.step  # the step the log row in progress counts from
         if self.shard.main:
             try:
                 save_json(cfg, self.run_dir / "config.json")
@@ -227,6 +228,8 @@ class Trainer(StopSignals):
             self.logger.end(f"stopped by {self.stop_reason} at step {c.step:,}; checkpoint written. "
                             f"Resume with: {self.resume_hint}")
             return EXIT_REQUEUE
+        if c.step > self.row_from or self.metric_count:  # the steps since the last row (steps not a multiple)
+            self._log()
         if c.last_eval != c.step and not self.evaluate():
             self.save()
             return EXIT_REQUEUE
@@ -327,8 +330,9 @@ class Trainer(StopSignals):
         episodes = self.episode_stats()  # first: it counts the episodes ended since the last row
         row: dict[str, Any] = {
             "env_step": c.step, "episodes": c.episodes, "updates": c.updates, "elapsed": round(c.elapsed, 1),
-            "env_steps_per_s": (c.step - s0) / max(now - t0, 1e-9),
-            "updates_per_s": (c.updates - u0) / max(now - t0, 1e-9), **episodes}
+            # no step since the mark (an evaluation just before the run's last row): no rate to give
+            "env_steps_per_s": (c.step - s0) / max(now - t0, 1e-9) if c.step > s0 else float("nan"),
+            "updates_per_s": (c.updates - u0) / max(now - t0, 1e-9) if c.step > s0 else float("nan"), **episodes}
         if self.device.type == "cuda":  # the run's peak so far, to set beside its --dry-run estimate
             row["gpu_peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
             row["gpu_peak_reserved_gib"] = torch.cuda.max_memory_reserved(self.device) / 2**30
@@ -342,7 +346,7 @@ class Trainer(StopSignals):
                 f"gradients and were skipped; {self.last_checkpoint()}. Try a lower "
                 f"--lr" + (" or --train-precision fp32" if self.cfg.train_precision == "bf16" else ""))
         self.metric_sum, self.metric_count = None, 0
-        self.rate_mark = (now, c.step, c.updates)
+        self.rate_mark, self.row_from = (now, c.step, c.updates), c.step
         c.next_log = next_multiple(c.step, self.cfg.log_every)
         self._callback(self.on_log, row, "on_log")
 
