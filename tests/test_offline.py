@@ -192,6 +192,26 @@ def test_collect_again_plays_new_episodes_and_a_stop_keeps_the_finished_batches(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5", "k.h5"]  # no lock file either
 
 
+def test_a_collect_stopped_before_its_first_batch_says_nothing_was_written(tmp_path, monkeypatch, capsys):
+    import signal
+
+    from tdmpc.cli import collect
+
+    def stopped_at_once(*args):  # a SIGTERM in the first batch, seen at its next step
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert args[-1]()
+        raise collect.CollectStopped
+
+    monkeypatch.setattr(collect, "_play", stopped_at_once)
+    reference = Path(__file__).parent / "fixtures" / "reference-ms1" / "reference_checkpoint.pt"
+    out = tmp_path / "new.h5"
+    assert collect.main(["--checkpoint", str(reference), "--task", "walker-walk", "--episodes", "3", "--no-mpc",
+                         "--out", str(out), "--threads", "1"]) == 3
+    err = capsys.readouterr().err
+    assert f"after 0 of 3 episodes: nothing was written ({out} not made)" in err and "holds" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_refused_collect_leaves_nothing(tmp_path):
     """An --out that is not a dataset is refused in one line, and left as it was with nothing beside it (a
     .notjson.json.lock stayed)."""

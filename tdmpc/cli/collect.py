@@ -94,9 +94,11 @@ def collect(args: CollectArgs) -> int:
         except CollectStopped:
             # the default seed (the file's count) moves on by itself; a given one must, or the rest replays episodes
             more = "" if args.seed is None else f" --seed {seed + len(returns)}"
-            print(f"stopped by {stopped[0]} after {len(returns)} of {args.episodes} episodes: {args.out} holds "
-                  f"{writer.episodes} episodes, the batch in play left out. Collect the rest with the same command "
-                  f"and --episodes {args.episodes - len(returns)}{more}", file=sys.stderr)
+            held = (f"{args.out} holds {writer.episodes} episodes" if args.out.exists() else
+                    f"nothing was written ({args.out} not made)")
+            print(f"stopped by {stopped[0]} after {len(returns)} of {args.episodes} episodes: {held}, the batch in "
+                  f"play left out. Collect the rest with the same command and --episodes "
+                  f"{args.episodes - len(returns)}{more}", file=sys.stderr)
             return EXIT_REQUEUE
     print(f"{task}: {len(returns)} episodes (seed {seed}), return {np.mean(returns):.1f} ± {np.std(returns):.1f}; "
           f"{args.out} holds {writer.episodes} episodes")
