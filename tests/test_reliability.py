@@ -332,12 +332,12 @@ def test_a_write_refused_for_space_names_the_file_and_exits_1(tmp_path, capsys):
                                     f", filename = '{tmp}', errno = 28, error message = 'No space left on device')")
 
     def command() -> int:
-        atomic_write(tmp_path / "d.h5", h5py_like)
+        atomic_write(tmp_path / "new" / "folders" / "d.h5", h5py_like)
         return 0
 
     assert run_cli(command) == 1
-    assert capsys.readouterr().err == f"error: {tmp_path / 'd.h5'}: No space left on device\n"
-    assert not list(tmp_path.iterdir())
+    assert capsys.readouterr().err == f"error: {tmp_path / 'new' / 'folders' / 'd.h5'}: No space left on device\n"
+    assert not list(tmp_path.iterdir())  # no temp file, and not the folders it made for the file either
 
 
 def test_a_disk_that_fills_during_a_run_is_one_line_saying_where_to_go_on_from(tmp_path, monkeypatch):

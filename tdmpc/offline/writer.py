@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 from gymnasium import spaces
 
-from tdmpc.runtime.files import atomic_write, make_dirs
+from tdmpc.runtime.files import atomic_write, make_dirs, remove_made_dirs
 from tdmpc.offline.format import (CHUNK_BYTES, COMPRESSION, EPISODE_CHUNK, EPISODE_FIELDS, FORMAT, ROW_FIELDS, VERSION,
                            DatasetError, DatasetFile, Episode, Schema, check_episode, make_schema, open_h5, read_file)
 
@@ -237,14 +237,10 @@ class WriterLock:
     def __init__(self, path: Path):
         self.path, self.file, self.made = path, path.parent / f".{path.name}.lock", None
         try:
-            for folder in (path.parent, *path.parent.parents):
-                if folder.exists():
-                    break
-                self.made = folder  # the topmost folder this writer makes, so far
-            make_dirs(path.parent)
+            self.made = make_dirs(path.parent)
             self.fd = self._acquire()
         except OSError as e:  # said of the user's file, not of the lock file they never asked for
-            self._remove_made()
+            remove_made_dirs(path.parent, self.made)
             why = e.strerror if e.filename in (None, str(self.file)) else f"{e.filename}: {e.strerror}"
             raise OSError(e.errno, f"cannot write in its folder ({why})", str(path)) from None
 
@@ -281,19 +277,7 @@ class WriterLock:
         os.close(self.fd)
         self.fd = -1
         if not self.path.exists():
-            self._remove_made()
-
-    def _remove_made(self) -> None:
-        """The folders this writer made, from the file's up, while they are empty."""
-        if self.made is None:
-            return
-        for folder in (self.path.parent, *self.path.parent.parents):
-            try:
-                folder.rmdir()
-            except OSError:
-                return
-            if folder == self.made:
-                return
+            remove_made_dirs(self.path.parent, self.made)
 
 
 def _append_all(f: h5py.File, episodes: Iterator[Episode], schema: Schema) -> int:

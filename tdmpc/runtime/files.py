@@ -33,13 +33,35 @@ def _umask() -> int:
 NEW_FILE_MODE = 0o666 & ~_umask()
 
 
-def make_dirs(path: Path) -> None:
+def make_dirs(path: Path) -> Path | None:
     """path.mkdir(parents=True, exist_ok=True), where a file in the way is said as such: mkdir's own word is
-    'File exists', naming the file, which reads as if the folder were there."""
+    'File exists', naming the file, which reads as if the folder were there. Returns the topmost folder it made
+    (None: all were there), for remove_made_dirs to take back when what they were made for is not written."""
+    path = Path(path)
+    made = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        made = folder
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        path.mkdir(parents=True, exist_ok=True)
     except FileExistsError as e:
         raise NotADirectoryError(errno.ENOTDIR, "a file where a folder goes", e.filename) from None
+    return made
+
+
+def remove_made_dirs(inner: Path, made: Path | None) -> None:
+    """The folders make_dirs made, from `inner` up to `made`, while they are empty: a write that failed leaves no
+    folder it made behind."""
+    if made is None:
+        return
+    for folder in (inner, *inner.parents):
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == made:
+            return
 
 
 def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp", point: str = "write") -> None:
@@ -53,7 +75,16 @@ def atomic_write(path: Path, write: Callable[[Path], Any], suffix: str = ".tmp",
     by a full disk as a RuntimeError, h5py names the temp file, a writer through a pipe names none).
     """
     path = Path(path)
-    make_dirs(path.parent)
+    made = make_dirs(path.parent)
+    try:
+        _write_replacing(path, write, suffix, point)
+    except BaseException:
+        remove_made_dirs(path.parent, made)
+        raise
+
+
+def _write_replacing(path: Path, write: Callable[[Path], Any], suffix: str, point: str) -> None:
+    """atomic_write's work, in a folder that exists."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
     try:  # the mode a plain write would leave: the file's own if it exists, else a new file's
         os.fchmod(fd, path.stat().st_mode & 0o7777 if path.exists() else NEW_FILE_MODE)
