@@ -569,6 +569,8 @@ def test_the_step_0_evaluation_is_not_in_the_step_rate(tmp_path):
 
     log = RunLogger(tmp_path, Config(tensorboard=False), total_steps=1000, start_step=0)
     row = {"env_step": 0, "episode_return": 1.0, "episode_return_std": 0.0, "episodes": 1}
+    log.evaluating(10)  # the bar says so while it plays (at the reference settings on a CPU: minutes)
+    assert "eval=playing 10 episodes" in str(log.bar)
     time.sleep(0.5)  # the evaluation
     log.eval([row])
     time.sleep(0.1)

@@ -143,6 +143,12 @@ class RunLogger:
         else:  # no env step since the last call (pretraining updates): redraw, as update(0) would not
             self.bar.refresh()
 
+    def evaluating(self, episodes: int) -> None:
+        """Said on the bar while an evaluation plays (minutes at the reference settings on a CPU), not a bar that
+        seems stuck; the next progress() call shows the rates again."""
+        self.bar.set_postfix(self.rates | {"eval": f"playing {episodes} episode{'s' if episodes != 1 else ''}"},
+                             refresh=sys.stderr.isatty())
+
     def pretraining(self, updates: int, total: int, step: int, done: bool = False) -> None:
         """The burst of updates on the seed data, where no env step passes: a bar of its own counts updates, and
         the step bar starts afresh after it, so that its rate and ETA are not those of the burst."""

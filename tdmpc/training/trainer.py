@@ -283,6 +283,7 @@ class Trainer(StopSignals):
             return True
         t0 = time.time()
         self.phase = "evaluation"
+        self.logger.evaluating(cfg.eval_episodes * (len(self.tasks.tasks) if self.tasks else 1))
         rows = []
         video = None
         for task in self.tasks.tasks if self.tasks else (self.eval_env,):
