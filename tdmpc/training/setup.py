@@ -365,9 +365,8 @@ def open_run(req: RunRequest) -> Trainer | None:
     trainer = build(setup, req.no_buffer, req.on_log, req.on_eval)
     if req.from_python:  # a run on an env object has no task name the command line could rebuild
         trainer.resume_hint = f"tdmpc.fit(env=..., run_dir={str(trainer.run_dir)!r}, resume=True)"
-    if setup.shard.main:
-        for line in setup.notes:
-            print(line, file=sys.stderr)
+    for line in setup.notes:  # beside the progress bar, which is drawn by now
+        trainer.logger.message(line)
     return trainer
 
 
