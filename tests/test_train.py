@@ -43,10 +43,23 @@ def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
     assert r.returncode == 0, r.stderr
     rep = json.loads(report.read_text())
     assert rep["episodes"] == 2 and rep["task"] == "Pendulum-v1" and rep["imported_reference"] is False
+    assert rep["checkpoint_step"] == 600 and rep["trained_on"] == "Pendulum-v1" and "(step 600)" in r.stdout
+    assert rep["checkpoint"] == str((run / "checkpoints" / "latest.pt").resolve())
     assert len(rep["returns"]) == 2 and rep["episode_length"] == 200
     assert "return" in r.stdout
     # by default it plays the run's own evaluation episodes: eval.csv's last row (the checkpoint's step) again
     assert rep["episode_return"] == pytest.approx(float(evals[-1]["episode_return"]), rel=1e-4), (rep, evals[-1])
+
+    # another task of the same dims is allowed, and said
+    ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
+    ck["config"]["task"] = "Other-v0"
+    torch.save(ck, tmp_path / "other.pt")
+    r = subprocess.run([sys.executable, "-m", "tdmpc.evaluate", "--checkpoint", tmp_path / "other.pt", "--task",
+                        "Pendulum-v1", "--episodes", "1", "--report", report], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and "note: evaluating on Pendulum-v1 (--task) a model trained on Other-v0" in r.stderr, \
+        r.stderr
+    assert json.loads(report.read_text())["trained_on"] == "Other-v0" and "over 1 episode (" in r.stdout
 
 
 def test_sigterm_then_resume_continues_from_the_same_step(tmp_path):

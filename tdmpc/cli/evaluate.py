@@ -17,10 +17,11 @@ from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
 from tdmpc.episodes import check_video_path, eval_seed, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
-from tdmpc.model.checkpoint import check_dims_match, checkpoint_path
+from tdmpc.model.checkpoint import check_dims_match, checkpoint_path, load_file
 from tdmpc.runtime.device import set_threads
 from tdmpc.runtime.files import json_text, write_text_atomic
 from tdmpc.tasks.sets import chosen_task
+from tdmpc.training.run_dir import saved_step
 
 
 @dataclass
@@ -91,8 +92,13 @@ def evaluate(args: EvalArgs) -> int:
                                                 "num_pi_trajs", "plan_horizon", "nonfinite_data")
                  if getattr(args, k) is not None}
     checkpoint = checkpoint_path(args.checkpoint)  # a run's directory: its latest checkpoint
+    saved = load_file(checkpoint, mmap=True)  # what the report names: the task trained on, the step it was saved at
+    trained_on = saved["config"].get("task") if isinstance(saved.get("config"), dict) else None
+    step = saved_step(saved["train"]) if isinstance(saved.get("train"), dict) else None
     agent = Agent.from_checkpoint(checkpoint, task=args.task, device=args.device, **overrides)
     cfg = agent.cfg
+    if trained_on is not None and not agent.dims.multitask and cfg.task != trained_on:  # allowed: the dims match
+        print(f"note: evaluating on {cfg.task} (--task) a model trained on {trained_on}", file=sys.stderr)
     seed = eval_seed(cfg.seed) if args.seed is None else args.seed
     if agent.dims.multitask:
         agent.task_ids(chosen_task(agent.dims.tasks, args.task, args.checkpoint, "evaluate"), 1)
@@ -121,16 +127,17 @@ def evaluate(args: EvalArgs) -> int:
             envs.close()
     assert res is not None  # only a stop() callback ends it early
     imported = agent.imported_from_reference
-    summary = {"checkpoint": str(checkpoint), "imported_reference": imported, "task": cfg.task,
+    summary = {"checkpoint": str(checkpoint.resolve()), "checkpoint_step": step, "trained_on": trained_on,
+               "imported_reference": imported, "task": cfg.task,
                "seed": seed, "mpc": cfg.mpc, "planning": asdict(agent.planner_cfg) if cfg.mpc else None,
                "precision": str(agent.plan_dtype).removeprefix("torch."),
                "dims": agent.dims.to_dict(), **res.summary(),
                "returns": res.returns, "lengths": res.lengths, "seconds": round(time.time() - t0, 1),
                **({"video": str(args.video)} if args.video and not res.video_error else {})}
-    origin = " (imported reference TD-MPC2 checkpoint)" if imported else ""
+    origin = " (imported reference TD-MPC2 checkpoint)" if imported else "" if step is None else f" (step {step:,})"
     success = f", success {summary['success_rate']:.2f}" if "success_rate" in summary else ""
     print(f"{cfg.task}{origin}: return {summary['episode_return']:.1f} ± {summary['episode_return_std']:.1f} "
-          f"over {summary['episodes']} episodes (seed {seed}), length {summary['episode_length']:.0f}{success} "
+          f"over {summary['episodes']} episode{'s' if summary['episodes'] != 1 else ''} (seed {seed}), length {summary['episode_length']:.0f}{success} "
           f"[{summary['seconds']}s]" + (f"\nvideo: {args.video}" if "video" in summary else "")
           + (f"\n{res.dropped} episode(s) left out: NaN or inf in an observation (--nonfinite-data drop)"
              if res.dropped else ""), flush=True)
