@@ -432,3 +432,10 @@ def test_lunarlander_trains_and_evaluates_with_box2d_installed(tmp_path):
     assert [int(float(row["env_step"])) for row in rows] == [0, 300]
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["plan_horizon"] == 1
+
+
+@NEEDS_DMC
+def test_a_renderer_name_dm_control_does_not_know_is_a_one_line_error(tmp_path):
+    r = run_train("--task", "walker-walk", "--steps", "1000", "--dry-run", timeout=120, cwd=tmp_path,
+                  env={**os.environ, "MUJOCO_GL": "bogus"})  # dm_control's RuntimeError was a traceback, exit 1
+    assert "MUJOCO_GL='bogus' names no renderer" in one_line_error(r)

@@ -42,6 +42,11 @@ def import_suite() -> ModuleType:
     try:
         from dm_control import suite
         return suite
+    except RuntimeError as e:  # dm_control's own check of the name, a traceback otherwise
+        if "MUJOCO_GL" not in str(e):
+            raise
+        raise TaskError(f"MUJOCO_GL={os.environ.get('MUJOCO_GL')!r} names no renderer dm_control knows: use egl, "
+                        f"osmesa or glfw, or disable for state tasks, which need no renderer") from None
     except (ImportError, AttributeError, OSError) as e:
         why = f"{type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''}"
         chosen = os.environ.get("MUJOCO_GL")
