@@ -109,7 +109,10 @@ class DMControlEnv(gym.Env[np.ndarray, np.ndarray]):
         return self._env.physics.render(height, width, camera_id=self.camera_id)
 
     def close(self) -> None:
+        """Also frees the physics' rendering contexts now: left to the garbage collector at exit, OSMesa's ask a
+        render thread that is gone by then, and dm_control prints a traceback per context."""
         self._env.close()
+        self._env.physics.free()
 
     @staticmethod
     def _flatten(observation: dict[str, np.ndarray]) -> np.ndarray:
