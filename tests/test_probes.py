@@ -473,6 +473,8 @@ def test_plot_counts_a_run_named_twice_once_and_an_unevaluated_run_is_one_line(f
     (never / "eval.csv").unlink()
     assert f"{never}: no evaluation yet (no eval.csv" in one_line_error(cli(capsys, "tdmpc.plot", never, "--out",
                                                                              tmp_path / "p.png"))
+    missing = tmp_path / "missing"
+    assert f"{missing} does not exist" in one_line_error(cli(capsys, "tdmpc.plot", missing, "--out", tmp_path / "p.png"))
     header = tmp_path / "header"  # stopped before its first evaluation's row
     shutil.copytree(finished, header)
     (header / "eval.csv").write_text((finished / "eval.csv").read_text().splitlines()[0] + "\n")

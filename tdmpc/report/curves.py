@@ -81,6 +81,8 @@ def read_run(run_dir: Path) -> list[Series]:
         if (run_dir / "config.json").is_file():  # a run that has not evaluated (yet, or ever: eval_episodes 0)
             raise BadInput(f"{run_dir}: no evaluation yet (no eval.csv; python -m tdmpc.evaluate --checkpoint "
                            f"{run_dir} evaluates its checkpoint)")
+        if not run_dir.exists():
+            raise BadInput(f"{run_dir} does not exist")
         raise BadInput(f"{run_dir}: no eval.csv (is this a tdmpc run directory?)")
     cfg_file = run_dir / "config.json"
     try:
