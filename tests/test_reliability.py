@@ -561,6 +561,27 @@ def test_the_progress_bar_redraws_during_pretraining_and_a_resumed_eta_counts_th
     log.close()
 
 
+def test_a_resume_keeps_the_tensorboard_events_of_its_checkpoint_step(tmp_path):
+    """TensorBoard's purge_step drops events at and after it: a resume from step 200 lost the row at 200 (written
+    before the checkpoint, kept in train.csv) along with the rows after it that the resume writes again."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tdmpc.config import Config
+    from tdmpc.training.logger import RunLogger
+
+    first = RunLogger(tmp_path, Config(tensorboard=True), total_steps=400)
+    for step in (100, 200, 300):  # 300: after the checkpoint at 200, then a crash
+        first.train({"env_step": step, "loss": float(step)})
+    first.close()
+    resumed = RunLogger(tmp_path, Config(tensorboard=True), total_steps=400, start_step=200)
+    for step in (300, 400):
+        resumed.train({"env_step": step, "loss": float(step) + 1})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(100, 100), (200, 200), (300, 301), (400, 401)]
+
+
 def test_the_step_0_evaluation_is_not_in_the_step_rate(tmp_path):
     """An evaluation before the bar's first step took a whole evaluation for no step: counted, the first ETA
     read hours (one step per evaluation). Later evaluations stay in the rate: they are part of the run's time."""
