@@ -15,12 +15,14 @@
 #   sbatch slurm/train.sh --cfg a4000.json --task walker-walk --seed 1
 #   sbatch --time=4:00:00 --partition=gpu slurm/train.sh --cfg a4000.json   # sbatch options go before the script
 #
-# Arguments after the script go to `python -m tdmpc.train`. The defaults above suit one
+# Arguments after the script go to `python -m tdmpc.train`, except those naming the run directory
+# (--run-dir, --resume, --auto-resume: see below). The defaults above suit one
 # 16 GB GPU; sweeps of tasks x seeds are submitted by slurm/sweep.sh as a job array.
 #
 # Run directory: $TDMPC_RUNS/slurm/<job name>/<job id>, the same after every requeue
 # (array elements from sweep.sh: .../<array job id>/<task>/seed<seed>). When it holds a
-# checkpoint, the job resumes from it: requeued jobs continue where they stopped.
+# checkpoint, the job resumes from it: requeued jobs continue where they stopped. Choose it with
+# TDMPC_RUNS or TDMPC_RUN_DIR (below), not with train flags, which the job refuses.
 # Log: slurm/logs/<job name>-<job id>.out, appended to by every requeue; the run
 # directory links to it as slurm-<job id>.out.
 #
@@ -82,7 +84,10 @@ export PYTHONUNBUFFERED=1  # the log shows the trainer's lines as they happen
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
 
 # --- run directory --------------------------------------------------------------------
-# Job ids do not change when a job is requeued, so neither does the run directory.
+# Job ids do not change when a job is requeued, so neither does the run directory. The job chooses it: a
+# --run-dir, --resume or --auto-resume among the arguments would train where the requeued job never looks,
+# so it is refused in one line (exit 2) before anything is written.
+"$PYTHON" -m tdmpc.slurm_scripts --check-job -- "$@"
 runs_root=${TDMPC_RUNS:-runs}
 sweep_args=()
 if [ -n "${SLURM_ARRAY_TASK_ID:-}" ] && [ -n "${TDMPC_SWEEP_TASKS:-}" ]; then

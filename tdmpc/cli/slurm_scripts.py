@@ -5,6 +5,9 @@ from a directory holding slurm/ (the repository, or one made with --copy):
 
     python -m tdmpc.slurm_scripts --copy .      # ./slurm/train.sh, sweep.sh, local_cluster.sh, logs/
     sbatch slurm/train.sh --cfg a4000.json --task walker-walk
+
+--check-job is train.sh's own check of its train arguments after -- (one line, exit 2, when one is
+refused), run at a job's start.
 """
 
 from __future__ import annotations
@@ -19,20 +22,34 @@ from tdmpc.errors import EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.runtime.files import shipped_dir
 
 SCRIPTS = shipped_dir("slurm")
+# The scripts choose the run directory, the same after every requeue, and resume there: a flag naming
+# another would train where the requeued job never looks (as tdmpc.reproduce refuses --run-dir after --).
+RUN_DIR_FLAGS = ("--run-dir", "--resume", "--auto-resume")
 
 
 @dataclass
 class SlurmArgs:
     copy: Optional[Path] = None
     """Copy the scripts to DIR/slurm (with an empty logs/ folder) instead of printing where they are."""
+    check_job: bool = False
+    """Check slurm/train.sh's train arguments (after --) and exit: train.sh runs this first."""
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv, train_args = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
     args = parse_args(SlurmArgs, argv, "python -m tdmpc.slurm_scripts", __doc__.splitlines()[0])
-    return run_cli(lambda: _main(args))
+    return run_cli(lambda: _main(args, train_args))
 
 
-def _main(args: SlurmArgs) -> int:
+def _main(args: SlurmArgs, train_args: list[str]) -> int:
+    if args.copy is not None and args.check_job:
+        raise BadInput("give one of --copy and --check-job")
+    if args.check_job:
+        check_job(train_args)
+        return EXIT_OK
+    if train_args:
+        raise BadInput("train arguments after -- go with --check-job")
     if args.copy is None:
         print(SCRIPTS)
         return EXIT_OK
@@ -46,6 +63,21 @@ def _main(args: SlurmArgs) -> int:
     print(f"copied {', '.join(p.name for p in sorted(SCRIPTS.glob('*.sh')))} to {target}; submit from "
           f"{args.copy}: sbatch slurm/train.sh --cfg a4000.json --task walker-walk")
     return EXIT_OK
+
+
+def _flags(train_args: list[str]) -> list[str]:
+    """The flags as tdmpc.train names them (it takes --run_dir for --run-dir, and --flag=value)."""
+    return [a.split("=", 1)[0].replace("_", "-") for a in train_args if a.startswith("--")]
+
+
+def check_job(train_args: list[str]) -> None:
+    """slurm/train.sh's arguments: no flag that names the run directory."""
+    for flag in _flags(train_args):
+        if flag in RUN_DIR_FLAGS:
+            raise BadInput(f"{flag} in train.sh's arguments: the job trains in its own run directory, "
+                           f"$TDMPC_RUNS/slurm/<job name>/<job id> (TDMPC_RUNS defaults to runs), where a requeue "
+                           f"resumes it; set TDMPC_RUNS before sbatch to choose the root, or TDMPC_RUN_DIR for the "
+                           f"directory itself (an earlier job's, to resume its run)")
 
 
 if __name__ == "__main__":
