@@ -11,7 +11,12 @@
 #   --max-parallel N    at most N elements running at once (--array=...%N)
 #   --dry-run           print the sbatch command line and the runs; submit nothing
 #   anything else       passed to sbatch (--time=..., --partition=..., --gres=..., ...)
-# After --: arguments for every run's `python -m tdmpc.train` (train.sh adds --task and --seed).
+# After --: arguments for every run's `python -m tdmpc.train` (train.sh adds --task and --seed;
+# --run-dir, --resume and --auto-resume are refused: set TDMPC_RUNS or TDMPC_RUN_DIR instead).
+#
+# Before it submits (and with --dry-run), the tasks and the train arguments are checked as each
+# element's tdmpc.train will read them, by $TDMPC_PYTHON (default python3) on this machine: run it
+# where tdmpc is installed. Bad input is one line starting with 'error:' and exit code 2.
 #
 # Element i of the array trains task i / #seeds with seed i % #seeds (train.sh does the
 # mapping from SLURM_ARRAY_TASK_ID). Results: $TDMPC_RUNS/slurm/<name>/<array job id>/<task>/seed<seed>
@@ -20,7 +25,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-die() { echo "sweep.sh: $*" >&2; exit 2; }
+die() { echo "error: $*" >&2; exit 2; }
 
 value() {  # OPTION [VALUE ...]: the option's value, or a one-line error if it has none
     [ -n "${2:-}" ] || die "$1 needs a value"
@@ -76,12 +81,20 @@ for list in "tasks:${task_list[*]}" "seeds:${seed_list[*]}"; do  # a repeat woul
     twice=$(tr ' ' '\n' <<<"${list#*:}" | sort | uniq -d | head -n 1)
     [ -z "$twice" ] || die "--${list%%:*} names $twice twice: two array elements would train in one run directory"
 done
-for arg in "${train_args[@]}"; do
-    case $arg in
-        --task | --task=* | --tasks | --tasks=* | --seed | --seed=*)
-            die "${arg%%=*} after --: the sweep gives each element its task and seed (--tasks, --seeds before --)" ;;
-    esac
-done
+# The tasks and the train flags as every element's tdmpc.train will read them, once here: a typo is one line now,
+# not a failure of every element after it waited in the queue. stdout is dropped: the check prints only errors.
+python=${TDMPC_PYTHON:-python3}
+check_rc=0
+check=$("$python" -m tdmpc.slurm_scripts --check-sweep "${task_list[@]}" -- "${train_args[@]}" 2>&1 >/dev/null) ||
+    check_rc=$?
+last=${check##*$'\n'}  # its one-line error comes last (after any warning)
+if [ "$check_rc" = 2 ]; then
+    echo "$last" >&2
+    exit 2
+elif [ "$check_rc" != 0 ]; then
+    die "could not check the train arguments: $python -m tdmpc.slurm_scripts exited with code $check_rc${last:+ ($last)};" \
+        "run sweep.sh where tdmpc is installed (activate its environment, or set TDMPC_PYTHON)"
+fi
 n=$((${#task_list[@]} * ${#seed_list[@]}))
 
 # train.sh reads the lists from its environment (sbatch passes the submitter's environment

@@ -12,12 +12,12 @@ import pytest
 from helpers import tiny_json
 
 SLURM = Path(__file__).resolve().parents[1] / "slurm"
-# train.sh runs this Python (not whatever python3 is on PATH)
+# sweep.sh checks the train arguments with this Python, and train.sh runs it (not whatever python3 is on PATH)
 CHECKING = {**os.environ, "TDMPC_PYTHON": sys.executable}
 
 
 def stand_ins(tmp_path, **scripts):
-    """A folder of stand-in commands (name=shell body) to put first on PATH."""
+    """A folder of stand-in commands (name=shell body) to put first on PATH; sbatch's records its arguments."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, body in scripts.items():
@@ -33,11 +33,47 @@ def stand_ins(tmp_path, **scripts):
     (["--tasks", "walker-walk", "--seeds", ""], "--seeds needs a value"),
     (["--tasks", "walker-walk", "--seeds", "1", "--dry-run", "--", "--seed", "4"], "--seed after --"),
     (["--tasks", "walker-walk", "--seeds", "1", "--dry-run", "--", "--task=cup-catch"], "--task after --"),
+    # a flag naming the run directory: every element would share it, and a requeue would not look there
+    (["--tasks", "walker-walk", "--seeds", "1-2", "--dry-run", "--", "--run-dir", "x"], "--run-dir after --"),
+    (["--tasks", "walker-walk", "--seeds", "1", "--dry-run", "--", "--resume=x"], "--resume after --"),
+    (["--tasks", "walker-walk", "--seeds", "1", "--dry-run", "--", "--auto_resume", "x"], "--auto-resume after --"),
 ])
 def test_sweep_refuses_what_would_put_two_elements_in_one_run_or_override_theirs_in_one_line(args, needle):
-    r = subprocess.run([SLURM / "sweep.sh", *args], capture_output=True, text=True)
+    r = subprocess.run([SLURM / "sweep.sh", *args], capture_output=True, text=True, env=CHECKING, timeout=120)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
-    assert not r.stdout
+    assert r.stderr.startswith("error: ") and not r.stdout
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--tasks", "walker-wlak", "--seeds", "1-2", "--", "--cfg", "a4000.json"], "unknown task 'walker-wlak'"),
+    (["--tasks", "walker-walk,cup-catch", "--seeds", "1", "--", "--cfg", "nonexist.json"], "'nonexist.json' not found"),
+    (["--tasks", "walker-walk", "--seeds", "1", "--", "--bogus"], "Unrecognized options: --bogus"),
+    (["--tasks", "walker-walk", "--seeds", "1", "--", "--horizon", "0"], "horizon"),
+])
+def test_sweep_checks_the_tasks_and_train_arguments_before_it_submits(tmp_path, args, needle):
+    """As tdmpc.reproduce --slurm does: a typo is one line here, not a failure of every element once queued."""
+    path = stand_ins(tmp_path, sbatch=f'echo "$@" >> {tmp_path}/submitted; echo 77')
+    r = subprocess.run([SLURM / "sweep.sh", *args], capture_output=True, text=True, env={**CHECKING, "PATH": path},
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 2 and r.stderr.startswith("error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert needle in r.stderr and not r.stdout
+    assert not (tmp_path / "submitted").exists() and not (tmp_path / "slurm").exists()
+
+
+def test_sweep_submits_input_that_checks_out(tmp_path):
+    path = stand_ins(tmp_path, sbatch=f'echo "$@" >> {tmp_path}/submitted; echo 77')
+    r = subprocess.run([SLURM / "sweep.sh", "--tasks", "walker-walk,cup-catch", "--seeds", "1-2", "--", "--cfg",
+                        "a4000.json", "--horizon", "2"], capture_output=True, text=True, env={**CHECKING, "PATH": path},
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0 and "submitted array job 77: 4 runs" in r.stdout, r.stderr
+    assert (tmp_path / "submitted").read_text().rstrip().endswith("train.sh --cfg a4000.json --horizon 2")
+
+
+def test_sweep_without_a_python_that_has_tdmpc_says_so_in_one_line(tmp_path):
+    r = subprocess.run([SLURM / "sweep.sh", "--tasks", "walker-walk", "--seeds", "1", "--dry-run"], capture_output=True,
+                       text=True, env={**os.environ, "TDMPC_PYTHON": "false"}, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and not r.stdout, r.stderr
+    assert r.stderr.startswith("error: could not check the train arguments") and "TDMPC_PYTHON" in r.stderr
 
 
 def job_env(tmp_path, **over):
@@ -76,6 +112,17 @@ def test_a_failed_sweep_element_says_how_to_go_on_with_its_own_arguments(tmp_pat
 def test_sweep_logs_go_under_the_submit_directory_not_beside_the_script(tmp_path):
     """As train.sh's own #SBATCH --output: a packaged sweep.sh (in site-packages, say) writes no logs there."""
     r = subprocess.run([SLURM / "sweep.sh", "--tasks", "walker-walk", "--seeds", "1", "--dry-run"], cwd=tmp_path,
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=CHECKING, timeout=120)
     assert r.returncode == 0, r.stderr
     assert f"--output={tmp_path}/slurm/logs/%x-%A_%a.out" in r.stdout and f"logs: {tmp_path}/slurm/logs/" in r.stdout
+
+
+@pytest.mark.parametrize("argv", [["--copy", "x", "--check-job"], ["--check-job", "--check-sweep", "cup-catch"],
+                                  ["--", "--steps", "5"]])
+def test_the_scripts_checks_are_asked_for_one_at_a_time(argv, tmp_path, capsys, monkeypatch):
+    from tdmpc.cli.slurm_scripts import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and not (tmp_path / "x").exists(), err

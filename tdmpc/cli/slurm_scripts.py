@@ -6,8 +6,8 @@ from a directory holding slurm/ (the repository, or one made with --copy):
     python -m tdmpc.slurm_scripts --copy .      # ./slurm/train.sh, sweep.sh, local_cluster.sh, logs/
     sbatch slurm/train.sh --cfg a4000.json --task walker-walk
 
---check-job is train.sh's own check of its train arguments after -- (one line, exit 2, when one is
-refused), run at a job's start.
+--check-job and --check-sweep are the scripts' own checks of the train arguments after --
+(one line, exit 2, when one is refused), run by train.sh at a job's start and by sweep.sh before it submits.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ SCRIPTS = shipped_dir("slurm")
 # The scripts choose the run directory, the same after every requeue, and resume there: a flag naming
 # another would train where the requeued job never looks (as tdmpc.reproduce refuses --run-dir after --).
 RUN_DIR_FLAGS = ("--run-dir", "--resume", "--auto-resume")
+SWEEP_FLAGS = ("--task", "--tasks", "--seed")  # sweep.sh gives each element its own
 
 
 @dataclass
@@ -33,6 +34,9 @@ class SlurmArgs:
     """Copy the scripts to DIR/slurm (with an empty logs/ folder) instead of printing where they are."""
     check_job: bool = False
     """Check slurm/train.sh's train arguments (after --) and exit: train.sh runs this first."""
+    check_sweep: Optional[tuple[str, ...]] = None
+    """TASK [TASK ...]: check slurm/sweep.sh's tasks and, for each, the train arguments after -- as tdmpc.train
+    will read them, and exit: sweep.sh runs this before it submits."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,13 +47,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args: SlurmArgs, train_args: list[str]) -> int:
-    if args.copy is not None and args.check_job:
-        raise BadInput("give one of --copy and --check-job")
+    if sum((args.copy is not None, args.check_job, args.check_sweep is not None)) > 1:
+        raise BadInput("give one of --copy, --check-job and --check-sweep")
     if args.check_job:
         check_job(train_args)
         return EXIT_OK
+    if args.check_sweep is not None:
+        check_sweep(list(args.check_sweep), train_args)
+        return EXIT_OK
     if train_args:
-        raise BadInput("train arguments after -- go with --check-job")
+        raise BadInput("train arguments after -- go with --check-job or --check-sweep")
     if args.copy is None:
         print(SCRIPTS)
         return EXIT_OK
@@ -78,6 +85,28 @@ def check_job(train_args: list[str]) -> None:
                            f"$TDMPC_RUNS/slurm/<job name>/<job id> (TDMPC_RUNS defaults to runs), where a requeue "
                            f"resumes it; set TDMPC_RUNS before sbatch to choose the root, or TDMPC_RUN_DIR for the "
                            f"directory itself (an earlier job's, to resume its run)")
+
+
+def check_sweep(tasks: list[str], train_args: list[str]) -> None:
+    """slurm/sweep.sh's tasks and train arguments, before anything is submitted: a typo is one line now, not a
+    failure of every array element once it has waited in the queue (tdmpc.reproduce --slurm checks the same)."""
+    for flag in _flags(train_args):
+        if flag in SWEEP_FLAGS:
+            raise BadInput(f"{flag} after --: the sweep gives each element its task and seed (--tasks, --seeds "
+                           f"before --)")
+        if flag in RUN_DIR_FLAGS:
+            raise BadInput(f"{flag} after --: each element trains in its own run directory, "
+                           f"$TDMPC_RUNS/slurm/<name>/<array job id>/<task>/seed<seed> (TDMPC_RUNS defaults to "
+                           f"runs), where a requeue resumes it; set TDMPC_RUNS to choose the root, or TDMPC_RUN_DIR "
+                           f"for the folder holding <task>/seed<seed>")
+    from tdmpc.config import parse_cli  # torch and the envs: only once the flags above pass
+    from tdmpc.envs.names import resolve_task
+    from tdmpc.training.flags import TrainArgs, base_config
+
+    for task in tasks:  # every task before any flag: a typo in the last task is named as such
+        resolve_task(task)
+    for task in tasks:  # train.sh puts --task last, so that it wins over a config's
+        parse_cli(TrainArgs, [*train_args, "--task", task], base_config, prog="python -m tdmpc.train")
 
 
 if __name__ == "__main__":
