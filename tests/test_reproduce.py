@@ -489,7 +489,7 @@ def test_slurm_mode_calls_sweep_and_says_how_to_gather(tmp_path, monkeypatch, ca
 
 def test_seed_lists_and_ranges():
     assert parse_seeds("1-3") == parse_seeds("1,2,3") == [1, 2, 3]
-    assert parse_seeds("1-3, 7,2") == [1, 2, 3, 7]
+    assert parse_seeds("1-3, 7,9") == [1, 2, 3, 7, 9]
     assert seeds_text([1, 2, 3, 7, 9, 10]) == "1-3,7,9-10"
 
 
@@ -497,6 +497,11 @@ def test_seed_lists_and_ranges():
     ["--tasks", "cup-catch", "--seeds", "a-b"],
     ["--tasks", "cup-catch", "--seeds", "3-1"],
     ["--tasks", "cup-catch", "--seeds", ""],
+    ["--tasks", "cup-catch", "--seeds", "1,1", "--dry-run"],  # slurm/sweep.sh refuses these too; they were taken
+    ["--tasks", "cup-catch", "--seeds", "1-3,2", "--dry-run"],
+    ["--tasks", "Pendulum-v1,,cup-catch", "--dry-run"],
+    ["--tasks", "cup-catch,", "--dry-run"],
+    ["--tasks", "cup-catch,cup-catch", "--dry-run"],
     ["--tasks", ""],
     ["--tasks", " , "],
     [],

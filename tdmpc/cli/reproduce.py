@@ -72,10 +72,23 @@ class ReproduceArgs:
 # --- the grid -----------------------------------------------------------------------
 
 def parse_tasks(text: str | None) -> list[str]:
-    tasks = [t.strip() for t in (text or "").split(",") if t.strip()]
-    if not tasks:
+    """'cup-catch,walker-walk' -> the tasks. An empty name or one named twice is refused, as slurm/sweep.sh
+    refuses them: a typo (a,,b) is not a grid smaller than the one meant."""
+    if not (text or "").strip(", "):
         raise BadInput("--tasks: give at least one task, e.g. --tasks cup-catch,cartpole-swingup")
-    return list(dict.fromkeys(tasks))
+    tasks = [t.strip() for t in text.split(",")]
+    if "" in tasks:
+        raise BadInput(f"--tasks {text!r}: an empty task name between commas")
+    _refuse_repeats("--tasks", text, tasks)
+    return tasks
+
+
+def _refuse_repeats(flag: str, text: str, items: list) -> None:
+    seen = set()
+    for item in items:
+        if item in seen:
+            raise BadInput(f"{flag} {text!r} names {item} twice: one run directory would count as two runs")
+        seen.add(item)
 
 
 MAX_SEEDS = 1000  # per reproduce call: a typo (1-100000000) is refused, not expanded
@@ -96,7 +109,8 @@ def parse_seeds(text: str) -> list[int]:
             raise BadInput(f"--seeds {text!r}: more than {MAX_SEEDS:,} seeds; a grid that size is a Slurm sweep of "
                            f"its own (slurm/sweep.sh)")
         seeds += range(first, last + 1)
-    return list(dict.fromkeys(seeds))
+    _refuse_repeats("--seeds", text, seeds)
+    return seeds
 
 
 def seeds_text(seeds: list[int]) -> str:
