@@ -76,7 +76,9 @@ class RunLogger:
         if cfg.tensorboard and writes:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step or None)
+                # a resume from step S drops the events after S (those at S came before its checkpoint, and stay,
+                # as train.csv's rows do)
+                self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=start_step + 1 if start_step else None)
             except ImportError:
                 pass  # tensorboard is optional
         self.wandb = _wandb_run(run_dir, cfg) if cfg.wandb and writes else None
