@@ -473,6 +473,7 @@ def test_dry_run_prints_the_plan(tmp_path, capsys):
 
 
 def test_slurm_mode_calls_sweep_and_says_how_to_gather(tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)  # sweep.sh's logs go under ./slurm/logs
     sweep = tmp_path / "sweep.sh"
     sweep.write_text('echo "sweep $* runs=$TDMPC_RUNS"\n')
     monkeypatch.setattr(reproduce, "sweep_script", lambda: sweep)
@@ -483,6 +484,20 @@ def test_slurm_mode_calls_sweep_and_says_how_to_gather(tmp_path, monkeypatch, ca
     assert (f"sweep --tasks cartpole-swingup,cup-catch --seeds 1-3 -- --cfg a4000.json --steps 100000 "
             f"--num-envs 2 runs={root}") in out
     assert f"--gather {root / 'slurm'}" in out
+
+
+def test_a_slurm_submission_that_fails_is_one_line_and_leaves_no_log_folder(tmp_path, monkeypatch, capfd):
+    """No cluster answers: sbatch's fatal lines and an empty ./slurm/logs were left behind, with exit 1."""
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "sweep.sh"
+    sweep.write_text('mkdir -p "$PWD/slurm/logs"\necho "sbatch: error: resolve_ctls_from_dns_srv: res_nsearch error" >&2\n'
+                     'echo "sbatch: fatal: Could not establish a configuration source" >&2\nexit 1\n')
+    monkeypatch.setattr(reproduce, "sweep_script", lambda: sweep)
+    assert main(["--slurm", "--tasks", "cup-catch", "--seeds", "1", "--runs-root", str(tmp_path / "runs")]) == 1
+    err = capfd.readouterr().err.strip()
+    assert err.startswith("error: nothing submitted: ") and "\n" not in err, err
+    assert err.endswith("(sbatch: fatal: Could not establish a configuration source)"), err
+    assert not (tmp_path / "slurm").exists() and not (tmp_path / "runs").exists()
 
 
 # --- input ------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STO
                           parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import check_results_folder, find_runs, gather
-from tdmpc.runtime.files import make_dirs, shipped_dir
+from tdmpc.runtime.files import make_dirs, remove_made_dirs, shipped_dir
 from tdmpc.training.run_dir import RunDirLock, saved_step
 
 TRAIN = [sys.executable, "-m", "tdmpc.train"]  # module-level so tests can swap in a fake trainer
@@ -416,10 +416,18 @@ def submit_slurm(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra:
     cmd = ["bash", str(sweep_script()), "--tasks", ",".join(tasks), "--seeds", seeds_text(seeds),
            *(["--dry-run"] if args.dry_run else []), "--", *train_args]
     print(f"$ TDMPC_RUNS={shlex.quote(str(root))} {shlex.join(cmd)}", flush=True)
-    rc = subprocess.run(cmd, env={**os.environ, "TDMPC_RUNS": str(root)}).returncode
-    if rc != EXIT_OK:
-        print(f"error: slurm/sweep.sh exited with code {rc}", file=sys.stderr)
-        return EXIT_BAD_INPUT if rc == EXIT_BAD_INPUT else EXIT_ERROR
+    # sweep.sh makes ./slurm/logs before it calls sbatch: made here instead, so that a submission that fails (no
+    # cluster answers) takes back what it made. Its stderr is held back, to be one line when nothing was submitted.
+    logs = Path.cwd() / "slurm" / "logs"
+    made = None if args.dry_run else make_dirs(logs)
+    done = subprocess.run(cmd, env={**os.environ, "TDMPC_RUNS": str(root)}, stderr=subprocess.PIPE, text=True)
+    if done.returncode != EXIT_OK:
+        remove_made_dirs(logs, made)
+        last = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "")
+        print(last if last.startswith("error: ") else f"error: nothing submitted: {shlex.quote(str(cmd[1]))} exited "
+              f"with code {done.returncode}{f' ({last.strip()})' if last else ''}", file=sys.stderr)
+        return EXIT_BAD_INPUT if done.returncode == EXIT_BAD_INPUT else EXIT_ERROR
+    sys.stderr.write(done.stderr)
     out = args.out or args.runs_root
     print(f"\nWhen the jobs have finished (squeue --me lists none), compare with:\n"
           f"  python -m tdmpc.reproduce --gather {shlex.quote(str(root / 'slurm'))} --out {shlex.quote(str(out))}\n"
