@@ -64,8 +64,8 @@ class ReproduceArgs:
     --jobs, the cores shared out among the runs."""
     jobs: int = 1
     """Training runs at once on this machine, each its own process: one run's small kernels leave a GPU gaps,
-    and on a 2-core CPU two single-thread runs did 13% more steps/s in all than one on two threads
-    (BENCHMARKS.md; python -m tdmpc.bench --e2e-procs measures it). On one GPU, pass --gpu-mem after -- so
+    and on a 2-core CPU two single-thread runs (model size 5) did 13% more agent steps/s in all than one on two
+    threads (BENCHMARKS.md; python -m tdmpc.bench --e2e-procs measures it). On one GPU, pass --gpu-mem after -- so
     that each run's memory check and cap is its share of the card."""
 
 
