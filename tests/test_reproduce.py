@@ -114,6 +114,23 @@ def test_gather_short_runs_compare_at_their_last_step_against_interpolation(tmp_
     assert "60,000 | 1 |" in (tmp_path / "out/results.md").read_text()
 
 
+def test_gather_judges_only_the_steps_all_of_a_tasks_seeds_reach(tmp_path):
+    """Seeds that evaluated at different steps: the verdict came from the seed that got furthest alone (100k, 1
+    of 2 seeds) and each row from the seeds present there. As python -m tdmpc.plot draws it, each row is over both
+    seeds (one read off the line between its own evaluations), up to the last step both reach, and results.md says
+    what is left out."""
+    fake_run(tmp_path / "runs/cup-catch/seed1", "cup-catch", 1, [(0, 10.0), (50_000, 500.0), (100_000, 950.0)])
+    fake_run(tmp_path / "runs/cup-catch/seed2", "cup-catch", 2, [(0, 20.0), (40_000, 300.0), (60_000, 600.0)])
+    rows = reproduce.gather(reproduce.find_runs([tmp_path / "runs"]), tmp_path / "out")
+    assert [(r.env_step, r.seeds) for r in rows] == [(0, 2), (40_000, 2), (50_000, 2), (60_000, 2)]
+    assert [r.ours for r in rows] == pytest.approx([15.0, (402.0 + 300.0) / 2, (500.0 + 450.0) / 2,
+                                                    (590.0 + 600.0) / 2])
+    (check,) = [r for r in rows if r.check]
+    assert check.env_step == 60_000 and check.seeds == 2
+    assert ("cup-catch (default): rows over steps 0–60,000, which all 2 seeds reach; their evaluations span steps "
+            "0–100,000") in (tmp_path / "out/results.md").read_text()
+
+
 def test_a_pixel_run_is_compared_with_the_published_pixel_results_apart_from_state_runs(tmp_path):
     """obs rgb: its own curve and rows (", pixels"), judged against TD-MPC2 from pixels (the reference's
     results/tdmpc2-pixels: 463.7 at 100k on walker-walk, the mean of 495.4, 437.4 and 458.3), with no SAC beside it;

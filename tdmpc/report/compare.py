@@ -121,14 +121,21 @@ Results = dict[str, dict[tuple[str, str], Published]]  # Config.obs -> (algorith
 
 
 def compare(groups: list[Group], results: Results, at: int, bar: float) -> list[Row]:
-    """Each group's evaluations beside the published curves of its kind of observation (results[g.obs])."""
+    """Each group's evaluations beside the published curves of its kind of observation (results[g.obs]).
+
+    As python -m tdmpc.plot draws it, every row is over all of the group's seeds, each read off the line between
+    its own evaluations where it has none at that step, and only the steps all of them reach have a row: a verdict
+    from the seeds that got furthest alone would not be the grid's (coverage_notes says what is left out)."""
     rows = []
     for g in groups:
-        judge, published = check_step(g.curve.steps, at), results[g.obs]
+        shared, values, published = g.curve.shared(), g.curve.seed_values(), results[g.obs]
+        if not shared.any():
+            continue
+        judge = check_step(g.curve.steps[shared], at)
         threshold = solved_threshold(g.task) if not any(alg == "tdmpc2" and t == g.task for alg, t in published) \
             else None
-        for j, step in enumerate(g.curve.steps):
-            col = g.curve.returns[:, j]
+        for j in np.flatnonzero(shared):
+            step, col = g.curve.steps[j], values[:, j]
             col = col[~np.isnan(col)]
             pub, interp = {}, False
             for alg in ALGORITHMS:
@@ -149,11 +156,28 @@ def compare(groups: list[Group], results: Results, at: int, bar: float) -> list[
     return rows
 
 
+def coverage_notes(groups: list[Group]) -> list[str]:
+    """A line for each group whose seeds' evaluations end (or begin) at different steps: the rows cover only the
+    steps all of them reach."""
+    notes = []
+    for g in groups:
+        shared, steps, n = g.curve.shared(), g.curve.steps, len(g.curve.returns)
+        span = f"their evaluations span steps {steps[0]:,}–{steps[-1]:,}"
+        if not shared.any():
+            notes.append(f"{g.task} ({g.exp_name}): no step lies within all {n} seeds' evaluations ({span}): not "
+                         f"judged.")
+        elif not shared.all():
+            rows = steps[shared]
+            notes.append(f"{g.task} ({g.exp_name}): rows over steps {rows[0]:,}–{rows[-1]:,}, which all {n} seeds "
+                         f"reach; {span} (the rest is judged once every seed gets there).")
+    return notes
+
+
 def _num(x: float | None, fmt: str = ".1f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
-def write_markdown(rows: list[Row], path: Path, at: int, bar: float) -> None:
+def write_markdown(rows: list[Row], path: Path, at: int, bar: float, notes: list[str] = ()) -> None:
     lines = ["# Reproduction of published TD-MPC2 results", "",
              "Published: TD-MPC2 (ICLR 2024), mean over its 3 seeds, from the `results/` folder of "
              "github.com/nicklashansen/tdmpc2 (copy in `tdmpc/data/`); a pixel run (`, pixels`) beside TD-MPC2's "
@@ -190,6 +214,8 @@ def write_markdown(rows: list[Row], path: Path, at: int, bar: float) -> None:
     for r in (r for r in checked if r.threshold is not None):
         lines += ["", f"{r.task}: no published TD-MPC2 curve; the result is against gymnasium's solved threshold "
                       f"(`reward_threshold`), {r.threshold:g}."]
+    for note in notes:
+        lines += ["", note]
     write_text_atomic(path, "\n".join(lines) + "\n")
 
 
@@ -274,7 +300,7 @@ def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9)
     rows = compare(groups, results, at, bar)
     check_results_folder(out)
     make_dirs(out)
-    write_markdown(rows, out / "results.md", at, bar)
+    write_markdown(rows, out / "results.md", at, bar, coverage_notes(groups))
     write_csv(rows, out / "results.csv")
     write_plot(groups, results, out / "results.png")
     for r in (r for r in rows if r.check):

@@ -37,6 +37,13 @@ class Curve:
         """(seeds, len(steps)): where each seed evaluated."""
         return np.ones(self.returns.shape, bool) if self.evaluated is None else self.evaluated
 
+    def shared(self) -> np.ndarray:
+        """(len(steps),): the steps every seed reaches, from the latest first evaluation to the earliest last one:
+        where a mean over all of them is drawn (and judged, tdmpc.reproduce)."""
+        own = self.own()
+        first, last = self.steps[own.argmax(1)], self.steps[len(self.steps) - 1 - own[:, ::-1].argmax(1)]
+        return (self.steps >= first.max()) & (self.steps <= last.min())
+
     def seed_values(self) -> np.ndarray:
         """returns, each seed read off the straight line between its own evaluations where it has none: so
         every step's mean is over all seeds. NaN before a seed's first evaluation and after its last (no
@@ -186,16 +193,16 @@ def check_figure_path(out: Path) -> None:
 
 def _say_what_is_left_out(c: Curve) -> None:
     """A line on stderr when some of a curve's seeds reach steps that not all of them do: those are not drawn."""
-    own = c.own()
-    first, last = c.steps[own.argmax(1)], c.steps[len(c.steps) - 1 - own[:, ::-1].argmax(1)]
-    if (first.max(), last.min()) == (first.min(), last.max()):
+    shared = c.shared()
+    if shared.all():
         return
-    runs, span = len(own), f"their evaluations span steps {first.min():,}-{last.max():,}"
-    if first.max() > last.min():
+    runs, span = len(c.returns), f"their evaluations span steps {c.steps[0]:,}-{c.steps[-1]:,}"
+    if not shared.any():
         print(f"note: {c.label}: no step lies within all {runs} runs' evaluations ({span}): nothing drawn; "
               f"--no-group draws each run", file=sys.stderr)
     else:
-        print(f"note: {c.label}: drawn over steps {first.max():,}-{last.min():,}, which all {runs} runs reach; {span}",
+        drawn = c.steps[shared]
+        print(f"note: {c.label}: drawn over steps {drawn[0]:,}-{drawn[-1]:,}, which all {runs} runs reach; {span}",
               file=sys.stderr)
 
 
