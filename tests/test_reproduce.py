@@ -24,11 +24,13 @@ EVAL_COLUMNS = ["env_step", "episodes", "episode_return", "episode_return_std", 
 
 
 def fake_run(run_dir: Path, task: str, seed: int, evals: list[tuple[int, float]], checkpoint: bool = True,
-             seconds_per_step: float = 0.02, exp_name: str = "default", obs: str = "state") -> Path:
-    """A run directory as tdmpc.train leaves it: config.json, eval.csv, checkpoints/latest.pt."""
+             seconds_per_step: float = 0.02, exp_name: str = "default", obs: str = "state",
+             config: dict | None = None) -> Path:
+    """A run directory as tdmpc.train leaves it: config.json (with `config`'s settings), eval.csv,
+    checkpoints/latest.pt."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(json.dumps({"task": task, "seed": seed, "exp_name": exp_name,
-                                                     "steps": 100_000, "obs": obs}))
+    (run_dir / "config.json").write_text(json.dumps({"steps": 100_000, **(config or {}), "task": task, "seed": seed,
+                                                     "exp_name": exp_name, "obs": obs}))
     with open(run_dir / "eval.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(EVAL_COLUMNS)
@@ -97,6 +99,7 @@ def test_gather_writes_table_csv_plot_with_ratios_and_verdicts(tmp_path, capsys)
 
     md = (out / "results.md").read_text()
     assert f"| cup-catch | default | 100,000 | 2 | 940.0 | {cup:.1f} | {940 / cup:.2f} | PASS |" in md
+    assert "Config: each run's own config.json (--gather does not check that a task's seeds share one)." in md
     assert "| cartpole-swingup | default | 100,000 | 1 | 700.0 |" in md and "| FAIL |" in md
     assert "interpolated" in md  # the 50k rows
     assert (out / "results.png").stat().st_size > 10_000
@@ -152,14 +155,58 @@ def test_a_grid_never_takes_a_run_from_other_observations_for_its_own(tmp_path, 
     """A finished state run where the pixel grid's run goes is a one-line error (exit 2), not a result skipped
     as done; and the other way round."""
     d = fake_run(tmp_path / "runs/walker-walk/seed1", "walker-walk", 1, [(100_000, 950.0)])
-    assert decide(d, "walker-walk", 1, 100_000) is Action.SKIP
-    with pytest.raises(BadInput, match="from state observations, not rgb"):
-        decide(d, "walker-walk", 1, 100_000, "rgb")
-    fake_run(d, "walker-walk", 1, [(100_000, 450.0)], obs="rgb")
-    assert decide(d, "walker-walk", 1, 100_000, "rgb") is Action.SKIP
-    assert main(["--tasks", "walker-walk", "--seeds", "1", "--runs-root", str(tmp_path / "runs"), "--dry-run"]) == 2
+    root = ["--tasks", "walker-walk", "--seeds", "1", "--runs-root", str(tmp_path / "runs"), "--cfg", "a4000.json",
+            "--dry-run"]
+    assert main(root) == 0 and "seed 1: skip" in capsys.readouterr().out
+    assert main([*root, "--", "--obs", "rgb"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "from rgb observations, not state" in err and "\n" not in err
+    assert "was trained with obs 'state', not the 'rgb' of -- --obs" in err and "\n" not in err, err
+    fake_run(d, "walker-walk", 1, [(100_000, 450.0)], obs="rgb")
+    assert main([*root, "--", "--obs", "rgb"]) == 0
+    assert main(root) == 2
+    assert "was trained with obs 'rgb', not the 'state' of --cfg a4000.json: " in capsys.readouterr().err
+
+
+def test_a_grid_refuses_a_run_made_with_other_settings_before_anything_starts(tmp_path, monkeypatch, capsys):
+    """Runs made with a tiny config were skipped as the result of --cfg a4000.json, and resumed (seeds 1-2) with new
+    flags beside a new seed 3 from tdmpc.train's default, all averaged as one grid. Each run to skip or resume is now
+    compared with the config the command asks, setting by setting, and one that differs is one line naming the run,
+    the setting, both values and where the asked one comes from. --steps may grow; settings that say how a run
+    executes or what it writes (threads, eval_episodes, ...) may differ."""
+    from helpers import TINY, tiny_json
+
+    from tdmpc.config import from_dict
+
+    _fake_trainer(tmp_path, monkeypatch, 0)
+    root = tmp_path / "runs"
+    for seed in (1, 2):  # every setting in config.json, as the trainer writes it
+        fake_run(root / f"Pendulum-v1/seed{seed}", "Pendulum-v1", seed, [(400, -900.0), (600, -400.0)],
+                 config=from_dict(TINY).to_dict())
+    grid = ["--tasks", "Pendulum-v1", "--seeds", "1-2", "--steps", "600", "--runs-root", str(root)]
+    seed1 = root / "Pendulum-v1/seed1"
+    for argv, needle in (
+            (["--cfg", "a4000.json"], f"error: {seed1} was trained with batch_size 16, not the 256 of --cfg a4000.json "
+                                      f"(and buffer_size, iterations, num_samples, "),
+            (["--seeds", "1-3", "--steps", "800", "--", "--batch-size", "32", "--num-envs", "2"],
+             f"error: {seed1} was trained with num_envs 1, not the 2 of -- --num-envs (and batch_size, "),
+            (["--cfg", str(tiny_json(tmp_path)), "--", "--batch-size", "32"],
+             f"error: {seed1} was trained with batch_size 16, not the 32 of -- --batch-size: the seeds of one grid "
+             f"share their config; rerun with the --cfg and flags after -- it was made with, or give this config a new "
+             f"--runs-root\n")):
+        assert main([*grid, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(needle) and err.count("\n") == 1, err
+    assert not (tmp_path / "calls.jsonl").exists() and not (root / "results.md").exists()
+
+    # The config they were made with: seeds 1 and 2 resume to 800 env steps beside a new seed 3, with other threads
+    # and evaluations; results.md names the config
+    tiny = ["--cfg", str(tiny_json(tmp_path))]
+    assert main([*grid, *tiny, "--seeds", "1-3", "--steps", "800", "--", "--threads", "1", "--eval-episodes", "4"]) == 0
+    calls = [json.loads(line) for line in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    assert [c[0] for c in calls] == ["--resume", "--resume", "--cfg"], calls
+    md = (root / "results.md").read_text()
+    assert f"Config: --cfg {tmp_path / 'tiny.json'}, then --threads 1 --eval-episodes 4 (after --); every run " \
+           f"checked to match it in what it learns (tdmpc.reproduce)." in md, md
 
 
 def test_gather_unknown_task_and_runs_without_evals_are_fine(tmp_path, capsys):
@@ -305,6 +352,7 @@ def test_runner_stops_on_exit_3_and_a_rerun_resumes_and_skips(tmp_path, monkeypa
     assert calls[2][-2:] == ["--device", "cpu"]
     rows = read_rows(root / "results.csv")  # gathered automatically
     assert [(r["task"], r["env_step"], r["seeds"]) for r in rows] == [("Pendulum-v1", "400", "2")]
+    assert "Config: tdmpc.train's default here, " in (root / "results.md").read_text()
 
     capsys.readouterr()
     assert main(cmd) == 0  # everything finished: nothing runs again
@@ -482,11 +530,12 @@ def test_dry_run_prints_the_plan(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "seed 1: skip" in out and "seed 2: start" in out and "tdmpc.train" in out
     assert not (tmp_path / "Pendulum-v1/seed2").exists()
-    # a run short of the target resumes with its own config: a --cfg given now is said to apply to new runs only
+    # a run short of the target resumes with its own config: what of it stays its own is said
     assert main(["--tasks", "Pendulum-v1", "--seeds", "1,2", "--steps", "800", "--runs-root", str(tmp_path),
                  "--cfg", "cpu.json", "--dry-run"]) == 0
     out = capsys.readouterr().out
-    assert "seed 1: resume" in out and "1 run(s) resume with their own config.json; --cfg cpu.json applies to new" in out
+    assert "seed 1: resume" in out and "1 run(s) resume with their own config.json, which matches --cfg cpu.json " \
+                                       "in what it learns; its eval, output and hardware settings stay its own" in out
 
 
 def test_slurm_mode_calls_sweep_and_says_how_to_gather(tmp_path, monkeypatch, capfd):

@@ -3,7 +3,8 @@
 Runs go to <runs-root>/<task>/seed<seed>, one after another (--jobs N: N at a time, each with its
 share of the cores and its output in <runs-root>/<task>/seed<seed>.log), and are compared at the end.
 Rerunning the same command after an interruption skips finished runs and resumes the
-stopped ones. --slurm submits the grid through slurm/sweep.sh instead; --gather only
+stopped ones; a run there made with other settings than this command asks is refused, since
+one grid's seeds share their config. --slurm submits the grid through slurm/sweep.sh instead; --gather only
 compares. Flags after -- go to every tdmpc.train run (e.g. -- --num-envs 4). The
 comparison (results.md, results.csv, results.png) uses the published curves packaged in
 tdmpc/data (the TD-MPC2 paper's results/ folder, ICLR 2024).
@@ -24,6 +25,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
+from tdmpc.config import CPU_CONFIG, FIELD_NAMES, SIZE_FIELDS, Config, from_dict, parse_cli
 from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STOP_SIGNALS, BadInput, RunDirError,
                           parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
@@ -74,7 +76,8 @@ class ReproduceArgs:
 def parse_tasks(text: str | None) -> list[str]:
     """'cup-catch,walker-walk' -> the tasks. An empty name or one named twice is refused, as slurm/sweep.sh
     refuses them: a typo (a,,b) is not a grid smaller than the one meant."""
-    if not (text or "").strip(", "):
+    text = text or ""
+    if not text.strip(", "):
         raise BadInput("--tasks: give at least one task, e.g. --tasks cup-catch,cartpole-swingup")
     tasks = [t.strip() for t in text.split(",")]
     if "" in tasks:
@@ -123,20 +126,67 @@ def seeds_text(seeds: list[int]) -> str:
     return ",".join(parts)
 
 
-def check_train_args(extra: list[str], args: ReproduceArgs, task: str) -> str:
+# Settings one grid's runs may differ in: each cell's own, and those that say where and how a run executes or what
+# it writes, not what it learns (a rerun may pass other ones after --, and a resume takes them). model_size is
+# compared through the sizes it stands for.
+NOT_COMPARED = frozenset({
+    "task", "seed", "steps", "run_dir", "model_size",
+    "device", "threads", "compile", "cuda_graphs", "plan_chunk_envs", "buffer_device", "vectorization",
+    "dataset_stream", "update_stream", "debug",
+    "eval_freq", "eval_episodes", "save_video", "save_every", "save_buffer", "log_every", "save_data", "progress",
+    "tensorboard", "wandb", "wandb_project", "wandb_entity", "wandb_group", "wandb_tags"})
+
+
+@dataclass
+class GridConfig:
+    """The config all runs of the grid share: what a new run of it gets, its task, seed and steps aside."""
+
+    cfg: Config
+    given: set[str]  # the fields the flags after -- set
+    base: str  # where the others come from: --cfg NAME, or tdmpc.train's default here
+    extra: list[str]  # the flags after --
+
+    def __str__(self) -> str:
+        return self.base + (f", then {shlex.join(self.extra)} (after --)" if self.extra else "")
+
+    def refuse_other(self, run_dir: Path, saved: dict) -> None:
+        """A run made with other settings (saved: its config.json) is not this grid's result, to skip or resume:
+        one line naming the first setting that differs. Not compared: NOT_COMPARED, settings this config leaves to
+        the task or the machine (None: seed_steps, episodic, ...), and settings the run's config.json lacks (added
+        to tdmpc since)."""
+        theirs, mine = ({**c.to_dict(), **c.sizes()} for c in (from_dict(saved, str(run_dir / "config.json")),
+                                                                 self.cfg))
+        differ = [n for n in FIELD_NAMES if n in saved and n not in NOT_COMPARED and mine[n] is not None
+                  and theirs[n] != mine[n]]
+        if differ:
+            name, also = differ[0], f" (and {', '.join(differ[1:])})" if differ[1:] else ""
+            raise BadInput(f"{run_dir} was trained with {name} {theirs[name]!r}, not the {mine[name]!r} of "
+                           f"{self._source(name)}{also}: the seeds of one grid share their config; rerun with the "
+                           f"--cfg and flags after -- it was made with, or give this config a new --runs-root")
+
+    def _source(self, name: str) -> str:
+        flag = name if name in self.given else "model_size" if name in SIZE_FIELDS and "model_size" in self.given \
+            else None
+        return f"-- --{flag.replace('_', '-')}" if flag else self.base
+
+
+def grid_config(extra: list[str], args: ReproduceArgs, task: str) -> GridConfig:
     """The flags after -- as tdmpc.train will read them (for `task`), before any run starts: a typo or a bad
-    value is one line now, not an error in the first run (or, with --slurm, in every array element). Returns
-    the runs' kind of observation (Config.obs), which a run already in the grid's folders must share."""
-    from tdmpc.config import parse_cli
+    value is one line now, not an error in the first run (or, with --slurm, in every array element)."""
+    import torch
+
     from tdmpc.training.flags import TrainArgs, base_config
 
     for arg in extra:
         if arg.split("=", 1)[0] in SET_HERE:
             raise BadInput(f"{arg.split('=', 1)[0]} after --: reproduce sets it itself "
                            f"(use --tasks, --seeds, --steps, --cfg, --runs-root)")
-    _, cfg, _, _ = parse_cli(TrainArgs, [*(["--cfg", args.cfg] if args.cfg else []), "--task", task, "--steps",
-                                         str(args.steps), *extra], base_config, prog="python -m tdmpc.train")
-    return cfg.obs
+    _, cfg, _, given = parse_cli(TrainArgs, [*(["--cfg", args.cfg] if args.cfg else []), "--task", task, "--steps",
+                                             str(args.steps), *extra], base_config, prog="python -m tdmpc.train")
+    # tdmpc.train's default, as base_config chooses it
+    base = f"--cfg {args.cfg}" if args.cfg else "tdmpc.train's default here, " + (
+        f"configs/{CPU_CONFIG}" if not torch.cuda.is_available() else "the reference settings")
+    return GridConfig(cfg, given, base, extra)
 
 
 # --- the runs ---------------------------------------------------------------------------
@@ -157,7 +207,7 @@ def last_eval_step(run_dir: Path) -> int | None:
     return max(steps, default=None)
 
 
-def decide(run_dir: Path, task: str, seed: int, steps: int, obs: str = "state") -> Action:
+def decide(run_dir: Path, task: str, seed: int, steps: int, grid: GridConfig | None = None) -> Action:
     """What to do with one grid cell, so the whole command can simply be rerun after an interruption.
 
     Finished means evaluated at `steps` or later (the trainer evaluates at its last step), which
@@ -165,7 +215,7 @@ def decide(run_dir: Path, task: str, seed: int, steps: int, obs: str = "state") 
     checkpoint died before its first save; the trainer would append to its eval.csv, so it is
     set aside rather than reused. A file where the directory (or a folder above it) goes, or a run going on
     there (its lock is held: another tdmpc.reproduce or tdmpc.train writes it), is a one-line error, and so is a
-    run from other observations (obs: a state run is not the pixel grid's result, nor the other way round).
+    run to skip or resume that was made with other settings than `grid` (GridConfig.refuse_other).
     """
     for path in (run_dir, *run_dir.parents):
         if path.exists() or path.is_symlink():
@@ -179,7 +229,7 @@ def decide(run_dir: Path, task: str, seed: int, steps: int, obs: str = "state") 
                           f"tdmpc.train); wait for it or stop it, or choose another --runs-root")
     if not run_dir.is_dir() or not any(run_dir.iterdir()):
         return Action.START
-    cfg_file = run_dir / "config.json"
+    cfg_file, cfg = run_dir / "config.json", None
     if cfg_file.is_file():
         try:
             cfg = json.loads(cfg_file.read_text())
@@ -188,16 +238,17 @@ def decide(run_dir: Path, task: str, seed: int, steps: int, obs: str = "state") 
         if (cfg.get("task"), cfg.get("seed")) != (task, seed):
             raise BadInput(f"{run_dir} holds a run of {cfg.get('task')} seed {cfg.get('seed')}, not {task} "
                            f"seed {seed}; choose another --runs-root")
-        if cfg.get("obs", "state") != obs:
-            raise BadInput(f"{run_dir} holds a run from {cfg.get('obs', 'state')} observations, not {obs}; choose "
-                           f"another --runs-root")
     last = last_eval_step(run_dir)
     checkpoint = run_dir / "checkpoints" / "latest.pt"
     if last is not None and last >= steps and not _checkpoint_short_of(checkpoint, steps):
-        return Action.SKIP
-    if checkpoint.is_file():
-        return Action.RESUME
-    return Action.RESTART
+        action = Action.SKIP
+    elif checkpoint.is_file():
+        action = Action.RESUME
+    else:
+        return Action.RESTART  # set aside: nothing of it counts
+    if grid is not None and cfg is not None:
+        grid.refuse_other(run_dir, cfg)
+    return action
 
 
 def _checkpoint_short_of(checkpoint: Path, steps: int) -> bool:
@@ -346,13 +397,14 @@ class Runner:
             print(f"{where}: finished in {minutes:.1f} min", flush=True)
 
 
-def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: list[str], obs: str) -> int:
+def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: list[str], grid: GridConfig) -> int:
     cells = [Cell(i, task, seed, args.runs_root / task / f"seed{seed}")
              for i, (task, seed) in enumerate(((t, s) for t in tasks for s in seeds), 1)]
-    actions = [decide(c.run_dir, c.task, c.seed, args.steps, obs) for c in cells]  # before any run starts
+    actions = [decide(c.run_dir, c.task, c.seed, args.steps, grid) for c in cells]  # before any run starts
     resumed = actions.count(Action.RESUME)
     if resumed and args.cfg:
-        print(f"note: {resumed} run(s) resume with their own config.json; --cfg {args.cfg} applies to new runs only",
+        print(f"note: {resumed} run(s) resume with their own config.json, which matches --cfg {args.cfg} in what it "
+              f"learns; its eval, output and hardware settings stay its own (flags after -- still change them)",
               flush=True)
     runner = Runner(args.jobs, len(cells), args.steps)
     old = {s: signal.signal(s, runner.on_signal) for s in STOP_SIGNALS}
@@ -389,7 +441,8 @@ def run_grid(args: ReproduceArgs, tasks: list[str], seeds: list[int], extra: lis
         return EXIT_OK
     done = [c.run_dir for c in cells if last_eval_step(c.run_dir) is not None]
     if done:
-        gather(done, args.out or args.runs_root, args.at, args.bar)
+        gather(done, args.out or args.runs_root, args.at, args.bar, config=f"{grid}; every run checked to match it in "
+                                                                          f"what it learns (tdmpc.reproduce)")
     if runner.failed:
         print(f"error: {len(runner.failed)} run(s) failed: {', '.join(c.name for c in runner.failed)}; rerun the "
               f"command to retry them", file=sys.stderr)
@@ -464,6 +517,9 @@ def _main(args: ReproduceArgs, extra: list[str]) -> int:
         raise BadInput(f"--jobs must be >= 1, got {args.jobs}")
     if args.jobs > 1 and args.slurm:
         raise BadInput("--jobs runs here; with --slurm, Slurm runs the array's elements side by side itself")
+    for task in tasks:  # a typo in the last task should not wait for the first runs to finish
+        resolve_task(task)
+    grid = grid_config(extra, args, tasks[0])
     threads = args.threads
     if threads is None and args.jobs > 1 and not any(a.split("=")[0] == "--threads" for a in extra):
         # All start at once, each seeing an idle machine: give each its share of the cores this process may use.
@@ -475,10 +531,7 @@ def _main(args: ReproduceArgs, extra: list[str]) -> int:
         if threads < 1:
             raise BadInput(f"--threads must be >= 1, got {threads}")
         extra = ["--threads", str(threads), *extra]
-    for task in tasks:  # a typo in the last task should not wait for the first runs to finish
-        resolve_task(task)
-    obs = check_train_args(extra, args, tasks[0])
-    return submit_slurm(args, tasks, seeds, extra) if args.slurm else run_grid(args, tasks, seeds, extra, obs)
+    return submit_slurm(args, tasks, seeds, extra) if args.slurm else run_grid(args, tasks, seeds, extra, grid)
 
 
 if __name__ == "__main__":

@@ -177,8 +177,8 @@ def _num(x: float | None, fmt: str = ".1f") -> str:
     return "—" if x is None else format(x, fmt)
 
 
-def write_markdown(rows: list[Row], path: Path, at: int, bar: float, notes: list[str] = ()) -> None:
-    lines = ["# Reproduction of published TD-MPC2 results", "",
+def write_markdown(rows: list[Row], path: Path, at: int, bar: float, config: str, notes: list[str]) -> None:
+    lines = ["# Reproduction of published TD-MPC2 results", "", f"Config: {config}.", "",
              "Published: TD-MPC2 (ICLR 2024), mean over its 3 seeds, from the `results/` folder of "
              "github.com/nicklashansen/tdmpc2 (copy in `tdmpc/data/`); a pixel run (`, pixels`) beside TD-MPC2's "
              "own from pixels (`results/tdmpc2-pixels`; no SAC there). Env steps include action repeat "
@@ -291,8 +291,11 @@ def check_results_folder(out: Path) -> None:
             return
 
 
-def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9) -> list[Row]:
-    """Compare the runs with the published curves, write results.md/csv/png into `out`, print PASS/FAIL."""
+def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9,
+           config: str = "each run's own config.json (--gather does not check that a task's seeds share one)") \
+        -> list[Row]:
+    """Compare the runs with the published curves, write results.md/csv/png into `out`, print PASS/FAIL. `config`:
+    the settings the runs were made with, for results.md (a grid's, named by tdmpc.reproduce)."""
     groups = load_groups(run_dirs)
     if not groups:
         raise BadInput("none of the run directories has an evaluation yet")
@@ -300,7 +303,7 @@ def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9)
     rows = compare(groups, results, at, bar)
     check_results_folder(out)
     make_dirs(out)
-    write_markdown(rows, out / "results.md", at, bar, coverage_notes(groups))
+    write_markdown(rows, out / "results.md", at, bar, config, coverage_notes(groups))
     write_csv(rows, out / "results.csv")
     write_plot(groups, results, out / "results.png")
     for r in (r for r in rows if r.check):
