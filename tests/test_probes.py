@@ -416,7 +416,7 @@ def test_a_video_writer_that_stops_still_prints_the_result_and_its_report_then_o
     r = cli(capsys, "tdmpc.evaluate", "--checkpoint", finished, "--episodes", 1, "--threads", 1, "--no-mpc",
             "--video", tmp_path / "v.mp4", "--report", tmp_path / "r.json")
     line = one_line_error(r, code=1)
-    assert "Pendulum-v1: return" in r.stdout and "video:" not in r.stdout, r.stdout
+    assert "Pendulum-v1 (step 300): return" in r.stdout and "video:" not in r.stdout, r.stdout
     assert f"the video could not be written: {tmp_path / 'v.mp4'}: the video writer stopped ([Errno 32] Broken pipe;" \
         in line, line
     assert "video" not in json.loads((tmp_path / "r.json").read_text()) and not (tmp_path / "v.mp4").exists()

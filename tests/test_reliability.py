@@ -379,7 +379,7 @@ def test_a_read_only_disk_is_one_line_and_evaluate_prints_before_its_report(tmp_
     assert "Read-only file system" in one_line_error(r)
     r = run_module("tdmpc.evaluate", "--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", 1, "--no-mpc",
                    "--device", "cpu")
-    assert "Pendulum-v1: return" in r.stdout  # the result first
+    assert "Pendulum-v1 (step 300): return" in r.stdout  # the result first
     line = one_line_error(r, code=1)
     assert "the report could not be written" in line and "--report PATH" in line
 
