@@ -587,6 +587,9 @@ def test_seed_lists_and_ranges():
     ["--tasks", " , "],
     [],
     ["--tasks", "cup-catch", "--", "--seed", "4"],
+    ["--tasks", "cup-catch", "--dry-run", "--", "--run_dir", "x"],  # as tdmpc.train spells it too
+    ["--tasks", "cup-catch", "--dry-run", "--", "--auto-resume=x"],
+    ["--tasks", "cup-catch", "--dry-run", "--", "--tasks", "walker-walk"],
     ["--tasks", "cup-catch", "--steps", "0"],
     ["--tasks", "cup-catch,walker-wlak"],
     ["--gather", "--slurm"],

@@ -28,13 +28,14 @@ from typing import Optional
 from tdmpc.config import CPU_CONFIG, FIELD_NAMES, SIZE_FIELDS, Config, from_dict, parse_cli
 from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STOP_SIGNALS, BadInput, RunDirError,
                           parse_args, run_cli)
+from tdmpc.cli.slurm_scripts import flag_names
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import check_results_folder, find_runs, gather
 from tdmpc.runtime.files import make_dirs, remove_made_dirs, shipped_dir
 from tdmpc.training.run_dir import RunDirLock, saved_step
 
 TRAIN = [sys.executable, "-m", "tdmpc.train"]  # module-level so tests can swap in a fake trainer
-SET_HERE = ("--task", "--seed", "--steps", "--run-dir", "--resume", "--cfg")  # not allowed after --
+SET_HERE = ("--task", "--tasks", "--seed", "--steps", "--run-dir", "--resume", "--auto-resume", "--cfg")  # not after --
 
 
 @dataclass
@@ -177,9 +178,9 @@ def grid_config(extra: list[str], args: ReproduceArgs, task: str) -> GridConfig:
 
     from tdmpc.training.flags import TrainArgs, base_config
 
-    for arg in extra:
-        if arg.split("=", 1)[0] in SET_HERE:
-            raise BadInput(f"{arg.split('=', 1)[0]} after --: reproduce sets it itself "
+    for flag in flag_names(extra):  # as tdmpc.train reads them: --run_dir too
+        if flag in SET_HERE:
+            raise BadInput(f"{flag} after --: reproduce sets it itself "
                            f"(use --tasks, --seeds, --steps, --cfg, --runs-root)")
     _, cfg, _, given = parse_cli(TrainArgs, [*(["--cfg", args.cfg] if args.cfg else []), "--task", task, "--steps",
                                              str(args.steps), *extra], base_config, prog="python -m tdmpc.train")

@@ -72,14 +72,14 @@ def _main(args: SlurmArgs, train_args: list[str]) -> int:
     return EXIT_OK
 
 
-def _flags(train_args: list[str]) -> list[str]:
+def flag_names(train_args: list[str]) -> list[str]:
     """The flags as tdmpc.train names them (it takes --run_dir for --run-dir, and --flag=value)."""
     return [a.split("=", 1)[0].replace("_", "-") for a in train_args if a.startswith("--")]
 
 
 def check_job(train_args: list[str]) -> None:
     """slurm/train.sh's arguments: no flag that names the run directory."""
-    for flag in _flags(train_args):
+    for flag in flag_names(train_args):
         if flag in RUN_DIR_FLAGS:
             raise BadInput(f"{flag} in train.sh's arguments: the job trains in its own run directory, "
                            f"$TDMPC_RUNS/slurm/<job name>/<job id> (TDMPC_RUNS defaults to runs), where a requeue "
@@ -90,7 +90,7 @@ def check_job(train_args: list[str]) -> None:
 def check_sweep(tasks: list[str], train_args: list[str]) -> None:
     """slurm/sweep.sh's tasks and train arguments, before anything is submitted: a typo is one line now, not a
     failure of every array element once it has waited in the queue (tdmpc.reproduce --slurm checks the same)."""
-    for flag in _flags(train_args):
+    for flag in flag_names(train_args):
         if flag in SWEEP_FLAGS:
             raise BadInput(f"{flag} after --: the sweep gives each element its task and seed (--tasks, --seeds "
                            f"before --)")
