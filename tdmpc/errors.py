@@ -221,6 +221,12 @@ def parse_args(cls: type[T], argv: list[str] | None, prog: str, description: str
         return tyro.cli(cls, args=optional_bool_flags(argv, cls), prog=prog, description=description)
 
 
+def flag_names(argv: list[str]) -> list[str]:
+    """The flags of an argv as tyro reads them (--run_dir is --run-dir; --flag=value), for commands that check
+    another command's flags (tdmpc.reproduce's and slurm/'s for tdmpc.train)."""
+    return [a.split("=", 1)[0].replace("_", "-") for a in argv if a.startswith("--")]
+
+
 def optional_bool_flags(argv: list[str] | None, *classes: type) -> list[str]:
     """argv with `--name` and `--no-name` of the classes' Optional[bool] fields (None: decided later) written as
     `--name True` and `--name False`: tyro gives such a field only the value form, `--name {None,True,False}`, where

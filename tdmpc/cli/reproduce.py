@@ -27,8 +27,7 @@ from typing import Optional
 
 from tdmpc.config import CPU_CONFIG, FIELD_NAMES, SIZE_FIELDS, Config, from_dict, parse_cli
 from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STOP_SIGNALS, BadInput, RunDirError,
-                          parse_args, run_cli)
-from tdmpc.cli.slurm_scripts import flag_names
+                          flag_names, parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import check_results_folder, find_runs, gather
 from tdmpc.runtime.files import make_dirs, remove_made_dirs, shipped_dir

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tdmpc.errors import EXIT_OK, BadInput, parse_args, run_cli
+from tdmpc.errors import EXIT_OK, BadInput, flag_names, parse_args, run_cli
 from tdmpc.runtime.files import shipped_dir
 
 SCRIPTS = shipped_dir("slurm")
@@ -70,11 +70,6 @@ def _main(args: SlurmArgs, train_args: list[str]) -> int:
     print(f"copied {', '.join(p.name for p in sorted(SCRIPTS.glob('*.sh')))} to {target}; submit from "
           f"{args.copy}: sbatch slurm/train.sh --cfg a4000.json --task walker-walk")
     return EXIT_OK
-
-
-def flag_names(train_args: list[str]) -> list[str]:
-    """The flags as tdmpc.train names them (it takes --run_dir for --run-dir, and --flag=value)."""
-    return [a.split("=", 1)[0].replace("_", "-") for a in train_args if a.startswith("--")]
 
 
 def check_job(train_args: list[str]) -> None:
