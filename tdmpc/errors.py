@@ -207,7 +207,17 @@ def _condensed(box: str) -> str:
                   r"\1 takes an integer, not \2", text)
     text = re.sub(r"Error parsing (--[\w-]+): could not convert string to float: ('[^']*')",
                   r"\1 takes a number, not \2", text)
-    return text if text.startswith(title) else f"{title}: {text}"
+    text = text if text.startswith(title) else f"{title}: {text}"
+    return re.sub(r"\bUnrecognized options: ([^;]*)", lambda m: _unknown_flags(m.group(1)), text)
+
+
+def _unknown_flags(listed: str) -> str:
+    """Tyro's list of what it could not place, without the values of unknown flags (`--stepz 10` lists `10`
+    too): an unknown flag is named alone, a stray word that follows no flag is kept."""
+    words = listed.strip().split(", ")
+    kept = [w for i, w in enumerate(words)
+            if w.startswith("-") or i == 0 or not words[i - 1].startswith("--") or "=" in words[i - 1]]
+    return f"Unrecognized option{'s' if len(kept) > 1 else ''}: {', '.join(kept)}"
 
 
 T = TypeVar("T")

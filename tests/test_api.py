@@ -275,18 +275,36 @@ def test_from_checkpoint_sets_the_threads_it_is_given_and_leaves_them_otherwise(
 class WandbStub(types.ModuleType):
     """What tdmpc calls of wandb, recorded."""
 
-    def __init__(self):
+    def __init__(self, steps: tuple[int, ...] = ()):
+        """steps: wandb's run.step at each init (where a resumed run goes on from), 0 past the tuple."""
         super().__init__("wandb")
         self.inits: list[dict] = []
         self.logged: list[dict] = []
+        self.steps = steps
 
     def init(self, **kwargs):
         self.inits.append(kwargs)
+        step = self.steps[len(self.inits) - 1] if len(self.inits) <= len(self.steps) else 0
         return types.SimpleNamespace(log=lambda data, step: self.logged.append({"step": step, **data}),
-                                     finish=lambda: None)
+                                     finish=lambda: None, step=step)
 
     def Video(self, path, format):  # noqa: N802 - wandb's name
         return ("video", Path(path).name, format)
+
+
+def test_a_resume_behind_what_wandb_holds_says_that_wandb_ignores_the_rows_until_then(tmp_path, monkeypatch, capsys):
+    """A run killed after its last checkpoint had logged steps past it to wandb, which has no purge: the resume says
+    which rows wandb will ignore and where this run's are, rather than leave wandb's curve silently the old one's."""
+    stub = WandbStub(steps=(0, 1_000, 201))
+    monkeypatch.setitem(sys.modules, "wandb", stub)
+    stop = lambda row: row["env_step"] < 200  # noqa: E731 - stops at the log row of step 200
+    a, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "a", on_log=stop, wandb=True, **{**TINY, "steps": 300})
+    capsys.readouterr()
+    tdmpc.fit(run_dir=a, resume=True, on_log=stop)
+    assert ("note: wandb's run goes on from step 1,000, logged before this resume from the checkpoint at step 200: "
+            "wandb ignores this run's rows before step 1,000") in capsys.readouterr().err
+    tdmpc.fit(run_dir=a, resume=True, on_log=stop)  # wandb holds nothing past the checkpoint: no note
+    assert "wandb's run goes on" not in capsys.readouterr().err
 
 
 def test_wandb_gets_a_unique_id_per_run_kept_on_resume_its_options_and_videos(tmp_path, monkeypatch):

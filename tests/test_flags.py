@@ -204,7 +204,8 @@ def test_plot_title_and_group(tmp_path, tiny_run, monkeypatch):
     for seed in (1, 2):
         shutil.copytree(tiny_run, tmp_path / f"seed{seed}")
     drawn = []
-    monkeypatch.setattr(tdmpc.cli.plot, "draw", lambda curves, out, title: drawn.append((len(curves), title)) or out)
+    monkeypatch.setattr(tdmpc.cli.plot, "draw",
+                        lambda curves, out, title, remedy="": drawn.append((len(curves), title)) or out)
     runs = [str(tmp_path / "seed1"), str(tmp_path / "seed2")]
     assert tdmpc.cli.plot.main([*runs, "--title", "My title"]) == 0
     assert tdmpc.cli.plot.main([*runs, "--no-group"]) == 0

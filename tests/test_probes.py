@@ -509,7 +509,11 @@ def test_an_eval_csv_that_is_not_ours_is_one_line_for_plot(finished, tmp_path, c
 def test_parse_errors_of_every_cli_are_one_line_pointing_to_help(tmp_path, capsys):
     for module, args, needle in (("tdmpc.train", ["--steps", "abc"], "--steps takes an integer, not 'abc'"),
                                  ("tdmpc.train", ["--lr", "fast"], "--lr takes a number, not 'fast'"),
-                                 ("tdmpc.evaluate", ["--bogus"], "Unrecognized options: --bogus"),
+                                 ("tdmpc.evaluate", ["--bogus"], "Unrecognized option: --bogus"),
+                                 # the unknown flag's value is not a second unknown option
+                                 ("tdmpc.train", ["--stepz", "10"], "Unrecognized option: --stepz; Perhaps you meant"),
+                                 ("tdmpc.train", ["--stepz", "10", "--bogus=3", "x"],
+                                  "Unrecognized options: --stepz, --bogus=3, x;"),
                                  ("tdmpc.dataset", [], "Expected one of {convert, info, to-minari, from-minari}")):
         line = one_line_error(cli(capsys, module, *args))
         assert needle in line and f"(see python -m {module} --help)" in line, line
@@ -572,7 +576,7 @@ def test_help_reads_a_field_docstring_of_several_lines_as_one_paragraph_and_no_b
 
 
 def test_reproduce_checks_the_train_flags_after_the_double_dash_before_any_run(tmp_path, capsys):
-    for extra, needle in ((["--bogus"], "Unrecognized options: --bogus"), (["--lr", "-1"], "'lr'")):
+    for extra, needle in ((["--bogus"], "Unrecognized option: --bogus"), (["--lr", "-1"], "'lr'")):
         line = one_line_error(cli(capsys, "tdmpc.reproduce", "--tasks", "Pendulum-v1", "--seeds", 1, "--runs-root",
                                          tmp_path / "runs", "--", *extra))
         assert needle in line, line

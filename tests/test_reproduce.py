@@ -686,6 +686,22 @@ def test_plot_averages_every_point_over_all_the_seeds_its_label_counts(tmp_path,
                                        "runs reach; their evaluations span steps 0-100,000\n")
 
 
+def test_a_curve_with_no_step_all_its_seeds_reach_names_the_remedy_only_where_the_command_has_it(tmp_path, capsys):
+    """Seeds evaluated over disjoint steps: nothing is drawn for them. tdmpc.plot's note names --no-group; the same
+    note under reproduce (draw without a remedy) named a flag reproduce does not have."""
+    from tdmpc.cli.plot import main as plot_main
+    from tdmpc.report.curves import draw, group_runs
+
+    runs = [fake_run(tmp_path / "s1", "cup-catch", 1, [(0, 0.0), (10_000, 100.0)]),
+            fake_run(tmp_path / "s2", "cup-catch", 2, [(20_000, 80.0), (30_000, 200.0)])]
+    assert plot_main([*map(str, runs), "--out", str(tmp_path / "p.png")]) == 0
+    note = ("note: cup-catch (default), 2 seeds: no step lies within all 2 runs' evaluations (their evaluations span "
+            "steps 0-30,000): nothing drawn")
+    assert capsys.readouterr().err == note + "; --no-group draws each run\n"
+    draw(group_runs(runs), tmp_path / "q.png")
+    assert capsys.readouterr().err == note + "\n"
+
+
 def test_plot_makes_the_missing_folders_of_out_as_every_command_does_and_says_so(tmp_path, capsys):
     """collect --out, evaluate --report and reproduce --gather --out make missing folders: plot does too, and its
     --help now says so (it made them unannounced)."""

@@ -47,7 +47,7 @@ def test_sweep_refuses_what_would_put_two_elements_in_one_run_or_override_theirs
 @pytest.mark.parametrize("args,needle", [
     (["--tasks", "walker-wlak", "--seeds", "1-2", "--", "--cfg", "a4000.json"], "unknown task 'walker-wlak'"),
     (["--tasks", "walker-walk,cup-catch", "--seeds", "1", "--", "--cfg", "nonexist.json"], "'nonexist.json' not found"),
-    (["--tasks", "walker-walk", "--seeds", "1", "--", "--bogus"], "Unrecognized options: --bogus"),
+    (["--tasks", "walker-walk", "--seeds", "1", "--", "--bogus"], "Unrecognized option: --bogus"),
     (["--tasks", "walker-walk", "--seeds", "1", "--", "--horizon", "0"], "horizon"),
 ])
 def test_sweep_checks_the_tasks_and_train_arguments_before_it_submits(tmp_path, args, needle):

@@ -149,7 +149,8 @@ def print_table(r: dict) -> None:
                f"{e['estimate_gib']:.2f}" if "peak_allocated_gib" in e else "")
         busy = f"; GPU busy {e['gpu_busy']['busy_fraction']:.0%}" if "gpu_busy" in e else ""
         overlap = ", updates beside the env step" if e.get("config", {}).get("overlap_updates") else ""
-        print(f"end to end ({e['task']}, {n} env(s), 1 update per env step{overlap}): {e['agent_steps_per_s']:.1f} "
+        size = f"model size {e['config']['model_size']}, " if "config" in e else ""
+        print(f"end to end ({e['task']}, {size}{n} env(s), 1 update per env step{overlap}): {e['agent_steps_per_s']:.1f} "
               f"agent steps/s over {e['agent_steps']} steps{mem}{busy}")
     procs = r.get("end_to_end_by_procs", {})
     one = procs.get(1, {}).get("agent_steps_per_s_total")
@@ -259,7 +260,8 @@ def _main(args: BenchArgs) -> int:
         make_vector_env(task, 1, seed=0)[0].close()
     except Exception:
         task = "Pendulum-v1"
-    print("benchmarking the training loop...", file=sys.stderr)
+    print(f"benchmarking the training loop ({task}, model size {Config.model_size})...",
+          file=sys.stderr)
     e2e = args.e2e_steps if args.e2e_steps is not None else (60 if args.quick else 300)
     warmup = args.warmup_steps or (200 if args.quick else 1000)
     threads = torch.get_num_threads()  # the training loop's too (its own default would re-read the load)

@@ -39,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.runs:
             raise BadInput("give one or more run directories: python -m tdmpc.plot RUN_DIR [RUN_DIR ...]")
         check_figure_path(args.out)
-        out = draw(group_runs(list(args.runs), args.group), args.out, args.title)
+        out = draw(group_runs(list(args.runs), args.group), args.out, args.title,
+                   remedy="; --no-group draws each run" if args.group else "")
         print(f"wrote {out}")
         return 0
 

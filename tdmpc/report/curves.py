@@ -191,15 +191,15 @@ def check_figure_path(out: Path) -> None:
         raise BadInput(f"--out {out}: the name must end in one of {', '.join('.' + f for f in sorted(formats))}")
 
 
-def _say_what_is_left_out(c: Curve) -> None:
+def _say_what_is_left_out(c: Curve, remedy: str) -> None:
     """A line on stderr when some of a curve's seeds reach steps that not all of them do: those are not drawn."""
     shared = c.shared()
     if shared.all():
         return
     runs, span = len(c.returns), f"their evaluations span steps {c.steps[0]:,}-{c.steps[-1]:,}"
     if not shared.any():
-        print(f"note: {c.label}: no step lies within all {runs} runs' evaluations ({span}): nothing drawn; "
-              f"--no-group draws each run", file=sys.stderr)
+        print(f"note: {c.label}: no step lies within all {runs} runs' evaluations ({span}): nothing drawn"
+              f"{remedy}", file=sys.stderr)
     else:
         drawn = c.steps[shared]
         print(f"note: {c.label}: drawn over steps {drawn[0]:,}-{drawn[-1]:,}, which all {runs} runs reach; {span}",
@@ -216,12 +216,14 @@ def _pyplot():  # matplotlib.pyplot, imported when a figure is drawn (an optiona
     return plt
 
 
-def draw(curves: list[Curve], out: Path, title: str | None = None) -> Path:
+def draw(curves: list[Curve], out: Path, title: str | None = None, remedy: str = "") -> Path:
+    """The curves in one figure at `out`; `remedy`: what the command's user can do about a curve with nothing
+    drawn (e.g. "; --no-group draws each run"), said in its note."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for c in curves:
         values = c.seed_values()
-        _say_what_is_left_out(c)
+        _say_what_is_left_out(c, remedy)
         mean, low, high = values.mean(0), values.min(0), values.max(0)  # NaN (a gap) where a seed has no value
         (line,) = ax.plot(c.steps, mean, label=c.label, **c.style)
         if c.returns.shape[0] > 1:

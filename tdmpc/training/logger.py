@@ -88,6 +88,12 @@ class RunLogger:
         self.pretrain_bar: tqdm | None = None
         self.last_eval: float | None = None
         self.rates: dict[str, str] = {}  # the rates the bar shows, as last measured
+        logged = getattr(self.wandb, "step", 0)  # where wandb's run (the same id) goes on from
+        if start_step and isinstance(logged, int) and logged > start_step + 1:
+            # wandb has no purge (its rewind is a private preview): it ignores steps below the ones it holds
+            self.message(f"note: wandb's run goes on from step {logged:,}, logged before this resume from the "
+                         f"checkpoint at step {start_step:,}: wandb ignores this run's rows before step {logged:,} "
+                         f"(it keeps the earlier ones); train.csv, eval.csv and TensorBoard hold this run's")
 
     def _bar(self, total: int, initial: int, unit: str, desc: str) -> tqdm:
         """A progress bar whose rate (and ETA) is over its own lifetime (smoothing 0): a resumed run's counts only
