@@ -99,7 +99,8 @@ def test_gather_writes_table_csv_plot_with_ratios_and_verdicts(tmp_path, capsys)
 
     md = (out / "results.md").read_text()
     assert f"| cup-catch | default | 100,000 | 2 | 940.0 | {cup:.1f} | {940 / cup:.2f} | PASS |" in md
-    assert "Config: each run's own config.json (--gather does not check that a task's seeds share one)." in md
+    assert "Config: each run's own config.json (a note below names any setting a task's seeds differ in" in md
+    assert "different settings" not in md  # both seeds have the same
     assert "| cartpole-swingup | default | 100,000 | 1 | 700.0 |" in md and "| FAIL |" in md
     assert "interpolated" in md  # the 50k rows
     assert (out / "results.png").stat().st_size > 10_000
@@ -132,6 +133,37 @@ def test_gather_judges_only_the_steps_all_of_a_tasks_seeds_reach(tmp_path):
     assert check.env_step == 60_000 and check.seeds == 2
     assert ("cup-catch (default): rows over steps 0–60,000, which all 2 seeds reach; their evaluations span steps "
             "0–100,000") in (tmp_path / "out/results.md").read_text()
+
+
+def test_gather_names_the_settings_a_tasks_seeds_differ_in_that_change_what_they_learn(tmp_path, capsys):
+    """Runs of two configs in one folder: gather averaged them as seeds of one without a word. Now a note (stderr
+    and results.md) names each setting that differs and each seed's value; settings that say only how a run
+    executes (threads, compile, eval_freq) are not differences; a model_size preset is compared by its sizes."""
+    fake_run(tmp_path / "runs/cup/1", "cup-catch", 1, [(0, 10.0), (100_000, 950.0)],
+             config={"num_samples": 512, "model_size": 5, "threads": 1})
+    fake_run(tmp_path / "runs/cup/2", "cup-catch", 2, [(0, 10.0), (100_000, 900.0)],
+             config={"num_samples": 512, "model_size": 5, "threads": 8, "compile": True, "eval_freq": 1000})
+    fake_run(tmp_path / "runs/cup/3", "cup-catch", 3, [(0, 10.0), (100_000, 500.0)],
+             config={"num_samples": 256, "model_size": 1})
+    fake_run(tmp_path / "runs/walker/1", "walker-walk", 1, [(0, 10.0), (100_000, 950.0)],
+             config={"model_size": 5, "threads": 1})
+    fake_run(tmp_path / "runs/walker/2", "walker-walk", 2, [(0, 10.0), (100_000, 950.0)],
+             config={"model_size": None, "mlp_dim": 512, "enc_dim": 256, "latent_dim": 512, "num_q": 5,
+                     "num_enc_layers": 2})  # model size 5's sizes, each set: the same network
+    reproduce.gather(reproduce.find_runs([tmp_path / "runs"]), tmp_path / "out")
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if "different settings" in x]
+    assert line.startswith("note: cup-catch (default): its seeds were trained with different settings (")
+    assert "num_samples 512 (seeds 1, 2), 256 (seed 3)" in line and "mlp_dim 512 (seeds 1, 2), 384 (seed 3)" in line
+    assert "threads" not in line and "compile" not in line and "eval_freq" not in line and "walker" not in err
+    assert line[len("note: "):] + "." in (tmp_path / "out/results.md").read_text()
+    from tdmpc.cli.plot import main as plot_main
+
+    assert plot_main([str(tmp_path / "runs/cup/1"), str(tmp_path / "runs/cup/3"), "--out", str(tmp_path / "p.png")]) == 0
+    assert capsys.readouterr().err == ("note: cup-catch (default): its seeds were trained with different settings "
+                                       "(num_samples 512 (seed 1), 256 (seed 3); mlp_dim 512 (seed 1), 384 (seed 3); "
+                                       "latent_dim 512 (seed 1), 128 (seed 3); num_q 5 (seed 1), 2 (seed 3)): the mean "
+                                       "mixes configs, not seeds of one\n")
 
 
 def test_a_pixel_run_is_compared_with_the_published_pixel_results_apart_from_state_runs(tmp_path):
@@ -738,4 +770,7 @@ def test_a_gymnasium_task_without_a_published_curve_is_judged_by_its_solved_thre
     assert checks == {"CartPole-v1": "PASS", "Acrobot-v1": "FAIL", "Pendulum-v1": "n/a"}
     printed = capsys.readouterr().out
     assert "PASS  CartPole-v1" in printed and "gymnasium's solved threshold 475" in printed
-    assert "gymnasium's solved threshold (`reward_threshold`), -100" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "gymnasium's solved threshold (`reward_threshold`), -100" in md
+    assert ("TD-MPC2 mean at 30,000 env steps; a task without a published TD-MPC2 curve: gymnasium's solved "
+            "threshold (notes at the end).") in md  # the header's bar is not 90% of a curve for these

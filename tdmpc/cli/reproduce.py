@@ -25,7 +25,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Optional
 
-from tdmpc.config import CPU_CONFIG, FIELD_NAMES, SIZE_FIELDS, Config, from_dict, parse_cli
+from tdmpc.config import CPU_CONFIG, SIZE_FIELDS, Config, learning_differences, parse_cli
 from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STOP_SIGNALS, BadInput, RunDirError,
                           flag_names, parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
@@ -126,17 +126,6 @@ def seeds_text(seeds: list[int]) -> str:
     return ",".join(parts)
 
 
-# Settings one grid's runs may differ in: each cell's own, and those that say where and how a run executes or what
-# it writes, not what it learns (a rerun may pass other ones after --, and a resume takes them). model_size is
-# compared through the sizes it stands for.
-NOT_COMPARED = frozenset({
-    "task", "seed", "steps", "run_dir", "model_size",
-    "device", "threads", "compile", "cuda_graphs", "plan_chunk_envs", "buffer_device", "vectorization",
-    "dataset_stream", "update_stream", "debug",
-    "eval_freq", "eval_episodes", "save_video", "save_every", "save_buffer", "log_every", "save_data", "progress",
-    "tensorboard", "wandb", "wandb_project", "wandb_entity", "wandb_group", "wandb_tags"})
-
-
 @dataclass
 class GridConfig:
     """The config all runs of the grid share: what a new run of it gets, its task, seed and steps aside."""
@@ -150,17 +139,13 @@ class GridConfig:
         return self.base + (f", then {shlex.join(self.extra)} (after --)" if self.extra else "")
 
     def refuse_other(self, run_dir: Path, saved: dict) -> None:
-        """A run made with other settings (saved: its config.json) is not this grid's result, to skip or resume:
-        one line naming the first setting that differs. Not compared: NOT_COMPARED, settings this config leaves to
-        the task or the machine (None: seed_steps, episodic, ...), and settings the run's config.json lacks (added
-        to tdmpc since)."""
-        theirs, mine = ({**c.to_dict(), **c.sizes()} for c in (from_dict(saved, str(run_dir / "config.json")),
-                                                                 self.cfg))
-        differ = [n for n in FIELD_NAMES if n in saved and n not in NOT_COMPARED and mine[n] is not None
-                  and theirs[n] != mine[n]]
+        """A run made with other settings (saved: its config.json; compared as learning_differences does) is not
+        this grid's result, to skip or resume: one line naming the first setting that differs."""
+        differ = learning_differences(saved, self.cfg, str(run_dir / "config.json"))
         if differ:
-            name, also = differ[0], f" (and {', '.join(differ[1:])})" if differ[1:] else ""
-            raise BadInput(f"{run_dir} was trained with {name} {theirs[name]!r}, not the {mine[name]!r} of "
+            (name, (theirs, mine)), *others = differ.items()
+            also = f" (and {', '.join(n for n, _ in others)})" if others else ""
+            raise BadInput(f"{run_dir} was trained with {name} {theirs!r}, not the {mine!r} of "
                            f"{self._source(name)}{also}: the seeds of one grid share their config; rerun with the "
                            f"--cfg and flags after -- it was made with, or give this config a new --runs-root")
 

@@ -12,12 +12,12 @@ This layer imports only errors.py, runtime/ and tasks/ (the reference task sets)
 from tdmpc.config.checks import validate
 from tdmpc.config.fields import AS_BEFORE_ADDED, FIELD_NAMES, MAX_DEFAULT_UPDATES, MODEL_SIZES, SIZE_FIELDS, Config, \
     NetworkSettings
-from tdmpc.config.parsing import CONFIG_DIR, CPU_CONFIG, available_configs, changed_fields, find_config_file, \
-    from_dict, load_json, parse_cli, read_json, save_json, unknown_key_error
+from tdmpc.config.parsing import CONFIG_DIR, CPU_CONFIG, NOT_COMPARED, available_configs, changed_fields, \
+    find_config_file, from_dict, learning_differences, load_json, parse_cli, read_json, save_json, unknown_key_error
 from tdmpc.config.planner import MPPIConfig
 from tdmpc.errors import ConfigError
 
 __all__ = ["AS_BEFORE_ADDED", "CONFIG_DIR", "CPU_CONFIG", "FIELD_NAMES", "MAX_DEFAULT_UPDATES", "MODEL_SIZES",
-           "SIZE_FIELDS", "Config", "ConfigError", "MPPIConfig", "NetworkSettings", "available_configs",
-           "changed_fields", "find_config_file", "from_dict", "load_json", "parse_cli", "read_json", "save_json",
-           "unknown_key_error", "validate"]
+           "NOT_COMPARED", "SIZE_FIELDS", "Config", "ConfigError", "MPPIConfig", "NetworkSettings", "available_configs",
+           "changed_fields", "find_config_file", "from_dict", "learning_differences", "load_json", "parse_cli",
+           "read_json", "save_json", "unknown_key_error", "validate"]

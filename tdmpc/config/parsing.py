@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal, TypeVar
 import tyro
 
 from tdmpc.config.checks import validate
-from tdmpc.config.fields import FIELD_NAMES, Config, field_types
+from tdmpc.config.fields import FIELD_NAMES, SIZE_FIELDS, Config, field_types
 from tdmpc.errors import ConfigError, one_line_parse_errors, optional_bool_flags
 from tdmpc.runtime.files import shipped_dir, write_text_atomic
 
@@ -159,3 +159,25 @@ def _another(name: str, value: object) -> Any:
 def changed_fields(base: Config, cfg: Config) -> dict[str, tuple[object, object]]:
     """Fields whose value differs between two configs: name -> (old, new)."""
     return {n: (getattr(base, n), getattr(cfg, n)) for n in FIELD_NAMES if getattr(base, n) != getattr(cfg, n)}
+
+
+# Settings two runs being compared (one grid's seeds, the seeds a curve averages) may differ in: each run's own, and
+# those that say where and how a run executes or what it writes, not what it learns (a rerun may pass other ones,
+# and a resume takes them). model_size is compared through the sizes it stands for.
+NOT_COMPARED = frozenset({
+    "task", "seed", "steps", "run_dir", "model_size",
+    "device", "threads", "compile", "cuda_graphs", "plan_chunk_envs", "buffer_device", "vectorization",
+    "dataset_stream", "update_stream", "debug",
+    "eval_freq", "eval_episodes", "save_video", "save_every", "save_buffer", "log_every", "save_data", "progress",
+    "tensorboard", "wandb", "wandb_project", "wandb_entity", "wandb_group", "wandb_tags"})
+
+
+def learning_differences(saved: dict, cfg: Config, source: str) -> dict[str, tuple[object, object]]:
+    """The settings that change what a run learns in which a run's config.json (`saved`, read from `source`)
+    differs from `cfg`: name -> (the run's, cfg's). Not compared: NOT_COMPARED, settings cfg leaves to the task or
+    the machine (None: seed_steps, episodic, ...), and settings the run's config.json lacks (added to tdmpc since;
+    its model_size stands for the sizes)."""
+    theirs, mine = ({**c.to_dict(), **c.sizes()} for c in (from_dict(saved, source), cfg))
+    return {n: (theirs[n], mine[n]) for n in FIELD_NAMES
+            if (n in saved or n in SIZE_FIELDS and "model_size" in saved) and n not in NOT_COMPARED
+            and mine[n] is not None and theirs[n] != mine[n]}

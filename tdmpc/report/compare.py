@@ -183,7 +183,9 @@ def write_markdown(rows: list[Row], path: Path, at: int, bar: float, config: str
              "github.com/nicklashansen/tdmpc2 (copy in `tdmpc/data/`); a pixel run (`, pixels`) beside TD-MPC2's "
              "own from pixels (`results/tdmpc2-pixels`; no SAC there). Env steps include action repeat "
              "(DMC: 2, so 100k env steps = 50k agent steps).",
-             f"Pass bar: our mean >= {bar:.0%} of the published TD-MPC2 mean at {at:,} env steps.", "",
+             f"Pass bar: our mean >= {bar:.0%} of the published TD-MPC2 mean at {at:,} env steps"
+             + ("; a task without a published TD-MPC2 curve: gymnasium's solved threshold (notes at the end)."
+                if any(r.threshold is not None for r in rows if r.check) else "."), "",
              "## Summary", "",
              "| task | run | env step | seeds | ours | TD-MPC2 | ours / TD-MPC2 | result | s per 100k env steps |",
              "|---|---|---:|---:|---:|---:|---:|---|---:|"]
@@ -292,7 +294,8 @@ def check_results_folder(out: Path) -> None:
 
 
 def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9,
-           config: str = "each run's own config.json (--gather does not check that a task's seeds share one)") \
+           config: str = "each run's own config.json (a note below names any setting a task's seeds differ in "
+                         "that changes what they learn)") \
         -> list[Row]:
     """Compare the runs with the published curves, write results.md/csv/png into `out`, print PASS/FAIL. `config`:
     the settings the runs were made with, for results.md (a grid's, named by tdmpc.reproduce)."""
@@ -303,7 +306,8 @@ def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9,
     rows = compare(groups, results, at, bar)
     check_results_folder(out)
     make_dirs(out)
-    write_markdown(rows, out / "results.md", at, bar, config, coverage_notes(groups))
+    write_markdown(rows, out / "results.md", at, bar, config,
+                   coverage_notes(groups) + [g.curve.mixed + "." for g in groups if g.curve.mixed])
     write_csv(rows, out / "results.csv")
     write_plot(groups, results, out / "results.png")
     for r in (r for r in rows if r.check):

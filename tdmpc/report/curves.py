@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tdmpc.config import ConfigError, from_dict, learning_differences
 from tdmpc.errors import BadInput
 from tdmpc.runtime.files import atomic_write
 
@@ -32,6 +33,7 @@ class Curve:
     style: dict = field(default_factory=dict)
     offline: bool = False  # its steps count updates
     evaluated: np.ndarray | None = None  # (seeds, len(steps)): where each seed evaluated (None: everywhere)
+    mixed: str | None = None  # mixed_settings: the settings its seeds differ in, said with it
 
     def own(self) -> np.ndarray:
         """(seeds, len(steps)): where each seed evaluated."""
@@ -70,6 +72,7 @@ class Series:
     obs: str = "state"  # Config.obs: which published results the run is compared with
     seed: int | None = None
     offline: bool = False  # trained on a dataset: its steps count updates, not env steps
+    config: dict = field(default_factory=dict)  # the run's config.json, as saved ({} without one)
 
     @property
     def label(self) -> str:
@@ -109,9 +112,10 @@ def read_run(run_dir: Path) -> list[Series]:
     if len(by_task) > 1:
         exp_name += ", multi-task"
     seed = cfg.get("seed")
+    tables = {task: np.array(points) for task, points in by_task.items()}
     return [Series(run_dir, task, exp_name, table[:, 0].astype(np.int64) // len(by_task), table[:, 1], table[:, 2],
-                   obs, seed, offline) for task, table in ((t, np.array(points)) for t, points in by_task.items())] \
-        or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3, obs, seed, offline)]
+                   obs, seed, offline, cfg) for task, table in tables.items()] \
+        or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3, obs, seed, offline, cfg)]
 
 
 def _eval_points(eval_csv: Path, default_task: str) -> list[tuple[str, tuple[float, float, float]]]:
@@ -167,8 +171,35 @@ def group_series(series_list: list[Series], group: bool = True) -> list[Curve]:
             table[i, np.searchsorted(steps, s.steps)] = s.returns
             evaluated[i, np.searchsorted(steps, s.steps)] = True
         curves.append(Curve(f"{label}, {_seeds(series)}" if group else label, steps, table,
-                            offline=series[0].offline, evaluated=evaluated))
+                            offline=series[0].offline, evaluated=evaluated,
+                            mixed=mixed_settings(label, series) if group else None))
     return curves
+
+
+def mixed_settings(label: str, series: list[Series]) -> str | None:
+    """A line when a curve's seeds were trained with settings that change what they learn (learning_differences;
+    runs of several configs drawn or gathered together): their mean is no one config's. Runs without a
+    config.json tdmpc reads are left out of the comparison."""
+    runs = []
+    for s in (s for s in series if s.config):
+        try:
+            runs.append((s, from_dict(s.config, str(s.run_dir / "config.json"))))
+        except ConfigError:
+            pass
+    if len(runs) < 2:
+        return None
+    differ = [learning_differences(s.config, runs[0][1], str(s.run_dir / "config.json")) for s, _ in runs]
+    names = list(dict.fromkeys(n for d in differ for n in d))
+    parts = []
+    for name in names:
+        by_value: dict[str, list[str]] = defaultdict(list)
+        for (s, cfg), d in zip(runs, differ):
+            value = d[name][0] if name in d else {**cfg.to_dict(), **cfg.sizes()}[name]
+            by_value[repr(value)].append(str(s.seed) if s.seed is not None else str(s.run_dir))
+        parts.append(f"{name} " + ", ".join(f"{v} (seed{'s' * (len(seeds) > 1)} {', '.join(seeds)})"
+                                            for v, seeds in by_value.items()))
+    return (f"{label}: its seeds were trained with different settings ({'; '.join(parts)}): the mean mixes "
+            f"configs, not seeds of one") if parts else None
 
 
 def _seeds(series: list[Series]) -> str:
@@ -224,6 +255,8 @@ def draw(curves: list[Curve], out: Path, title: str | None = None, remedy: str =
     for c in curves:
         values = c.seed_values()
         _say_what_is_left_out(c, remedy)
+        if c.mixed:
+            print(f"note: {c.mixed}", file=sys.stderr)
         mean, low, high = values.mean(0), values.min(0), values.max(0)  # NaN (a gap) where a seed has no value
         (line,) = ax.plot(c.steps, mean, label=c.label, **c.style)
         if c.returns.shape[0] > 1:
