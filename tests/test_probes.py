@@ -624,3 +624,32 @@ def test_wandb_without_its_package_is_one_line_before_the_run_directory(tmp_path
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
     line = one_line_error(cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--run-dir", tmp_path / "run", "--wandb"))
     assert "needs the wandb package" in line and not (tmp_path / "run").exists()
+
+
+def test_more_threads_than_the_cpus_this_process_may_use_are_refused_before_the_run(tmp_path, capsys, monkeypatch):
+    """--threads 999 on 2 cores had not finished a run's first step in 5 minutes (OpenMP's threads spin, waiting on
+    threads that are not running): refused in one line naming the CPUs, before a run directory exists; a dry run
+    (planning for another machine) says it; OMP_NUM_THREADS above them is capped with a line; the CPUs are the
+    process's share (a Slurm job's), not the machine's."""
+    from tdmpc.runtime.device import set_threads
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    line = one_line_error(cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--run-dir", tmp_path / "run",
+                              "--threads", 3))
+    assert "--threads 3: this process may use 2 CPUs" in line and "give at most 2" in line
+    assert not (tmp_path / "run").exists()
+    r = cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--threads", 3, "--dry-run")
+    assert r.returncode == 0 and "threads: TOO MANY for this machine: --threads 3" in r.stdout
+    for module, args in (("tdmpc.evaluate", ["--checkpoint", tmp_path / "none.pt"]),
+                         ("tdmpc.reproduce", ["--tasks", "Pendulum-v1", "--seeds", 1, "--runs-root", tmp_path / "rr"])):
+        assert "this process may use 2 CPUs" in one_line_error(cli(capsys, module, *args, "--threads", 3))
+    before = torch.get_num_threads()
+    try:
+        assert set_threads(2) == 2
+        monkeypatch.setenv("OMP_NUM_THREADS", "7")
+        assert set_threads(None) == 2 and "not OMP_NUM_THREADS=7" in capsys.readouterr().err
+        monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0}, raising=False)
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert set_threads(None) == 1  # a share of the machine: its own CPU, whatever the machine's load
+    finally:
+        torch.set_num_threads(before)

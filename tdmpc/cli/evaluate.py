@@ -18,7 +18,7 @@ from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
 from tdmpc.episodes import check_video_path, eval_seed, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.model.checkpoint import check_dims_match, checkpoint_path, load_file
-from tdmpc.runtime.device import set_threads
+from tdmpc.runtime.device import set_threads, threads_error
 from tdmpc.runtime.files import json_text, write_text_atomic
 from tdmpc.tasks.sets import chosen_task
 from tdmpc.training.run_dir import saved_step
@@ -82,6 +82,8 @@ def evaluate(args: EvalArgs) -> int:
         raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
     if args.threads is not None and args.threads < 1:
         raise BadInput(f"--threads must be >= 1, got {args.threads}")
+    if error := threads_error(args.threads):  # before the checkpoint is read
+        raise BadInput(error)
     if args.seed is not None and not 0 <= args.seed < 2**62:
         raise BadInput(f"--seed must be >= 0 and < 2**62 (gymnasium and torch seed with it), got {args.seed}")
     if args.video is not None:

@@ -30,6 +30,7 @@ from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STO
                           flag_names, parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import check_results_folder, find_runs, gather
+from tdmpc.runtime.device import threads_error, usable_cpus
 from tdmpc.runtime.files import make_dirs, remove_made_dirs, shipped_dir
 from tdmpc.training.run_dir import RunDirLock, saved_step
 
@@ -508,13 +509,15 @@ def _main(args: ReproduceArgs, extra: list[str]) -> int:
     threads = args.threads
     if threads is None and args.jobs > 1 and not any(a.split("=")[0] == "--threads" for a in extra):
         # All start at once, each seeing an idle machine: give each its share of the cores this process may use.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cores = usable_cpus()
         threads = max(1, cores // args.jobs)
         print(f"--jobs {args.jobs}: each run gets --threads {threads} of the {cores} cores; pass --threads to "
               f"choose", flush=True)
     if threads is not None:
         if threads < 1:
             raise BadInput(f"--threads must be >= 1, got {threads}")
+        if not args.slurm and (error := threads_error(threads)):  # a Slurm job's CPUs are the cluster's
+            raise BadInput(error)
         extra = ["--threads", str(threads), *extra]
     return submit_slurm(args, tasks, seeds, extra) if args.slurm else run_grid(args, tasks, seeds, extra, grid)
 

@@ -272,7 +272,8 @@ class _Hardware:
     """fp32 matmuls: 'high' runs them in TF32 on GPUs that have it, as the reference trains; 'highest' keeps full
     fp32. None: 'high' on CUDA, 'highest' elsewhere."""
     threads: Optional[int] = None
-    """CPU threads for torch. None: the cores other processes leave idle (give 1 to each of several runs)."""
+    """CPU threads for torch, at most the CPUs this process may use. None: the cores other processes leave idle
+    (give 1 to each of several runs)."""
     debug: bool = False
     """Expensive checks (NaN scans) in the hot paths."""
     nonfinite_data: Literal["error", "drop"] = "error"

@@ -80,21 +80,46 @@ def set_matmul_precision(precision: str | None, device: torch.device) -> str:
     return chosen
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a Slurm job's share, taskset's), else the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def threads_error(requested: int | None) -> str | None:
+    """Why --threads `requested` would run badly here, or None: more threads than the CPUs this process may use.
+    OpenMP's threads spin while they wait for each other, so with fewer CPUs than threads every parallel region
+    waits on threads that are not running (on 2 cores, --threads 999 had not finished a training run's first
+    step in 5 minutes)."""
+    cpus = usable_cpus()
+    if requested is not None and requested > cpus:
+        return (f"--threads {requested}: this process may use {cpus} CPU{'s' * (cpus != 1)}; more threads than CPUs "
+                f"wait on each other (OpenMP's threads spin), a run many times slower: give at most {cpus}")
+    return None
+
+
 def set_threads(requested: int | None) -> int:
-    """Set torch's CPU threads: `requested`; else OMP_NUM_THREADS when set (Slurm jobs set it); else all
-    cores less those other processes keep busy (OpenMP threads spin, so two processes each using every
-    core run several times slower than with their share each), saying so when that is fewer than all
-    cores. Returns the count."""
+    """Set torch's CPU threads: `requested` (at most the CPUs this process may use, threads_error); else
+    OMP_NUM_THREADS when set (Slurm jobs set it), capped at those CPUs with a line; else those CPUs less the ones
+    other processes keep busy (OpenMP threads spin, so two processes each using every core run several times
+    slower than with their share each), saying so when that is fewer. Returns the count."""
     if requested is not None and requested < 1:
         raise BadInput(f"--threads must be >= 1, got {requested}")
+    if error := threads_error(requested):
+        raise BadInput(error)
+    cpus = usable_cpus()
     if requested is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         requested = max(1, int(os.environ["OMP_NUM_THREADS"]))
+        if requested > cpus:
+            print(f"threads: {cpus}, the CPUs this process may use, not OMP_NUM_THREADS={requested} (more threads "
+                  f"than CPUs wait on each other); pass --threads N to choose", file=sys.stderr)
+            requested = cpus
     if requested is None:
-        cores = os.cpu_count() or 1
-        busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") else 0
-        requested = max(1, cores - busy)
-        if requested < cores:
-            print(f"threads: {requested} of {cores} cores (the machine's load is {busy}: other processes use the "
+        machine = os.cpu_count() or cpus
+        # the load average is the machine's: within a share of it (Slurm's, taskset's) it counts others' CPUs
+        busy = round(os.getloadavg()[0]) if hasattr(os, "getloadavg") and cpus == machine else 0
+        requested = max(1, cpus - busy)
+        if requested < cpus:
+            print(f"threads: {requested} of {cpus} cores (the machine's load is {busy}: other processes use the "
                   f"rest); pass --threads N to choose", file=sys.stderr)
     torch.set_num_threads(requested)
     return requested

@@ -40,7 +40,7 @@ from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.planners.make import planner_factory
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder, task_action_start
 from tdmpc.runtime import distributed
-from tdmpc.runtime.device import cap_cuda_memory, resolve_device, set_threads
+from tdmpc.runtime.device import cap_cuda_memory, resolve_device, set_threads, threads_error
 from tdmpc.runtime.files import available_host_memory
 from tdmpc.model.world_model import ModelDims
 from tdmpc.multitask import TaskSetup, task_setup
@@ -144,11 +144,14 @@ def prepare(req: RunRequest) -> RunSetup | None:
     if plan.chunked_from is not None:
         filled = dataclasses.replace(filled, plan_chunk_envs=plan.cfg.plan_chunk_envs)
     host_error = dataclasses.replace(plan, cfg=filled).host_error(available_host_memory())
+    many_threads = threads_error(filled.threads)
     if req.dry_run:
         print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
                                     spec.discrete))
         if host_error:
             print(f"host memory: DOES NOT FIT this machine: {host_error}")
+        if many_threads:
+            print(f"threads: TOO MANY for this machine: {many_threads}")
         for line in (*req.notes, *off_cuda, init_note):  # where the config came from, as a run says it
             if line:
                 print(line, file=sys.stderr)
@@ -156,6 +159,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
         raise BadInput(plan.error())
     if host_error and not req.dry_run:
         raise BadInput(host_error)
+    if many_threads and not req.dry_run:
+        raise BadInput(many_threads)
     if req.dry_run:
         return None
     assert device is not None
