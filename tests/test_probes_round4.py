@@ -129,3 +129,29 @@ def test_the_run_lock_is_taken_on_the_directory_there_now_when_the_old_one_was_m
     finally:
         lock.release()
     assert RunDirLock.held(run) is None
+
+
+# A stop signal while Python tears the process down after the run (torch's teardown takes seconds): sent from a
+# module global's __del__, which runs once Python has put Python-function signal handlers back to the default.
+SIGNAL_AT_TEARDOWN = textwrap.dedent('''
+    import os, signal, sys, time
+    from tdmpc.cli.train import main
+
+    class AtTeardown:
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)  # delivered meanwhile
+
+    at_teardown = AtTeardown()
+    sys.exit(main(sys.argv[1:]))
+''')
+
+
+def test_a_stop_signal_while_python_tears_down_after_the_stop_still_exits_3(tmp_path):
+    """The run's handler for signals after the run was a Python function, which Python's exit resets to the default
+    before it deletes the modules: a SIGTERM then (a scheduler's TERM after its USR1) killed the process (143, not
+    requeued) after the stop's checkpoint was written. An ignored signal stays ignored to the end."""
+    cfg = tiny_json(tmp_path, steps=150, seed_steps=100, eval_episodes=0)
+    r = subprocess.run([PY, "-c", SIGNAL_AT_TEARDOWN, "--cfg", str(cfg), "--run-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=240, env=_env(TDMPC_KILL_AT="seeding:50:USR1"))
+    assert r.returncode == 3 and "stopped by signal SIGUSR1 at step 50" in r.stderr, (r.returncode, r.stderr)
