@@ -307,6 +307,28 @@ def test_a_resume_behind_what_wandb_holds_says_that_wandb_ignores_the_rows_until
     assert "wandb's run goes on" not in capsys.readouterr().err
 
 
+def test_resume_messages_name_fits_keywords_and_fewer_steps_than_done_change_nothing(tmp_path, capsys):
+    """A resume with fewer steps than the run has done ended it at once: evaluated again, marked finished, the
+    lower steps saved, under a note that it was still seeding. Now refused, nothing changed. And fit()'s messages
+    named the command line's flags (--steps N, --resume) where fit takes steps= and resume=True."""
+    from tdmpc.errors import BadInput, RunDirError
+
+    stop = lambda row: row["env_step"] < 200  # noqa: E731 - stops at the log row of step 200
+    a, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "a", on_log=stop, **TINY)
+    files = {p: p.read_bytes() for p in sorted(a.rglob("*")) if p.is_file()}
+    with pytest.raises(BadInput, match=r"^steps=100: the run in .* is already at step 200; give more to continue it, "
+                                       r"or leave it out \(the run's own: 300\); nothing was changed$"):
+        tdmpc.fit(run_dir=a, resume=True, steps=100)
+    assert {p: p.read_bytes() for p in sorted(a.rglob("*")) if p.is_file()} == files
+    with pytest.raises(RunDirError, match="already holds a run; continue it with resume=True, or choose another "
+                                          "run_dir$"):
+        tdmpc.fit(env="Pendulum-v1", run_dir=a, **TINY)
+    tdmpc.fit(run_dir=a, resume=True)
+    capsys.readouterr()
+    tdmpc.fit(run_dir=a, resume=True)
+    assert "already finished at step 300; pass steps=N to extend it" in capsys.readouterr().err
+
+
 def test_wandb_gets_a_unique_id_per_run_kept_on_resume_its_options_and_videos(tmp_path, monkeypatch):
     import_or_skip("imageio")
     stub = WandbStub()

@@ -262,11 +262,13 @@ def remove_stale_temp_files(run_dir: Path) -> list[Path]:
     return stale
 
 
-def check_fresh(run_dir: Path) -> None:
-    """A fresh start never takes over a directory that holds a run."""
+def check_fresh(run_dir: Path, from_python: bool = False) -> None:
+    """A fresh start never takes over a directory that holds a run. from_python: tdmpc.fit's, whose keywords the
+    message names."""
     if checkpoint_path(run_dir).exists():
-        raise RunDirError(f"run directory {run_dir} already holds a run; continue it with --resume "
-                          f"{shlex.quote(str(run_dir))} or choose another --run-dir")
+        how = ("resume=True, or choose another run_dir" if from_python
+               else f"--resume {shlex.quote(str(run_dir))} or choose another --run-dir")
+        raise RunDirError(f"run directory {run_dir} already holds a run; continue it with {how}")
 
 
 def set_aside_unfinished(run_dir: Path) -> None:

@@ -91,12 +91,17 @@ def prepare(req: RunRequest) -> RunSetup | None:
         init_from = None
         checkpoint = resume_checkpoint(req.resume)
         done = load_file(checkpoint, mmap=True).get("train", {})
-        if done.get("finished") and saved_step(done) >= cfg.steps:
+        step, steps_flag = saved_step(done), "steps=" if req.from_python else "--steps "
+        if done.get("finished") and step >= cfg.steps:
             names = [n if req.from_python else f"--{n.replace('_', '-')}" for n in changes]
             unused = f" ({', '.join(names)} not applied: nothing was changed)" if changes else ""
-            print(f"run in {req.resume} already finished at step {saved_step(done):,}; pass --steps N to extend it"
-                  f"{unused}", file=sys.stderr)
+            print(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend it{unused}",
+                  file=sys.stderr)
             return None
+        if cfg.steps < step:  # it would end at once, evaluated and marked finished with a lower steps saved
+            own = changes["steps"][0] if "steps" in changes else cfg.steps
+            raise BadInput(f"{steps_flag}{cfg.steps}: the run in {req.resume} is already at step {step:,}; give more "
+                           f"to continue it, or leave it out (the run's own: {own:,}); nothing was changed")
         for name, (old, new) in changes.items():
             by = "fit()'s keywords" if req.from_python else "the command line"
             print(f"resume: {name} changed from {old!r} to {new!r} by {by}", file=sys.stderr)
@@ -128,7 +133,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
                          spec.task, init_from)
     run_dir = req.resume or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.for_task(spec)))
     if req.resume is None:
-        check_fresh(run_dir)  # early, before the memory plan; build() checks again under the lock
+        check_fresh(run_dir, req.from_python)  # early, before the memory plan; build() checks again under the lock
 
     def for_run(c: Config) -> Config:
         overlap = c.overlap_updates if c.overlap_updates is not None else overlap_default(device, tensor, c)
