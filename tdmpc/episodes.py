@@ -25,7 +25,7 @@ from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vecto
 from tdmpc.errors import BadInput, NonFiniteData
 from tdmpc.model.checkpoint import describe_sizes
 from tdmpc.memory.peak import EVAL_PARALLEL
-from tdmpc.runtime.files import atomic_write, fmt_bytes, free_bytes
+from tdmpc.runtime.files import atomic_write, file_in_the_way, fmt_bytes, free_bytes
 from tdmpc.runtime.transfer import to_device
 
 MAX_PARALLEL = EVAL_PARALLEL  # episodes at once; the memory estimate plans a planner of this size
@@ -254,8 +254,7 @@ def check_video_path(path: Path) -> None:
         raise BadInput(f"--video {path} is a folder: give a file name, e.g. {path / 'episode.mp4'}")
     if path.suffix.lower() not in VIDEO_SUFFIXES:
         raise BadInput(f"--video {path}: the name must end in {', '.join(VIDEO_SUFFIXES)} (the format follows it)")
-    blocked = next((p for p in path.parents if p.exists() or p.is_symlink()), None)
-    if blocked is not None and not blocked.is_dir():
+    if blocked := file_in_the_way(path):
         raise BadInput(f"--video {path}: {blocked} is a file where a folder goes")
 
 

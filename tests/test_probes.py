@@ -455,7 +455,10 @@ def test_output_paths_that_cannot_be_used_are_one_line(finished, tmp_path, capsy
                                  ("tdmpc.plot", [finished, "--out", afile / "p.png"],
                                   f"{afile}: a file where a folder goes"),
                                  ("tdmpc.evaluate", ["--checkpoint", finished, "--video", afile / "v.mp4"],
-                                  f"--video {afile / 'v.mp4'}: {afile} is a file where a folder goes")):
+                                  f"--video {afile / 'v.mp4'}: {afile} is a file where a folder goes"),
+                                 # before any episode, as --video is (it was an exit 1 after the result)
+                                 ("tdmpc.evaluate", ["--checkpoint", finished, "--report", afile / "r.json"],
+                                  f"--report {afile / 'r.json'}: {afile} is a file where a folder goes")):
         line = one_line_error(cli(capsys, module, *args))
         assert needle in line, (module, line)
     assert afile.read_text() == "mine"

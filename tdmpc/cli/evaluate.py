@@ -19,7 +19,7 @@ from tdmpc.episodes import check_video_path, eval_seed, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
 from tdmpc.model.checkpoint import check_dims_match, checkpoint_path, load_file
 from tdmpc.runtime.device import set_threads, threads_error
-from tdmpc.runtime.files import json_text, write_text_atomic
+from tdmpc.runtime.files import file_in_the_way, json_text, write_text_atomic
 from tdmpc.tasks.sets import chosen_task
 from tdmpc.training.run_dir import saved_step
 
@@ -90,6 +90,8 @@ def evaluate(args: EvalArgs) -> int:
         check_video_path(args.video)
     if args.report is not None and args.report.is_dir():
         raise BadInput(f"--report {args.report} is a folder: give a file name, e.g. {args.report / 'eval.json'}")
+    if args.report is not None and (blocked := file_in_the_way(args.report)):
+        raise BadInput(f"--report {args.report}: {blocked} is a file where a folder goes")
     overrides = {k: getattr(args, k) for k in ("mpc", "precision", "iterations", "num_samples", "num_elites",
                                                 "num_pi_trajs", "plan_horizon", "nonfinite_data")
                  if getattr(args, k) is not None}

@@ -50,6 +50,13 @@ def make_dirs(path: Path) -> Path | None:
     return made
 
 
+def file_in_the_way(path: Path) -> Path | None:
+    """The nearest existing ancestor of `path` when it is not a folder (a file where a folder goes): a write to
+    `path` would fail, so a command checks it before its work."""
+    blocked = next((p for p in Path(path).parents if p.exists() or p.is_symlink()), None)
+    return blocked if blocked is not None and not blocked.is_dir() else None
+
+
 def remove_made_dirs(inner: Path, made: Path | None) -> None:
     """The folders make_dirs made, from `inner` up to `made`, while they are empty: a write that failed leaves no
     folder it made behind."""
