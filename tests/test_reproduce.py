@@ -656,6 +656,24 @@ def test_a_multitask_run_gathers_as_one_curve_per_task_at_its_own_env_steps(tmp_
     assert mt.sec_per_100k == pytest.approx(200_000 * 0.05 / 100_000 * 100_000)  # both tasks' steps took it
 
 
+def test_an_offline_multitask_run_is_drawn_at_its_updates_not_divided_among_its_tasks(tmp_path):
+    """An offline run's steps count updates, each over all its tasks: plot drew a 2-task offline run's 50 updates
+    at 25 (the division an online multi-task run's env steps need)."""
+    from tdmpc.report.curves import group_runs
+
+    run = tmp_path / "offmt"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"task": "finger-spin,cartpole-swingup", "seed": 1,
+                                                 "dataset": ["f.h5", "c.h5"]}))
+    with open(run / "eval.csv", "w", newline="") as f:
+        f.write("env_step,task,episodes,episode_return,episode_return_std,episode_length,eval_seconds,elapsed\n")
+        for step in (0, 50):
+            for task in ("finger-spin", "cartpole-swingup", "mean"):
+                f.write(f"{step},{task},1,10.0,0.0,500,3.0,{step}\n")
+    curves = group_runs([run])
+    assert [c.steps.tolist() for c in curves] == [[0, 50], [0, 50]] and all(c.offline for c in curves)
+
+
 def test_gather_bar_sets_the_verdict(tmp_path, capsys):
     """--bar is the fraction of the published mean that passes: the same run fails at 0.9 and passes at 0.8."""
     cart = load_published()[("tdmpc2", "cartpole-swingup")].at(100_000)[0]

@@ -113,7 +113,9 @@ def read_run(run_dir: Path) -> list[Series]:
         exp_name += ", multi-task"
     seed = cfg.get("seed")
     tables = {task: np.array(points) for task, points in by_task.items()}
-    return [Series(run_dir, task, exp_name, table[:, 0].astype(np.int64) // len(by_task), table[:, 1], table[:, 2],
+    # an online multi-task run's steps are all its tasks' together; an offline run's count updates, each over all
+    per_task = 1 if offline else len(by_task)
+    return [Series(run_dir, task, exp_name, table[:, 0].astype(np.int64) // per_task, table[:, 1], table[:, 2],
                    obs, seed, offline, cfg) for task, table in tables.items()] \
         or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3, obs, seed, offline, cfg)]
 
