@@ -674,6 +674,20 @@ def test_an_offline_multitask_run_is_drawn_at_its_updates_not_divided_among_its_
     assert [c.steps.tolist() for c in curves] == [[0, 50], [0, 50]] and all(c.offline for c in curves)
 
 
+def test_a_seed_that_returned_nan_counts_in_the_mean_and_fails_the_check(tmp_path, capsys):
+    """A diverged seed (NaN return at 100k) was dropped from the row, and the two others passed as '2 seeds'. Now
+    the row is over all 3, its mean NaN and its verdict FAIL, with a note naming the seed and the step."""
+    for seed, ret in ((1, 970.0), (2, float("nan")), (3, 890.0)):
+        fake_run(tmp_path / f"n/{seed}", "cup-catch", seed, [(50_000, 500.0), (100_000, ret)])
+    rows = reproduce.gather(reproduce.find_runs([tmp_path / "n"]), tmp_path / "out")
+    (check,) = [r for r in rows if r.check]
+    assert check.env_step == 100_000 and check.seeds == 3 and check.ours != check.ours and check.check == "FAIL"
+    assert [r.seeds for r in rows] == [3, 3] and rows[0].ours == 500.0
+    assert ("cup-catch (default): seed 2 has no finite return at step(s) 100,000 (an evaluation returned NaN): the "
+            "mean there is NaN, a FAIL where it is the check step.") in (tmp_path / "out/results.md").read_text()
+    assert "FAIL  cup-catch (default): ours nan at 100,000 env steps (3 seeds)" in capsys.readouterr().out
+
+
 def test_gather_bar_sets_the_verdict(tmp_path, capsys):
     """--bar is the fraction of the published mean that passes: the same run fails at 0.9 and passes at 0.8."""
     cart = load_published()[("tdmpc2", "cartpole-swingup")].at(100_000)[0]

@@ -125,7 +125,8 @@ def compare(groups: list[Group], results: Results, at: int, bar: float) -> list[
 
     As python -m tdmpc.plot draws it, every row is over all of the group's seeds, each read off the line between
     its own evaluations where it has none at that step, and only the steps all of them reach have a row: a verdict
-    from the seeds that got furthest alone would not be the grid's (coverage_notes says what is left out)."""
+    from the seeds that got furthest alone would not be the grid's (coverage_notes says what is left out). A seed
+    whose evaluation returned NaN (diverged) makes the row's mean NaN, judged FAIL, not a mean over the others."""
     rows = []
     for g in groups:
         shared, values, published = g.curve.shared(), g.curve.seed_values(), results[g.obs]
@@ -136,7 +137,6 @@ def compare(groups: list[Group], results: Results, at: int, bar: float) -> list[
             else None
         for j in np.flatnonzero(shared):
             step, col = g.curve.steps[j], values[:, j]
-            col = col[~np.isnan(col)]
             pub, interp = {}, False
             for alg in ALGORITHMS:
                 curve = published.get((alg, g.task))
@@ -158,10 +158,15 @@ def compare(groups: list[Group], results: Results, at: int, bar: float) -> list[
 
 def coverage_notes(groups: list[Group]) -> list[str]:
     """A line for each group whose seeds' evaluations end (or begin) at different steps: the rows cover only the
-    steps all of them reach."""
+    steps all of them reach; and for each seed whose evaluation returned NaN within them."""
     notes = []
     for g in groups:
         shared, steps, n = g.curve.shared(), g.curve.steps, len(g.curve.returns)
+        for name, row in zip(g.curve.seed_names, np.isnan(g.curve.seed_values()[:, shared])):
+            if row.any():
+                at = ", ".join(f"{s:,}" for s in steps[shared][row])
+                notes.append(f"{g.task} ({g.exp_name}): seed {name} has no finite return at step(s) {at} (an "
+                             f"evaluation returned NaN): the mean there is NaN, a FAIL where it is the check step.")
         span = f"their evaluations span steps {steps[0]:,}–{steps[-1]:,}"
         if not shared.any():
             notes.append(f"{g.task} ({g.exp_name}): no step lies within all {n} seeds' evaluations ({span}): not "

@@ -34,6 +34,7 @@ class Curve:
     offline: bool = False  # its steps count updates
     evaluated: np.ndarray | None = None  # (seeds, len(steps)): where each seed evaluated (None: everywhere)
     mixed: str | None = None  # mixed_settings: the settings its seeds differ in, said with it
+    seed_names: list[str] = field(default_factory=list)  # each row of returns: its seed (or run directory)
 
     def own(self) -> np.ndarray:
         """(seeds, len(steps)): where each seed evaluated."""
@@ -77,6 +78,11 @@ class Series:
     @property
     def label(self) -> str:
         return f"{self.task} ({self.exp_name})"
+
+    @property
+    def seed_name(self) -> str:
+        """How a line names this run among its curve's seeds: its seed, else its directory."""
+        return str(self.seed) if self.seed is not None else str(self.run_dir)
 
     def seconds_per_100k(self) -> float | None:
         """Training wall-clock per 100k env steps of this task, at the last evaluation."""
@@ -174,7 +180,8 @@ def group_series(series_list: list[Series], group: bool = True) -> list[Curve]:
             evaluated[i, np.searchsorted(steps, s.steps)] = True
         curves.append(Curve(f"{label}, {_seeds(series)}" if group else label, steps, table,
                             offline=series[0].offline, evaluated=evaluated,
-                            mixed=mixed_settings(label, series) if group else None))
+                            mixed=mixed_settings(label, series) if group else None,
+                            seed_names=[s.seed_name for s in series]))
     return curves
 
 
@@ -197,7 +204,7 @@ def mixed_settings(label: str, series: list[Series]) -> str | None:
         by_value: dict[str, list[str]] = defaultdict(list)
         for (s, cfg), d in zip(runs, differ):
             value = d[name][0] if name in d else {**cfg.to_dict(), **cfg.sizes()}[name]
-            by_value[repr(value)].append(str(s.seed) if s.seed is not None else str(s.run_dir))
+            by_value[repr(value)].append(s.seed_name)
         parts.append(f"{name} " + ", ".join(f"{v} (seed{'s' * (len(seeds) > 1)} {', '.join(seeds)})"
                                             for v, seeds in by_value.items()))
     return (f"{label}: its seeds were trained with different settings ({'; '.join(parts)}): the mean mixes "
