@@ -656,7 +656,7 @@ def test_a_multitask_run_gathers_as_one_curve_per_task_at_its_own_env_steps(tmp_
     assert mt.sec_per_100k == pytest.approx(200_000 * 0.05 / 100_000 * 100_000)  # both tasks' steps took it
 
 
-def test_an_offline_multitask_run_is_drawn_at_its_updates_not_divided_among_its_tasks(tmp_path):
+def test_an_offline_multitask_run_is_drawn_at_its_updates_not_divided_among_its_tasks(tmp_path, capsys):
     """An offline run's steps count updates, each over all its tasks: plot drew a 2-task offline run's 50 updates
     at 25 (the division an online multi-task run's env steps need)."""
     from tdmpc.report.curves import group_runs
@@ -672,6 +672,18 @@ def test_an_offline_multitask_run_is_drawn_at_its_updates_not_divided_among_its_
                 f.write(f"{step},{task},1,10.0,0.0,500,3.0,{step}\n")
     curves = group_runs([run])
     assert [c.steps.tolist() for c in curves] == [[0, 50], [0, 50]] and all(c.offline for c in curves)
+    # gather leaves it out in one line (not one per task), and with nothing else says so, not "no evaluation yet"
+    from tdmpc.errors import BadInput
+
+    with pytest.raises(BadInput, match=r"^none of the run directories is an online run with an evaluation \(1 "
+                                       r"offline, left out above\)$"):
+        reproduce.gather([run], tmp_path / "out")
+    assert capsys.readouterr().err.count("an offline run") == 1
+    # nor does a grid train offline runs only to leave them all out at its end
+    assert main(["--tasks", "finger-spin", "--seeds", "1", "--runs-root", str(tmp_path / "rr"), "--", "--dataset",
+                 "f.h5"]) == 2
+    assert "--dataset after --: reproduce compares runs with the published curves" in capsys.readouterr().err
+    assert not (tmp_path / "rr").exists()
 
 
 def test_a_seed_that_returned_nan_counts_in_the_mean_and_fails_the_check(tmp_path, capsys):

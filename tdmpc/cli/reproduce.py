@@ -172,6 +172,10 @@ def grid_config(extra: list[str], args: ReproduceArgs, task: str) -> GridConfig:
     # tdmpc.train's default, as base_config chooses it
     base = f"--cfg {args.cfg}" if args.cfg else "tdmpc.train's default here, " + (
         f"configs/{CPU_CONFIG}" if not torch.cuda.is_available() else "the reference settings")
+    if cfg.dataset:
+        raise BadInput("--dataset after --: reproduce compares runs with the published curves, whose steps are env "
+                       "steps; an offline run's count updates (train it with python -m tdmpc.train --dataset, and "
+                       "draw it with python -m tdmpc.plot)")
     return GridConfig(cfg, given, base, extra)
 
 

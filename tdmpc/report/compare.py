@@ -80,16 +80,21 @@ def set_aside(relative: Path) -> bool:
 def load_groups(run_dirs: list[Path]) -> list[Group]:
     """The evaluation series of the runs (one per task of a multi-task run), grouped by task, exp_name and obs.
     Offline runs (steps that count updates) are left out, and a seed found in several runs counts once (the run that
-    got furthest, else the first), each said in a line."""
+    got furthest, else the first), each said in a line; none left is a one-line error."""
     by_key: dict[tuple[str, str, str], list[Series]] = defaultdict(list)
+    offline = 0
     for d in run_dirs:
-        for series in read_run(d):
+        run = read_run(d)
+        if not any(len(series.steps) for series in run):
+            print(f"skipping {d}: no evaluation yet", file=sys.stderr)
+            continue
+        if run[0].offline:
+            offline += 1
+            print(f"skipping {d}: an offline run (its steps count updates, not the env steps of the published "
+                  f"curves; python -m tdmpc.plot draws it)", file=sys.stderr)
+            continue
+        for series in run:
             if len(series.steps) == 0:
-                print(f"skipping {d}: no evaluation yet", file=sys.stderr)
-                continue
-            if series.offline:
-                print(f"skipping {d}: an offline run (its steps count updates, not the env steps of the published "
-                      f"curves; python -m tdmpc.plot draws it)", file=sys.stderr)
                 continue
             members = by_key[(series.task, series.exp_name, series.obs)]
             twin = next((m for m in members if series.seed is not None and m.seed == series.seed), None)
@@ -108,6 +113,9 @@ def load_groups(run_dirs: list[Path]) -> list[Group]:
         curve.style = {"marker": "o", "markersize": 3}  # eval points, visible even when there is one
         secs = [s for s in (m.seconds_per_100k() for m in members) if s is not None]
         groups.append(Group(task, exp_name, curve, float(np.mean(secs)) if secs else None, obs))
+    if not groups:
+        raise BadInput(f"none of the run directories is an online run with an evaluation ({offline} offline, left "
+                       f"out above)" if offline else "none of the run directories has an evaluation yet")
     return groups
 
 
@@ -305,8 +313,6 @@ def gather(run_dirs: list[Path], out: Path, at: int = 100_000, bar: float = 0.9,
     """Compare the runs with the published curves, write results.md/csv/png into `out`, print PASS/FAIL. `config`:
     the settings the runs were made with, for results.md (a grid's, named by tdmpc.reproduce)."""
     groups = load_groups(run_dirs)
-    if not groups:
-        raise BadInput("none of the run directories has an evaluation yet")
     results = {obs: load_published(obs) for obs in dict.fromkeys(g.obs for g in groups)}
     rows = compare(groups, results, at, bar)
     check_results_folder(out)
