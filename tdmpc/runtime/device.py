@@ -93,7 +93,7 @@ def threads_error(requested: int | None) -> str | None:
     cpus = usable_cpus()
     if requested is not None and requested > cpus:
         return (f"--threads {requested}: this process may use {cpus} CPU{'s' * (cpus != 1)}; more threads than CPUs "
-                f"wait on each other (OpenMP's threads spin), a run many times slower: give at most {cpus}")
+                f"wait on each other (OpenMP's threads spin), which slows every step: give at most {cpus}")
     return None
 
 
