@@ -41,7 +41,7 @@ expand_seeds() {
             # shellcheck disable=SC2207  # seq prints numbers only
             out+=($(seq "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"))
         elif [[ $part =~ ^[0-9]+$ ]]; then
-            out+=("$part")
+            out+=("$((10#$part))")  # 01 is seed 1, as tdmpc.train reads it: named twice with 1
         else
             die "--seeds: '$part' is not a seed or a range like 1-3"
         fi
@@ -85,8 +85,12 @@ done
 # not a failure of every element after it waited in the queue. stdout is dropped: the check prints only errors.
 python=${TDMPC_PYTHON:-python3}
 check_rc=0
-check=$("$python" -m tdmpc.slurm_scripts --check-sweep "${task_list[@]}" -- "${train_args[@]}" 2>&1 >/dev/null) ||
-    check_rc=$?
+sbatch_names=()  # the options before --, by name: a train flag put there by mistake is refused
+for opt in "${sbatch_opts[@]}"; do
+    [[ $opt != --?* ]] || { opt=${opt#--}; sbatch_names+=("${opt%%=*}"); }
+done
+check=$("$python" -m tdmpc.slurm_scripts --check-sweep "${task_list[@]}" \
+    ${sbatch_names[@]+--sbatch-options "${sbatch_names[@]}"} -- "${train_args[@]}" 2>&1 >/dev/null) || check_rc=$?
 last=${check##*$'\n'}  # its one-line error comes last (after any warning)
 if [ "$check_rc" = 2 ]; then
     echo "$last" >&2

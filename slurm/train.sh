@@ -104,7 +104,9 @@ if [ -n "${SLURM_ARRAY_TASK_ID:-}" ] && [ -n "${TDMPC_SWEEP_TASKS:-}" ]; then
 else
     run_dir=${TDMPC_RUN_DIR:-$runs_root/slurm/$SLURM_JOB_NAME/$SLURM_JOB_ID}
 fi
-mkdir -p "$run_dir"
+[ ! -e "$run_dir" ] || [ -d "$run_dir" ] ||
+    die "the run directory $run_dir is a file (TDMPC_RUN_DIR names the run's folder, not its checkpoint)"
+mkdir -p "$run_dir" 2>/dev/null || die "cannot make the run directory $run_dir (a file where a folder goes, or no permission)"
 
 # The job's log file: linked from the run directory, and read for Slurm's reason when TERM comes.
 job_log=$(scontrol show job "$SLURM_JOB_ID" 2>/dev/null | sed -n 's/^ *StdErr=//p')
@@ -163,11 +165,13 @@ trap '' USR1 TERM                # from here on Slurm's TERM only means the job 
 
 # Why Slurm sent TERM: just before it, slurmstepd writes a line into the job's log,
 # "*** JOB <id> ON <node> CANCELLED AT <time> DUE TO TIME LIMIT ***" (or PREEMPTION,
-# JOB REQUEUE, NODE FAILURE), with no reason when a user cancelled the job.
+# JOB REQUEUE, NODE FAILURE), with no reason when a user cancelled the job. Its text need not start a
+# line: the progress bar's last frame (no newline) usually comes right before it. No such line: no reason.
 term_reason() {
     [ -f "$job_log" ] || return 0
-    tail -c +"$((log_offset + 1))" "$job_log" | grep -a "^slurmstepd.*\*\*\* JOB $SLURM_JOB_ID ON .* CANCELLED AT" |
-        tail -n 1 | sed -n 's/.* DUE TO \(.*\) \*\*\*$/\1/p'
+    tail -c +"$((log_offset + 1))" "$job_log" | tr '\r' '\n' |
+        { grep -a "slurmstepd.*\*\*\* JOB $SLURM_JOB_ID ON .* CANCELLED AT" || true; } |
+        tail -n 1 | sed -n 's/.* DUE TO \([A-Z ]*[A-Z]\) \*\*\*.*/\1/p'
 }
 
 case $rc in

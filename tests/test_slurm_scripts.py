@@ -3,8 +3,10 @@ Slurm's variables set and a stand-in `scontrol` (the tests of them under a real 
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +31,12 @@ def stand_ins(tmp_path, **scripts):
 @pytest.mark.parametrize("args,needle", [
     (["--tasks", "walker-walk", "--seeds", "1,1"], "--seeds names 1 twice"),
     (["--tasks", "walker-walk", "--seeds", "1-3,2"], "--seeds names 2 twice"),
+    (["--tasks", "walker-walk", "--seeds", "1,01"], "--seeds names 1 twice"),  # tdmpc.train reads 01 as 1
+    # a train flag before -- went to sbatch: refused by it (exit 255), or --threads taken as --threads-per-core
+    (["--tasks", "walker-walk", "--seeds", "1", "--cfg", "a4000.json"], "--cfg before --: it is a tdmpc.train flag"),
+    (["--tasks", "walker-walk", "--seeds", "1", "--threads", "1", "--dry-run", "--", "--cfg", "a4000.json"],
+     "--threads before --: it is a tdmpc.train flag"),
+    (["--tasks", "walker-walk", "--seeds", "1", "--no-compile=x", "--dry-run"], "--no-compile before --"),
     (["--tasks", "walker-walk,walker-walk", "--seeds", "1"], "--tasks names walker-walk twice"),
     (["--tasks", "walker-walk", "--seeds", ""], "--seeds needs a value"),
     (["--tasks", "walker-walk", "--seeds", "1", "--dry-run", "--", "--seed", "4"], "--seed after --"),
@@ -126,3 +134,47 @@ def test_the_scripts_checks_are_asked_for_one_at_a_time(argv, tmp_path, capsys, 
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and not (tmp_path / "x").exists(), err
+
+
+@pytest.mark.parametrize("reason,said", [("DUE TO TIME LIMIT", "Slurm ended the job (time limit)"),
+                                         ("", "the job ended (cancelled by a user); not requeueing it")])
+def test_train_sh_reads_slurms_reason_for_term_after_the_progress_bar(tmp_path, reason, said):
+    """slurmstepd's '*** JOB ... CANCELLED AT ... DUE TO TIME LIMIT ***' lands right after the progress bar's
+    last frame, which ends in no newline: train.sh looked for it at the start of a line, found nothing, and its
+    `set -e` ended the script with exit 1, neither requeueing a timed-out job nor telling a cancelled one how to
+    go on."""
+    log = tmp_path / "job.out"
+    log.write_text("")
+    scontrol = f'case "$1" in show) echo "   StdErr={log}" ;; requeue) echo "$@" >> {tmp_path}/requeued ;; esac'
+    env = {**CHECKING, "PATH": stand_ins(tmp_path, scontrol=scontrol), "SLURM_JOB_NAME": "tdmpc",
+           "SLURM_JOB_ID": "10", "TDMPC_RUNS": str(tmp_path / "runs")}
+    cfg = tiny_json(tmp_path, steps=100_000, eval_episodes=0)
+    p = subprocess.Popen(["bash", SLURM / "train.sh", "--cfg", cfg], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env=env)
+    config = tmp_path / "runs" / "slurm" / "tdmpc" / "10" / "config.json"
+    deadline = time.monotonic() + 120
+    while not config.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # the trainer is under way, and train.sh's traps set long before
+    with open(log, "a") as f:
+        f.write(f"Pendulum-v1:   0%|          | 0/100000 [00:01<?, env/s=13]slurmstepd-vm: error: *** JOB 10 ON vm "
+                f"CANCELLED AT 2026-11-29T07:53:19{' ' + reason if reason else ''} ***\n")
+    p.send_signal(signal.SIGTERM)
+    text, _ = p.communicate(timeout=240)
+    assert said in text, text
+    if reason:
+        assert p.returncode == 0 and "requeueing job 10" in text, (p.returncode, text)
+        assert (tmp_path / "requeued").read_text() == "requeue 10\n"
+    else:
+        assert p.returncode == 3 and "Resume by hand: TDMPC_RUN_DIR=" in text and not (tmp_path / "requeued").exists()
+
+
+def test_train_sh_refuses_a_run_directory_that_is_a_file_in_one_line(tmp_path):
+    """TDMPC_RUN_DIR naming the run's checkpoint (as --resume may): mkdir's 'File exists' and exit 1 in the log."""
+    ckpt = tmp_path / "run" / "checkpoints" / "latest.pt"
+    ckpt.parent.mkdir(parents=True)
+    ckpt.write_bytes(b"mine")
+    r = subprocess.run(["bash", SLURM / "train.sh", "--cfg", "cpu.json"], capture_output=True, text=True,
+                       env=job_env(tmp_path, SLURM_JOB_ID="11", TDMPC_RUN_DIR=str(ckpt)), timeout=120)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stdout + r.stderr
+    assert f"error: the run directory {ckpt} is a file (TDMPC_RUN_DIR names the run's folder" in r.stderr
+    assert ckpt.read_bytes() == b"mine"

@@ -37,6 +37,9 @@ class SlurmArgs:
     check_sweep: Optional[tuple[str, ...]] = None
     """TASK [TASK ...]: check slurm/sweep.sh's tasks and, for each, the train arguments after -- as tdmpc.train
     will read them, and exit: sweep.sh runs this before it submits."""
+    sbatch_options: tuple[str, ...] = ()
+    """With --check-sweep: the names (without --) of the options sweep.sh passes to sbatch, refused where one is
+    a tdmpc.train flag put before -- by mistake (sbatch would refuse it, or take --threads as --threads-per-core)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,8 +56,10 @@ def _main(args: SlurmArgs, train_args: list[str]) -> int:
         check_job(train_args)
         return EXIT_OK
     if args.check_sweep is not None:
-        check_sweep(list(args.check_sweep), train_args)
+        check_sweep(list(args.check_sweep), train_args, list(args.sbatch_options))
         return EXIT_OK
+    if args.sbatch_options:
+        raise BadInput("--sbatch-options go with --check-sweep")
     if train_args:
         raise BadInput("train arguments after -- go with --check-job or --check-sweep")
     if args.copy is None:
@@ -82,9 +87,20 @@ def check_job(train_args: list[str]) -> None:
                            f"directory itself (an earlier job's, to resume its run)")
 
 
-def check_sweep(tasks: list[str], train_args: list[str]) -> None:
+def check_sweep(tasks: list[str], train_args: list[str], sbatch_options: list[str] = ()) -> None:
     """slurm/sweep.sh's tasks and train arguments, before anything is submitted: a typo is one line now, not a
-    failure of every array element once it has waited in the queue (tdmpc.reproduce --slurm checks the same)."""
+    failure of every array element once it has waited in the queue (tdmpc.reproduce --slurm checks the same).
+    sbatch_options: the names of the options before --, which sweep.sh passes to sbatch."""
+    import dataclasses
+
+    from tdmpc.config import FIELD_NAMES
+    from tdmpc.training.flags import TrainArgs
+
+    train_flags = {n.replace("_", "-") for n in (*FIELD_NAMES, *(f.name for f in dataclasses.fields(TrainArgs)))}
+    for name in sbatch_options:
+        if name in train_flags or name.startswith("no-") and name[3:] in train_flags:
+            raise BadInput(f"--{name} before --: it is a tdmpc.train flag, so it goes after -- (sweep.sh passes "
+                           f"the options before -- to sbatch)")
     for flag in flag_names(train_args):
         if flag in SWEEP_FLAGS:
             raise BadInput(f"{flag} after --: the sweep gives each element its task and seed (--tasks, --seeds "
@@ -94,9 +110,9 @@ def check_sweep(tasks: list[str], train_args: list[str]) -> None:
                            f"$TDMPC_RUNS/slurm/<name>/<array job id>/<task>/seed<seed> (TDMPC_RUNS defaults to "
                            f"runs), where a requeue resumes it; set TDMPC_RUNS to choose the root, or TDMPC_RUN_DIR "
                            f"for the folder holding <task>/seed<seed>")
-    from tdmpc.config import parse_cli  # torch and the envs: only once the flags above pass
+    from tdmpc.config import parse_cli  # the envs: only once the flags above pass
     from tdmpc.envs.names import resolve_task
-    from tdmpc.training.flags import TrainArgs, base_config
+    from tdmpc.training.flags import base_config
 
     for task in tasks:  # every task before any flag: a typo in the last task is named as such
         resolve_task(task)
