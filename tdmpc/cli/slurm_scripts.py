@@ -56,7 +56,7 @@ def _main(args: SlurmArgs, train_args: list[str]) -> int:
         check_job(train_args)
         return EXIT_OK
     if args.check_sweep is not None:
-        check_sweep(list(args.check_sweep), train_args, list(args.sbatch_options))
+        check_sweep(list(args.check_sweep), train_args, args.sbatch_options)
         return EXIT_OK
     if args.sbatch_options:
         raise BadInput("--sbatch-options go with --check-sweep")
@@ -87,7 +87,7 @@ def check_job(train_args: list[str]) -> None:
                            f"directory itself (an earlier job's, to resume its run)")
 
 
-def check_sweep(tasks: list[str], train_args: list[str], sbatch_options: list[str] = ()) -> None:
+def check_sweep(tasks: list[str], train_args: list[str], sbatch_options: tuple[str, ...] = ()) -> None:
     """slurm/sweep.sh's tasks and train arguments, before anything is submitted: a typo is one line now, not a
     failure of every array element once it has waited in the queue (tdmpc.reproduce --slurm checks the same).
     sbatch_options: the names of the options before --, which sweep.sh passes to sbatch."""
