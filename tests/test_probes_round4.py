@@ -155,3 +155,21 @@ def test_a_stop_signal_while_python_tears_down_after_the_stop_still_exits_3(tmp_
     r = subprocess.run([PY, "-c", SIGNAL_AT_TEARDOWN, "--cfg", str(cfg), "--run-dir", str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=240, env=_env(TDMPC_KILL_AT="seeding:50:USR1"))
     assert r.returncode == 3 and "stopped by signal SIGUSR1 at step 50" in r.stderr, (r.returncode, r.stderr)
+
+
+def test_a_command_run_in_a_process_leaves_the_processes_it_starts_later_stoppable(tmp_path):
+    """The signals a command's ended run keeps are ignored by a Python handler, made SIG_IGN only at exit: an
+    ignored signal is inherited, so a process started after the run (the test suite's next train.sh) could not
+    be stopped by TERM."""
+    from tdmpc.cli.train import main
+
+    cfg = tiny_json(tmp_path, steps=150, seed_steps=100, eval_episodes=0)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        assert main(["--cfg", str(cfg), "--run-dir", str(tmp_path / "run")]) == 0
+        code = "import signal; print(*(signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGUSR1)))"
+        r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
+        assert r.stdout.split() == ["True", "True"], r.stdout + r.stderr  # not SIG_IGN
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

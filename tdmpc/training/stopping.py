@@ -3,6 +3,7 @@ the next step, after a checkpoint; before it, or at a second Ctrl-C, a command s
 
 from __future__ import annotations
 
+import atexit
 import shlex
 import signal
 from pathlib import Path
@@ -50,17 +51,17 @@ class StopSignals:
 
     def restore_stop_handlers(self) -> None:
         """The handlers from before run(). In a command, which exits once run() returns, SIGTERM and SIGUSR1 (and
-        SIGINT too after a signal's stop) are ignored from then on: a stop signal on the way out (a scheduler's
-        TERM after its USR1, a SIGTERM passed on beside a Ctrl-C, one that came as the run finished) finds nothing
-        left to stop, instead of killing the process (exit 143) once its work is done. SIG_IGN, not a Python
-        handler: Python's exit puts Python handlers back to the default before it tears down the modules (torch's
-        teardown takes seconds), while an ignored signal stays ignored to the end."""
+        SIGINT too after a signal's stop) stay with the ended run, which ignores them: a stop signal on the way out
+        (a scheduler's TERM after its USR1, a SIGTERM passed on beside a Ctrl-C, one that came as the run finished)
+        finds nothing left to stop, instead of killing the process (exit 143) once its work is done. At exit they
+        become SIG_IGN (_ignore_at_exit); until then a Python handler, which the processes a command's process
+        starts do not inherit (an ignored signal they would: a TERM could not stop them)."""
         if self.old_handlers is None:
             return
         self.run_ended = self.run_ended or self.looping
         for s, h in self.old_handlers.items():
             kept = in_command() and self.looping and (s != signal.SIGINT or self.stop_signal is not None)
-            signal.signal(s, signal.SIG_IGN if kept else h)
+            signal.signal(s, _after_the_run if kept else h)
         self.old_handlers = None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -101,3 +102,17 @@ class StopSignals:
         if checkpoint_written:  # the stop's checkpoint was written before the second Ctrl-C took effect
             return Interrupted(f"interrupted again, after the stop's checkpoint; {how}")
         return Interrupted(f"interrupted again, so stopped at once without a new checkpoint; {how}")
+
+
+def _after_the_run(signum: int, frame: Any) -> None:
+    """A command's stop signal after its run ended (StopSignals.restore_stop_handlers): nothing left to stop."""
+
+
+@atexit.register
+def _ignore_at_exit() -> None:
+    """Python's exit puts Python signal handlers back to the default before it tears the modules down (torch's
+    teardown takes seconds), where a TERM after the stop's checkpoint killed the run (143: not requeued). Exit
+    handlers run before that, and an ignored signal stays ignored to the end."""
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) is _after_the_run:
+            signal.signal(s, signal.SIG_IGN)
