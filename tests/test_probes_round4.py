@@ -167,7 +167,8 @@ def test_a_command_run_in_a_process_leaves_the_processes_it_starts_later_stoppab
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         assert main(["--cfg", str(cfg), "--run-dir", str(tmp_path / "run")]) == 0
-        code = "import signal; print(*(signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGUSR1)))"
+        code = ("import signal; "
+                "print(*(signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGUSR1)))")
         r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60)
         assert r.stdout.split() == ["True", "True"], r.stdout + r.stderr  # not SIG_IGN
     finally:

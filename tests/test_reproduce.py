@@ -159,7 +159,8 @@ def test_gather_names_the_settings_a_tasks_seeds_differ_in_that_change_what_they
     assert line[len("note: "):] + "." in (tmp_path / "out/results.md").read_text()
     from tdmpc.cli.plot import main as plot_main
 
-    assert plot_main([str(tmp_path / "runs/cup/1"), str(tmp_path / "runs/cup/3"), "--out", str(tmp_path / "p.png")]) == 0
+    cups = [str(tmp_path / "runs/cup/1"), str(tmp_path / "runs/cup/3")]
+    assert plot_main([*cups, "--out", str(tmp_path / "p.png")]) == 0
     assert capsys.readouterr().err == ("note: cup-catch (default): its seeds were trained with different settings "
                                        "(num_samples 512 (seed 1), 256 (seed 3); mlp_dim 512 (seed 1), 384 (seed 3); "
                                        "latent_dim 512 (seed 1), 128 (seed 3); num_q 5 (seed 1), 2 (seed 3)): the mean "
