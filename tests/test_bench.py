@@ -97,6 +97,20 @@ def test_an_unknown_model_size_is_refused_before_measuring(tmp_path, capsys, not
     assert code == 2 and err.strip().startswith("error: --sizes 7: unknown model size; choose from 1, 5"), err
 
 
+@pytest.mark.parametrize("argv,needle", [
+    (["--horizon", "0"], "--horizon must be >= 1, got 0"),  # was read as unset: the default timed under its name
+    (["--num-samples", "0"], "--num-samples must be >= 1, got 0"),
+    (["--warmup-steps", "0"], "--warmup-steps must be >= 1, got 0"),
+    (["--envs", "0"], "--envs must be >= 1, got 0"),  # was an act() error, after the matmul peaks
+    (["--sizes"], "--sizes needs one or more values"),  # was an IndexError after the whole run
+    (["--task", "cartpole-swingupp"], "cartpole-swingupp"),  # was a silent measurement of Pendulum-v1
+])
+def test_bad_bench_values_are_refused_before_measuring(tmp_path, capsys, nothing_measured, argv, needle):
+    code, err = _bench(capsys, "--device", "cpu", *argv, "--out", tmp_path / "b.json")
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
+    assert not (tmp_path / "b.json").exists()
+
+
 @pytest.mark.slow  # spawned interpreters: CI's slow step (.ci/run)
 def test_e2e_procs_children_run_with_their_share_of_threads_and_start_from_one_barrier():
     """Read back from the children: the threads each process's torch ran with (set by its own trainer, not the

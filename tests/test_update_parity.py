@@ -119,6 +119,25 @@ def test_command_exit_codes(tmp_path, capsys):
     assert "FAIL weights: _pi.0.weight" in out and "271 of 272" in out
 
 
+@pytest.mark.parametrize("name,damage,needle", [
+    ("batch.pt", lambda f: f.write_bytes(f.read_bytes()[:1000]), "batch.pt: not a readable fixture file"),
+    ("plan_io.pt", lambda f: f.write_text("version https://git-lfs.github.com/spec/v1\n"),
+     "plan_io.pt: not a readable fixture file"),
+    ("update_io.pt", lambda f: torch.save({}, f), "update_io.pt: not a fixture's recorded calls"),
+    ("meta.json", lambda f: f.write_text(f.read_text().replace('"episode_length"', '"episode_len"')),
+     "meta.json: not a fixture's meta.json (KeyError: 'episode_length')")])
+def test_a_damaged_fixture_file_is_one_line_naming_it(tmp_path, capsys, name, damage, needle):
+    """A copy cut short, a git-LFS pointer, a file without its calls, a meta.json without a field: tracebacks
+    (exit 1) where the command promises one line and exit 2."""
+    bad = tmp_path / "bad"
+    shutil.copytree(FIXTURE, bad)
+    (bad / name).chmod(0o644)
+    damage(bad / name)
+    assert main([str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and needle in err, err
+
+
 def test_a_compact_fixture_is_compared_by_its_sums(tmp_path):
     """A compact fixture (larger models) keeps per parameter Adam's step and, for each moment, its float64 sum,
     abs-sum, L2 norm and max-abs instead of the tensors, and no large intermediates."""

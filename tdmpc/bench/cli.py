@@ -129,10 +129,11 @@ def print_table(r: dict) -> None:
     for size, p in r.get("plain_fp32", {}).items():
         fast = next(m for m in r["models"] if m["model_size"] == int(size))
         update = fast["update"][Config.train_precision]["ms"]
-        print(f"plain fp32 eager, size {size}: plan {p['plan_ms']:.1f} ms ({p['plan_ms'] / fast['plan'][1]['ms']:.1f}x"
-              f" slower), update {p['update_ms']:.1f} ms ({p['update_ms'] / update:.1f}x slower than the"
-              f" default {Config.train_precision} update)")
-    for n in r["models"][0]["plan"]:
+        one_env = fast["plan"].get(1)  # bench_plain plans for 1 env
+        vs = f" ({p['plan_ms'] / one_env['ms']:.1f}x slower)" if one_env else ""
+        print(f"plain fp32 eager, size {size}: plan {p['plan_ms']:.1f} ms{vs}, update {p['update_ms']:.1f} ms "
+              f"({p['update_ms'] / update:.1f}x slower than the default {Config.train_precision} update)")
+    for n in r["models"][0]["plan"] if any(1 in m["plan"] for m in r["models"]) else ():  # ratios to N=1
         if n != 1:
             ratios = ", ".join(f"size {m['model_size']}: {m['plan'][n]['actions_per_s'] / m['plan'][1]['actions_per_s']:.2f}x"
                                for m in r["models"])
@@ -206,6 +207,17 @@ def check_args(args: BenchArgs) -> torch.device:
     if unknown:
         raise BadInput(f"--sizes {unknown[0]}: unknown model size; choose from {', '.join(map(str, MODEL_SIZES))} "
                        f"(millions of parameters)")
+    for flag, values in (("--sizes", args.sizes), ("--envs", args.envs)):
+        if not values:
+            raise BadInput(f"{flag} needs one or more values")
+    for flag, value in (("--envs", min(args.envs)), ("--e2e-envs", min(args.e2e_envs, default=1)),
+                        ("--horizon", args.horizon), ("--num-samples", args.num_samples),
+                        ("--warmup-steps", args.warmup_steps)):
+        if value is not None and value < 1:  # not read as "unset": the default would be timed under this name
+            raise BadInput(f"{flag} must be >= 1, got {value}")
+    if not (args.kernels or args.tensor_envs) and args.e2e_steps != 0:
+        from tdmpc.envs.names import resolve_task
+        resolve_task(args.task)  # a typo is one line now, not a silent measurement of another task
     return resolve_device(args.device)
 
 
@@ -230,7 +242,7 @@ def _main(args: BenchArgs) -> int:
         return 0
     reps = 5 if args.quick else 20
     OVERRIDES.update({k: v for k, v in (("matmul_precision", args.matmul_precision), ("horizon", args.horizon),
-                                        ("num_samples", args.num_samples)) if v})
+                                        ("num_samples", args.num_samples)) if v is not None})
     OVERRIDES.update({k: v for k, v in (("compile", args.compile), ("overlap_updates", args.overlap_updates))
                       if v is not None})
     if args.update_stream:
@@ -258,12 +270,14 @@ def _main(args: BenchArgs) -> int:
     try:
         from tdmpc.envs import make_vector_env
         make_vector_env(task, 1, seed=0)[0].close()
-    except Exception:
+    except ImportError:  # dm_control missing (checked above: the task's name is known)
+        print(f"{task} needs dm_control (pip install 'tdmpc[dmc]'): timing the training loop on Pendulum-v1",
+              file=sys.stderr)
         task = "Pendulum-v1"
     print(f"benchmarking the training loop ({task}, model size {Config.model_size})...",
           file=sys.stderr)
     e2e = args.e2e_steps if args.e2e_steps is not None else (60 if args.quick else 300)
-    warmup = args.warmup_steps or (200 if args.quick else 1000)
+    warmup = args.warmup_steps if args.warmup_steps is not None else (200 if args.quick else 1000)
     threads = torch.get_num_threads()  # the training loop's too (its own default would re-read the load)
     if e2e and args.e2e_envs:
         result["end_to_end_by_envs"] = {
@@ -282,8 +296,8 @@ def _main(args: BenchArgs) -> int:
     if offline:
         print("benchmarking offline sampling...", file=sys.stderr)
         result["offline"] = bench_offline(min(args.sizes), device, args.offline_rows, offline)
+    write_text_atomic(args.out, json_text(result))  # first: the measurements outlast any fault in the table
     print_table(result)
-    write_text_atomic(args.out, json_text(result))
     print(f"\nwrote {args.out}")
     return 0
 

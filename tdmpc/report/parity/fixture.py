@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,20 @@ class Fixture:
     compact: bool
 
     def load(self, name: str) -> Any:
-        return torch.load(self.path / name, weights_only=True, map_location="cpu")
+        """A fixture file; one torch cannot read (cut short by a copy, a git-LFS pointer) is a one-line BadInput."""
+        try:
+            return torch.load(self.path / name, weights_only=True, map_location="cpu")
+        except (RuntimeError, EOFError, OSError, ValueError, KeyError, pickle.UnpicklingError) as e:
+            raise BadInput(f"{self.path / name}: not a readable fixture file ({type(e).__name__}, as a copy cut "
+                           f"short or a git-LFS pointer reads); copy the fixture again") from None
+
+    def calls(self, name: str) -> tuple[dict, list[dict]]:
+        """A recorded-calls file (update_io.pt, plan_io.pt) and its calls, or a one-line BadInput."""
+        io = self.load(name)
+        if not isinstance(io, dict) or not isinstance(io.get("calls"), list):
+            raise BadInput(f"{self.path / name}: not a fixture's recorded calls (no list of calls); copy the fixture "
+                           f"again")
+        return io, io["calls"]
 
 
 def read_fixture(path: str | Path, **overrides: Any) -> Fixture:
@@ -112,10 +126,11 @@ def read_fixture(path: str | Path, **overrides: Any) -> Fixture:
     try:
         meta = json.loads((path / "meta.json").read_text())
         ref, fixture = meta["cfg"], meta["fixture"]
+        multitask = bool(ref.get("multitask"))
+        tasks = tuple(ref["tasks"]) if multitask else ()
+        length = [int(n) for n in ref["episode_lengths"]] if multitask else int(ref["episode_length"])
     except (ValueError, KeyError, TypeError) as e:
         raise BadInput(f"{path / 'meta.json'}: not a fixture's meta.json ({type(e).__name__}: {e})") from None
-    multitask = bool(ref.get("multitask"))
-    tasks = tuple(ref["tasks"]) if multitask else ()
     fields = _reference_fields() | {"batch_size", "mpc"}
     values = {k: ref[k] for k in fields if k in ref and ref[k] != "???"}
     values.update(task=ref.get("task", "walker-walk") if not multitask else ",".join(tasks),
@@ -124,7 +139,6 @@ def read_fixture(path: str | Path, **overrides: Any) -> Fixture:
                   plan_horizon=None, entropy_bonus="gaussian", task_scales=False, uniform_prior_coef=0.0,
                   task_set=tasks, task_dim=ref.get("task_dim") or None)
     cfg = Config(**{**values, **overrides})
-    length = [int(n) for n in ref["episode_lengths"]] if multitask else int(ref["episode_length"])
     return Fixture(path, meta, cfg, length, tasks, bool(meta.get("args", {}).get("compact", False)))
 
 

@@ -53,12 +53,12 @@ def run_plans(fx: Fixture, precision: Literal["fp32", "bf16"] = "fp32") -> tuple
     """The fixture's plan calls, in order, on a fresh agent from the start weights: (reference calls, ours)."""
     fx = dataclasses.replace(fx, cfg=dataclasses.replace(fx.cfg, precision=precision))
     agent, _ = build_agent(fx)
-    io = fx.load("plan_io.pt")
+    io, calls = fx.calls("plan_io.pt")
     rec = Recorded()
     agent.use_random(rec)
     obs = io["obs"]
     results = []
-    for call in io["calls"]:
+    for call in calls:
         eval_mode = bool(call["eval_mode"])
         rec.set(plan_draws(io["draws"][:int(call["num_draws"])], agent, eval_mode))
         action = agent.act(obs[0].numpy(), first_step=bool(call["t0"]), eval_mode=eval_mode)
@@ -69,7 +69,7 @@ def run_plans(fx: Fixture, precision: Literal["fp32", "bf16"] = "fp32") -> tuple
         results.append({"action": torch.as_tensor(action), "prev_mean_out": planner.prev_mean[:, 0].clone(),
                         "final_std": planner.std[:, 0].clone(), "pi_actions": planner.actions[:, 0, :P].clone(),
                         "final_value": planner.value[0].clone(), "final_elites": elites})
-    return io["calls"], results
+    return calls, results
 
 
 def check_plan(fx: Fixture) -> Report:

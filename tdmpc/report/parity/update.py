@@ -56,7 +56,7 @@ def run_updates(agent: Agent, fx: Fixture, each: Callable[[int, dict, dict[str, 
     rec = Recorded()
     agent.use_random(rec)
     batch = _batch(fx)
-    for k, call in enumerate(fx.load("update_io.pt")["calls"], 1):
+    for k, call in enumerate(fx.calls("update_io.pt")[1], 1):
         rec.set(update_draws(call["draws"]))
         each(k, call, agent.update(batch), rec)
 
