@@ -147,6 +147,7 @@ SIGNAL_AT_TEARDOWN = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # a spawned trainer: CI's slow step (.ci/run)
 def test_a_stop_signal_while_python_tears_down_after_the_stop_still_exits_3(tmp_path):
     """The run's handler for signals after the run was a Python function, which Python's exit resets to the default
     before it deletes the modules: a SIGTERM then (a scheduler's TERM after its USR1) killed the process (143, not

@@ -136,6 +136,7 @@ def test_the_scripts_checks_are_asked_for_one_at_a_time(argv, tmp_path, capsys, 
     assert err.startswith("error: ") and err.count("\n") == 1 and not (tmp_path / "x").exists(), err
 
 
+@pytest.mark.slow  # a trainer started and stopped per case: CI's slow step (.ci/run)
 @pytest.mark.parametrize("reason,said", [("DUE TO TIME LIMIT", "Slurm ended the job (time limit)"),
                                          ("", "the job ended (cancelled by a user); not requeueing it")])
 def test_train_sh_reads_slurms_reason_for_term_after_the_progress_bar(tmp_path, reason, said):
