@@ -80,8 +80,6 @@ def report_name(task: str, seed: int, checkpoint: Path, args: EvalArgs) -> str:
 def evaluate(args: EvalArgs) -> int:
     if args.episodes < 1:
         raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
-    if args.threads is not None and args.threads < 1:
-        raise BadInput(f"--threads must be >= 1, got {args.threads}")
     if error := threads_error(args.threads):  # before the checkpoint is read
         raise BadInput(error)
     if args.seed is not None and not 0 <= args.seed < 2**62:

@@ -199,12 +199,12 @@ def mixed_settings(label: str, series: list[Series]) -> str | None:
         return None
     differ = [learning_differences(s.config, runs[0][1], str(s.run_dir / "config.json")) for s, _ in runs]
     names = list(dict.fromkeys(n for d in differ for n in d))
+    settings = [{**cfg.to_dict(), **cfg.sizes()} for _, cfg in runs]
     parts = []
     for name in names:
         by_value: dict[str, list[str]] = defaultdict(list)
-        for (s, cfg), d in zip(runs, differ):
-            value = d[name][0] if name in d else {**cfg.to_dict(), **cfg.sizes()}[name]
-            by_value[repr(value)].append(s.seed_name)
+        for (s, _), own in zip(runs, settings):
+            by_value[repr(own[name])].append(s.seed_name)
         parts.append(f"{name} " + ", ".join(f"{v} (seed{'s' * (len(seeds) > 1)} {', '.join(seeds)})"
                                             for v, seeds in by_value.items()))
     return (f"{label}: its seeds were trained with different settings ({'; '.join(parts)}): the mean mixes "

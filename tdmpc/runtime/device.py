@@ -86,10 +86,13 @@ def usable_cpus() -> int:
 
 
 def threads_error(requested: int | None) -> str | None:
-    """Why --threads `requested` would run badly here, or None: more threads than the CPUs this process may use.
+    """Why --threads `requested` cannot be, or would run badly here, or None: fewer than 1, or more threads than
+    the CPUs this process may use.
     OpenMP's threads spin while they wait for each other, so with fewer CPUs than threads every parallel region
     waits on threads that are not running (on 2 cores, --threads 999 had not finished a training run's first
     step in 5 minutes)."""
+    if requested is not None and requested < 1:
+        return f"--threads must be >= 1, got {requested}"
     cpus = usable_cpus()
     if requested is not None and requested > cpus:
         return (f"--threads {requested}: this process may use {cpus} CPU{'s' * (cpus != 1)}; more threads than CPUs "
@@ -102,8 +105,6 @@ def set_threads(requested: int | None) -> int:
     OMP_NUM_THREADS when set (Slurm jobs set it), capped at those CPUs with a line; else those CPUs less the ones
     other processes keep busy (OpenMP threads spin, so two processes each using every core run several times
     slower than with their share each), saying so when that is fewer. Returns the count."""
-    if requested is not None and requested < 1:
-        raise BadInput(f"--threads must be >= 1, got {requested}")
     if error := threads_error(requested):
         raise BadInput(error)
     cpus = usable_cpus()
