@@ -25,7 +25,7 @@ from tdmpc.envs import make_env
 from tdmpc.cli.train import main as train_main
 from tdmpc.model.world_model import ModelDims
 
-from helpers import TINY as TINY_RUN
+from helpers import TINY as TINY_RUN, run_train
 
 TINY = {**TINY_RUN, "eval_freq": 10000, "eval_episodes": 0, "save_every": 10000, "steps": 400}
 CPU_FP32 = memory.Target("cpu", None, False, torch.float32, torch.float32)
@@ -225,11 +225,6 @@ def test_the_agent_plans_in_the_chunks_the_config_names():
     cfg = validate(Config(model_size=1, num_samples=64, num_elites=8, num_pi_trajs=4, plan_chunk_envs=3, device="cpu"))
     agent = Agent(cfg, ModelDims.from_config(cfg, (5,), 2, False), 100, torch.device("cpu"))
     assert agent.planner(8).chunk_envs == 3 and len(agent.planner(8)._chunks()) == 3
-
-
-def run_train(*args, timeout=240):
-    return subprocess.run([sys.executable, "-m", "tdmpc.train", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 def test_dry_run_prints_breakdown_and_verdict(tmp_path):
