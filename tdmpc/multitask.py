@@ -118,4 +118,4 @@ def _info(task: str, action_repeat: int | None) -> TaskInfo:
     env.close()
     if spec.discrete:  # said here, where --dry-run asks too, not first when the training envs are built
         raise TaskError(f"task {task!r} has discrete actions; multi-task models are for continuous ones")
-    return TaskInfo(task, spec.obs_shape[0], spec.action_dim, spec.episode_length)
+    return TaskInfo(task, spec.obs_shape[0], spec.action_dim, spec.episode_length, spec.episodic)

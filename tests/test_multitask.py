@@ -75,7 +75,9 @@ def test_the_reference_mt30_model_evaluates_on_a_task_of_its_set(tmp_path):
 
 
 @pytest.mark.parametrize("task,needle", [
-    (None, "is a multi-task model: choose the task to evaluate with --task, one of mt30: walker-stand"),
+    (None, "is a multi-task model: choose the one task to evaluate with --task, one of mt30: walker-stand"),
+    ("walker-walk,cheetah-run", "is a multi-task model, and --task walker-walk,cheetah-run names 2 tasks: choose the "
+                                "one task to evaluate with --task, one of mt30"),
     ("walker-fly", "task 'walker-fly' is not in this model's task set (mt30: walker-stand"),
 ])
 def test_evaluating_a_multitask_model_without_a_task_of_its_set_is_one_line(tmp_path, task, needle):
@@ -83,6 +85,35 @@ def test_evaluating_a_multitask_model_without_a_task_of_its_set_is_one_line(tmp_
             "--device", "cpu", "--report", tmp_path / "report.json")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_a_reference_multitask_model_of_another_size_than_mt30_or_mt80_takes_its_tasks_from_task_set(tmp_path):
+    """Its file names no tasks: --task-set does, in evaluate and in --init-from (docs/multitask.md)."""
+    model = torch.load(MT30, weights_only=True)["model"]
+    for key in ("_task_emb.weight", "_action_masks"):  # mt30's rows 1 and 2: walker-walk, walker-run
+        model[key] = model[key][1:3].clone()
+    two = tmp_path / "mt2.pt"
+    torch.save({"model": model}, two)
+    evaluate = ["tdmpc.evaluate", "--checkpoint", two, "--task", "walker-run", "--episodes", "1", "--no-mpc",
+                "--device", "cpu", "--threads", "1", "--report", tmp_path / "report.json"]
+    r = run(*evaluate)
+    assert r.returncode == 2 and "neither mt30 nor mt80: name its tasks in id order (--task-set" in r.stderr, r.stderr
+    r = run(*evaluate, "--task-set", "walker-walk,walker-run")
+    assert r.returncode == 0, r.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["task"] == "walker-run"
+    r = run("tdmpc.collect", "--checkpoint", two, "--task", "walker-run", "--task-set", "walker-walk", "walker-run",
+            "--episodes", "1", "--no-mpc", "--out", tmp_path / "c.h5", "--device", "cpu", "--threads", "1")
+    assert r.returncode == 0 and "walker-run: 1 episodes" in r.stdout, r.stderr
+    fine_tune = ["tdmpc.train", "--init-from", two, "--task", "walker-walk", "--dry-run", "--threads", "1"]
+    assert run(*fine_tune).returncode == 2
+    r = run(*fine_tune, "--task-set", "walker-walk", "walker-run")
+    assert r.returncode == 0 and "task_dim 96" in r.stderr, r.stderr
+
+
+def test_a_task_that_can_terminate_in_a_multitask_run_is_named():
+    r = run("tdmpc.train", "--task", "Pendulum-v1,MountainCarContinuous-v0", "--dry-run", "--threads", "1")
+    assert r.returncode == 0 and ("note: MountainCarContinuous-v0 can terminate, but a multi-task model has no "
+                                  "termination head") in r.stderr and "Pendulum-v1 can" not in r.stderr, r.stderr
 
 
 def test_fine_tuning_mt30_keeps_its_task_set_and_a_new_task_gets_a_new_row(tmp_path):

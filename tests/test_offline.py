@@ -4,6 +4,7 @@ data-parallel training over 2 processes (gloo) computing what one process comput
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -91,18 +92,27 @@ def test_offline_init_from_evaluates_the_loaded_weights_at_step_0(online, tmp_pa
 
 @pytest.mark.parametrize("stream", ["memory", "stream"])
 def test_offline_training_updates_evaluates_and_resumes(online, tmp_path, stream):
+    """Started with the dataset's path relative to its folder, resumed from another: the run keeps it absolute."""
     _, data = online
     run = tmp_path / "run"
-    args = ["--dataset", data, "--task", "Pendulum-v1", "--cfg", tiny_json(tmp_path), "--dataset-stream", stream]
-    r = run_train(*args, "--steps", 200, *OFFLINE, "--run-dir", run)
+    args = ["--dataset", data.name, "--task", "Pendulum-v1", "--cfg", tiny_json(tmp_path), "--dataset-stream", stream]
+    r = run_train(*args, "--steps", 200, *OFFLINE, "--run-dir", run, cwd=data.parent)
     assert r.returncode == 0, r.stderr
     assert "finished 200 updates" in r.stderr
     assert [int(e["env_step"]) for e in read_csv(run / "eval.csv")] == [0, 100, 200]
     rows = read_csv(run / "train.csv")
     assert [int(x["updates"]) for x in rows] == [50, 100, 150, 200] and int(rows[-1]["episodes"]) == 0
-    r = run_train("--resume", run, "--steps", 300)
+    assert json.loads((run / "config.json").read_text())["dataset"] == [str(data)]
+    r = run_train("--resume", run, "--steps", 300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["updates"] == 300
+
+
+def test_a_resume_cannot_turn_an_online_run_that_kept_its_episodes_offline(online):
+    """Said as the resume's refusal, not as a clash of --dataset with the run's own --save-data."""
+    run, data = online
+    r = run_train("--resume", run, "--dataset", data, "--steps", 900)
+    assert "--dataset cannot turn an online run offline on --resume" in one_line_error(r)
 
 
 @pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
@@ -240,6 +250,14 @@ def test_episodes_collected_from_a_multi_task_model_train_a_model_of_their_task(
     assert r.returncode == 0, r.stderr
     weights = torch.load(tmp_path / "run" / "checkpoints" / "latest.pt", weights_only=True)["model"]
     assert weights["_encoder.0.weight"].shape[1] == 3  # the task's own obs, not the 24 padded columns
+    # another task of the model joins the file's list (its episodes get its id); the first task's again does not
+    for task in ("cartpole-swingup", "pendulum-swingup"):
+        r = run_module("tdmpc.collect", "--checkpoint", mt30, "--task", task, "--episodes", 1, "--no-mpc",
+                       "--out", data, "--threads", 1)
+        assert r.returncode == 0, r.stderr
+    info = run_module("tdmpc.dataset", "info", data)
+    assert "3 episodes" in info.stdout and "2 task(s)" in info.stdout, info.stdout
+    assert "task pendulum-swingup: 2 episodes" in info.stdout and "task cartpole-swingup: 1 episodes" in info.stdout
 
 
 @pytest.mark.parametrize("command,needle", [
@@ -258,7 +276,7 @@ def test_episodes_collected_from_a_multi_task_model_train_a_model_of_their_task(
     (["tdmpc.train", "--dataset", "{data}", "--task", "Pendulum-v1", "--num-envs", "4", "--run-dir", "{tmp}/run"],
      "an offline run (--dataset) steps none"),
     (["tdmpc.collect", "--checkpoint", "{mt30}", "--episodes", "1", "--out", "{tmp}/c.h5"],
-     "is a multi-task model: choose the task to collect with --task, one of mt30"),
+     "is a multi-task model: choose the one task to collect with --task, one of mt30"),
 ])
 def test_bad_input_to_the_data_commands_is_one_line(online, tmp_path, command, needle):
     run, data = online
@@ -281,6 +299,7 @@ def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_p
                           "-m", "tdmpc.train", *map(str, common), "--batch-size", "8", "--run-dir",
                           str(tmp_path / "two")], capture_output=True, text=True, timeout=300, env=env)
     assert two.returncode == 0, two.stderr
+    assert two.stderr.count("data-parallel: 2 processes, global batch 16 (--batch-size 8 per process)") == 1
     one = run_train(*common, "--batch-size", 16, "--run-dir", tmp_path / "one")
     assert one.returncode == 0, one.stderr
     a = torch.load(tmp_path / "two" / "checkpoints" / "latest.pt", weights_only=True)
@@ -291,6 +310,28 @@ def test_two_ranks_at_half_the_batch_compute_what_one_process_does(online, tmp_p
     differ = run_train(*common, "--batch-size", 8, "--run-dir", tmp_path / "half")  # the check can fail:
     c = torch.load(tmp_path / "half" / "checkpoints" / "latest.pt", weights_only=True)  # batch 8 alone differs
     assert differ.returncode == 0 and not torch.allclose(c["model"]["_pi.0.weight"], b["model"]["_pi.0.weight"])
+    # the process count is the run's: resumed on one process, the global batch it changes is said (once)
+    assert a["ranks"] == 2 and b["ranks"] == 1
+    r = run_train("--resume", tmp_path / "two", "--steps", 30)
+    assert r.returncode == 0, r.stderr
+    assert ("resume: this run trained on 2 data-parallel processes (global batch 16); it continues on 1 (global "
+            "batch 8): --batch-size is per process") in r.stderr
+    again = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                            "-m", "tdmpc.train", "--resume", str(tmp_path / "one"), "--steps", "30"],
+                           capture_output=True, text=True, timeout=300, env=env)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.count("resume: continuing") == 1 and "trained on 1 data-parallel process (global batch 16)" \
+        in again.stderr, again.stderr  # rank 0 speaks for the ranks
+
+
+def test_a_data_parallel_run_names_its_launch_in_the_resume_command(monkeypatch):
+    from tdmpc.runtime.distributed import command
+
+    assert command("--resume r", 1) == "python -m tdmpc.train --resume r"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert command("--resume r", 4) == "torchrun --nproc-per-node 4 -m tdmpc.train --resume r"
+    assert command("--resume r", 8) == "the same launch of 8 data-parallel processes with tdmpc.train --resume r"
 
 
 def test_ranks_pick_their_backend_by_device_and_a_rank_without_a_gpu_is_one_line(monkeypatch):

@@ -192,6 +192,9 @@ def test_a_resume_with_nothing_to_do_changes_nothing(finished):
     assert r.returncode == 0 and "already finished at step 300" in r.stderr, r.stderr
     r = run_train("--resume", finished, "--eval-freq", 50)  # said as not applied, not as changed
     assert r.returncode == 0 and "(--eval-freq not applied: nothing was changed)" in r.stderr, r.stderr
+    ckpt = finished / "checkpoints" / "latest.pt"
+    r = run_train("--auto-resume", finished, "--init-from", ckpt)
+    assert r.returncode == 0 and f"(--init-from {ckpt} not applied: nothing was changed)" in r.stderr, r.stderr
     assert "changed from" not in r.stderr, r.stderr
     assert _files(finished) == before
     assert json.loads((finished / "config.json").read_text())["steps"] == 300
@@ -512,6 +515,10 @@ def test_an_eval_csv_that_is_not_ours_is_one_line_for_plot(finished, tmp_path, c
 def test_parse_errors_of_every_cli_are_one_line_pointing_to_help(tmp_path, capsys):
     for module, args, needle in (("tdmpc.train", ["--steps", "abc"], "--steps takes an integer, not 'abc'"),
                                  ("tdmpc.train", ["--lr", "fast"], "--lr takes a number, not 'fast'"),
+                                 ("tdmpc.evaluate", ["--checkpoint", "x", "--episodes", "abc"],
+                                  "error: --episodes takes an integer, not 'abc'"),  # no "Value error:" before it
+                                 ("tdmpc.train", ["--precision", "fp9"],
+                                  "error: --precision takes one of ('auto', 'fp32', 'bf16'), not 'fp9'"),
                                  ("tdmpc.evaluate", ["--bogus"], "Unrecognized option: --bogus"),
                                  # the unknown flag's value is not a second unknown option
                                  ("tdmpc.train", ["--stepz", "10"], "Unrecognized option: --stepz; Perhaps you meant"),

@@ -372,16 +372,34 @@ def test_a_short_disk_is_said_before_the_run(tmp_path, small_disk):
     assert "warning:" in r.stderr and "checkpoints with the full replay buffer need about" in r.stderr
 
 
-def test_a_read_only_disk_is_one_line_and_evaluate_prints_before_its_report(tmp_path, small_disk, finished_run):
+def test_a_read_only_disk_is_one_line_and_evaluate_says_it_before_its_episodes(tmp_path, small_disk, finished_run):
     run = copy_run(finished_run, small_disk / "run")
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     r = run_train("--resume", run, "--steps", 400)
     assert "Read-only file system" in one_line_error(r)
     r = run_module("tdmpc.evaluate", "--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", 1, "--no-mpc",
                    "--device", "cpu")
-    assert "Pendulum-v1 (step 300): return" in r.stdout  # the result first
-    line = one_line_error(r, code=1)
-    assert "the report could not be written" in line and "--report PATH" in line
+    line = one_line_error(r)  # the default report's place, beside the checkpoint, checked before any episode
+    assert f"{run / 'checkpoints'} is read-only: pass --report PATH" in line and "return" not in r.stdout
+
+
+def test_evaluate_leaves_a_folder_nobody_may_write_alone_even_as_root(tmp_path, finished_run):
+    """Shared checkpoints in a read-only folder (the reference's fixtures): the default report does not go there,
+    and an explicit --report there is refused too, both before any episode."""
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    shutil.copy(finished_run / "checkpoints" / "latest.pt", folder / "model.pt")
+    folder.chmod(0o555)
+    try:
+        r = run_module("tdmpc.evaluate", "--checkpoint", folder / "model.pt", "--episodes", 1, "--no-mpc",
+                       "--threads", 1, "--device", "cpu")
+        assert f"{folder} is read-only: pass --report PATH" in one_line_error(r)
+        r = run_module("tdmpc.evaluate", "--checkpoint", folder / "model.pt", "--episodes", 1, "--no-mpc",
+                       "--threads", 1, "--device", "cpu", "--report", folder / "sub" / "r.json")
+        assert f"--report {folder / 'sub' / 'r.json'}: {folder} is read-only" in one_line_error(r)
+        assert sorted(p.name for p in folder.iterdir()) == ["model.pt"]
+    finally:
+        folder.chmod(0o755)
 
 
 # --- 5. kill -9 at any moment ----------------------------------------------------------------------

@@ -3,7 +3,8 @@
 The agent plans (or acts with its policy prior, --no-mpc), with Gaussian noise of std --noise
 added to its actions (clipped to [-1, 1]), or for discrete actions a random action with chance --noise; episodes run up to 16 at a time, planned in one
 call per step. They are appended to --out, created if missing: a file that exists must hold
-the same task and dims, and a crash never corrupts what it held (tdmpc.offline.writer).
+the same task and dims (from a multi-task model, another of its tasks joins the file's list), and a
+crash never corrupts what it held (tdmpc.offline.writer).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import torch
 
 from tdmpc.agent import Agent
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, parse_args, run_cli, stop_signals
+from tdmpc.model.checkpoint import checkpoint_path, reference_task_set
+from tdmpc.offline.format import DatasetError, open_h5, read_file
 from tdmpc.offline.writer import DatasetWriter, task_action_start
 from tdmpc.runtime.device import set_threads
 from tdmpc.envs import make_env, make_envs
@@ -38,6 +41,9 @@ class CollectArgs:
     """Episodes to collect."""
     task: Optional[str] = None
     """The task to play; default: the checkpoint's (required for reference and multi-task checkpoints)."""
+    task_set: tuple[str, ...] = ()
+    """A reference multi-task checkpoint's tasks in id order (a,b,c): its file does not name them, and only
+    mt30's and mt80's are known by their count."""
     mpc: bool = True
     """Plan with MPPI; --no-mpc acts with the policy prior alone."""
     noise: float = 0.0
@@ -65,16 +71,21 @@ def collect(args: CollectArgs) -> int:
             raise BadInput(f"--{flag} must be >= {least}, got {value}")
     if args.seed is not None and args.seed >= 2**62:
         raise BadInput(f"--seed must be < 2**62 (torch seeds with it), got {args.seed}")
-    agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc)
+    agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc,
+                                  **reference_task_set(checkpoint_path(args.checkpoint), args.task_set))
     cfg, dims = agent.cfg, agent.dims
     task = chosen_task(dims.tasks, args.task, args.checkpoint, "collect") if dims.multitask else args.task or cfg.task
     if dims.discrete and args.noise > 1:
         raise BadInput(f"--noise {args.noise}: for discrete actions it is the chance of a random action, at most 1")
     repeat = cfg.action_repeat or resolve_task(task).default_action_repeat
-    own: tuple[list[int] | None, list[int] | None] = (None, None)
+    tasks, own = [task], (None, None)  # type: tuple[list[str], tuple[list[int] | None, list[int] | None]]
     if dims.multitask:  # obs stay padded to the model's; the file says the task's own dims
         agent.task_ids(task, 1)  # one of its set, or a one-line error
-        own = ([_own_obs_dim(task)], [dims.action_dims[dims.tasks.index(task)]])
+        tasks, obs_dims, action_dims = _file_tasks(args.out)  # another task of the model joins a file's list
+        if task not in tasks:
+            tasks, obs_dims = tasks + [task], obs_dims + [_own_obs_dim(task)]
+            action_dims = action_dims + [dims.action_dims[dims.tasks.index(task)]]
+        own = (obs_dims, action_dims)
     start = task_action_start(task, obs=cfg.obs, action_repeat=cfg.action_repeat) if dims.discrete else 0
     seed = _episodes_in(args.out) if args.seed is None else args.seed
     set_threads(args.threads)
@@ -82,14 +93,14 @@ def collect(args: CollectArgs) -> int:
     rng = np.random.default_rng(seed)
     returns: list[float] = []
     with stop_signals() as stopped:
-        writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, [task], cfg.obs, repeat,
+        writer = DatasetWriter(args.out, dims.obs_shape, dims.action_dim, tasks, cfg.obs, repeat,
                                _source(args, task, seed), *own, discrete=dims.discrete, action_start=start)
         try:
             with writer:  # an exception drops the batch being played
                 while len(returns) < args.episodes:
                     n = min(PARALLEL, args.episodes - len(returns))
-                    returns += _play(agent, task, n, seed + len(returns), args.noise, rng, writer,
-                                     lambda: bool(stopped))
+                    returns += _play(agent, task, tasks.index(task), n, seed + len(returns), args.noise, rng,
+                                     writer, lambda: bool(stopped))
                     writer.commit()  # each batch of episodes on disk before the next is played
         except CollectStopped:
             # the default seed (the file's count) moves on by itself; a given one must, or the rest replays episodes
@@ -118,10 +129,10 @@ def _episodes_in(path: Path) -> int:
         return 0
 
 
-def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.random.Generator,
+def _play(agent: Agent, task: str, task_id: int, n: int, seed: int, noise: float, rng: np.random.Generator,
           writer: DatasetWriter, stop: Callable[[], bool]) -> list[float]:
-    """n episodes in parallel; each is handed to the writer as it ends. Returns their returns; CollectStopped when
-    stop() turns true."""
+    """n episodes in parallel; each is handed to the writer (as task `task_id` of the file) as it ends. Returns
+    their returns; CollectStopped when stop() turns true."""
     dims, cfg = agent.dims, agent.cfg
     envs = make_envs(task, n, seed=seed, obs=cfg.obs, action_repeat=cfg.action_repeat, pad_to=dims.pad_to)
     task_mask = agent.model.action_mask(agent.task_ids(task, 1)) if dims.multitask else None
@@ -149,7 +160,7 @@ def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.rand
                 h[2].append(float(reward[i]))
                 if ended:
                     writer.add_episode(np.stack(h[0]), np.stack(h[1]), np.array(h[2]), bool(terminated[i]),
-                                       not terminated[i])
+                                       not terminated[i], task_id)
                     returns.append(sum(h[2]))
                     done[i] = True
             first = terminated | truncated
@@ -161,6 +172,17 @@ def _play(agent: Agent, task: str, n: int, seed: int, noise: float, rng: np.rand
 def _source(args: CollectArgs, task: str, seed: int) -> str:
     return (f"tdmpc.collect --checkpoint {args.checkpoint} --task {task} {'' if args.mpc else '--no-mpc '}"
             f"--noise {args.noise} --seed {seed}")
+
+
+def _file_tasks(path: Path) -> tuple[list[str], list[int], list[int]]:
+    """The tasks a dataset file holds, with their own obs and action dims (empty if it is missing or cannot be
+    read: the writer says why)."""
+    try:
+        with open_h5(path) as f:
+            schema = read_file(f, path).schema
+    except (OSError, DatasetError):
+        return [], [], []
+    return list(schema.tasks), list(schema.task_obs_dims), list(schema.task_action_dims)
 
 
 def _own_obs_dim(task: str) -> int:

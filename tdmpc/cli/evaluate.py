@@ -17,9 +17,9 @@ from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
 from tdmpc.episodes import check_video_path, eval_seed, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
-from tdmpc.model.checkpoint import check_dims_match, checkpoint_path, load_file
+from tdmpc.model.checkpoint import check_dims_match, checkpoint_path, load_file, reference_task_set
 from tdmpc.runtime.device import set_threads, threads_error
-from tdmpc.runtime.files import file_in_the_way, json_text, write_text_atomic
+from tdmpc.runtime.files import file_in_the_way, json_text, read_only_folder, write_text_atomic
 from tdmpc.tasks.sets import chosen_task
 from tdmpc.training.run_dir import saved_step
 
@@ -30,6 +30,9 @@ class EvalArgs:
     """A tdmpc checkpoint (run_dir/checkpoints/latest.pt, or the run directory itself) or a reference TD-MPC2 .pt file."""
     task: Optional[str] = None
     """Task to evaluate on; default: the checkpoint's. Required for reference checkpoints."""
+    task_set: tuple[str, ...] = ()
+    """A reference multi-task checkpoint's tasks in id order (a,b,c): its file does not name them, and only
+    mt30's and mt80's are known by their count."""
     episodes: int = 10
     """Episodes to run (up to 16 in parallel, planned in one batched call)."""
     seed: Optional[int] = None
@@ -95,8 +98,12 @@ def evaluate(args: EvalArgs) -> int:
                  if getattr(args, k) is not None}
     checkpoint = checkpoint_path(args.checkpoint)  # a run's directory: its latest checkpoint
     saved = load_file(checkpoint, mmap=True)  # what the report names: the task trained on, the step it was saved at
+    overrides.update(reference_task_set(checkpoint, args.task_set))
     trained_on = saved["config"].get("task") if isinstance(saved.get("config"), dict) else None
     step = saved_step(saved["train"]) if isinstance(saved.get("train"), dict) else None
+    if locked := read_only_folder(args.report or checkpoint):  # before any episode
+        raise BadInput(f"--report {args.report}: {locked} is read-only; choose another place" if args.report else
+                       f"the report goes beside the checkpoint, and {locked} is read-only: pass --report PATH")
     agent = Agent.from_checkpoint(checkpoint, task=args.task, device=args.device, **overrides)
     cfg = agent.cfg
     if trained_on is not None and not agent.dims.multitask and cfg.task != trained_on:  # allowed: the dims match

@@ -114,10 +114,11 @@ T = TypeVar("T")
 
 
 def parse_cli(run_args: type[T], argv: list[str], base_for: Callable[[T], Config], prog: str | None = None,
-              description: str | None = None) -> tuple[T, Config, Config, set[str]]:
+              description: str | None = None, checked: bool = True) -> tuple[T, Config, Config, set[str]]:
     """Two tyro passes over argv: `run_args` first (its flags may choose the base config: --cfg, --resume),
     then every Config field as a flat kebab-case flag over `base_for(run)`. Returns the run args, the
-    validated config, the base, and the names of the Config fields given on the command line."""
+    config (validated unless not `checked`: the caller's own checks come first), the base, and the names of the
+    Config fields given on the command line."""
     argv = optional_bool_flags(argv, run_args, Config)
     with one_line_parse_errors(prog or "python -m tdmpc.train"):
         run, _ = tyro.cli(run_args, args=argv, return_unknown_args=True, add_help=False, prog=prog)
@@ -137,7 +138,7 @@ def parse_cli(run_args: type[T], argv: list[str], base_for: Callable[[T], Config
     # takes the base's. So a second parse over a base whose every field differs tells them apart.
     shadow = parse(Config(**{name: _another(name, getattr(base, name)) for name in FIELD_NAMES}))
     given = {name for name in FIELD_NAMES if getattr(cfg, name) == getattr(shadow, name)}
-    return run, validate(cfg), base, given
+    return run, validate(cfg) if checked else cfg, base, given
 
 
 def _another(name: str, value: object) -> Any:

@@ -20,7 +20,7 @@ from tdmpc.errors import CheckpointError
 from tdmpc.model.reference import REFERENCE_MODULES, reference_to_ours
 from tdmpc.model.world_model import ModelDims, WorldModel
 from tdmpc.runtime.files import atomic_write
-from tdmpc.tasks.sets import TASK_SETS
+from tdmpc.tasks.sets import TASK_SETS, expand
 
 FORMAT = "tdmpc"
 VERSION = 1
@@ -160,7 +160,7 @@ def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool 
     path, overrides = checkpoint_path(path), overrides or {}
     obj = load_file(path, mmap=mmap)
     if is_reference(obj):
-        given = tuple(overrides["task_set"]) if overrides.get("task_set") else None
+        given = tuple(t for entry in overrides["task_set"] for t in expand(entry)) if overrides.get("task_set") else None
         dims, state = reference_to_ours(obj.get("model", obj), str(path), given)
         base = Config(**dims.config_values())
         if dims.multitask:  # the task it plays is chosen later; until then it names its set
@@ -175,6 +175,17 @@ def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool 
     length = obj["episode_length"]
     return LoadedCheckpoint(cfg, ModelDims.from_dict(obj["dims"]), obj,
                             [int(n) for n in length] if isinstance(length, (list, tuple)) else int(length), False)
+
+
+def reference_task_set(path: Path, task_set: tuple[str, ...]) -> dict:
+    """--task-set as a read_checkpoint override: the tasks of a reference multi-task file, which names none
+    (ours name their own: refused)."""
+    if not task_set:
+        return {}
+    if not is_reference(load_file(path, mmap=True)):
+        raise CheckpointError(f"--task-set names a reference multi-task checkpoint's tasks; {path} is a tdmpc "
+                              f"checkpoint, which names its own")
+    return {"task_set": task_set}
 
 
 def check_dims_match(dims: ModelDims, obs_shape: tuple[int, ...], action_dim: int, discrete: bool, task: str,

@@ -94,6 +94,16 @@ def from_environment(device: str) -> Shard:
     return shard
 
 
+def command(args: str, world: int) -> str:
+    """The command line that runs tdmpc.train with `args` as this run was launched: one process, torchrun's on one
+    node, or (srun, several nodes) the same launch named by its process count."""
+    if world == 1:
+        return f"python -m tdmpc.train {args}"
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ.get("LOCAL_WORLD_SIZE") == str(world):
+        return f"torchrun --nproc-per-node {world} -m tdmpc.train {args}"
+    return f"the same launch of {world} data-parallel processes with tdmpc.train {args}"
+
+
 def device_for(shard: Shard, name: str) -> str:
     """A rank's device: its local GPU under 'auto' or 'cuda' (one GPU per rank), else as named."""
     if shard.world > 1 and name in ("auto", "cuda") and torch.cuda.is_available():

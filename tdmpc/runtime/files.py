@@ -57,6 +57,15 @@ def file_in_the_way(path: Path) -> Path | None:
     return blocked if blocked is not None and not blocked.is_dir() else None
 
 
+def read_only_folder(path: Path) -> Path | None:
+    """The nearest existing folder above `path` when a write there would fail, or when no one may write to it
+    (a folder made read-only on purpose, such as shared checkpoints, is left alone by root too)."""
+    folder = next((p for p in Path(path).parents if p.is_dir()), None)
+    if folder is None:
+        return None
+    return folder if not os.access(folder, os.W_OK) or not folder.stat().st_mode & 0o222 else None
+
+
 def remove_made_dirs(inner: Path, made: Path | None) -> None:
     """The folders make_dirs made, from `inner` up to `made`, while they are empty: a write that failed leaves no
     folder it made behind."""

@@ -49,6 +49,7 @@ class TaskInfo:
     obs_dim: int
     action_dim: int
     episode_length: int
+    episodic: bool = False  # it can terminate (the reference sets' tasks do not)
 
 
 def reference_info(name: str) -> TaskInfo | None:
@@ -73,7 +74,8 @@ def chosen_task(tasks: tuple[str, ...], task: str | None, model: object, verb: s
     """The one task a multi-task model (of `tasks`) is to play: `task` when it names one task, not a list or a set;
     else a one-line BadInput naming the set (whether the set holds it is Agent.task_ids' to say)."""
     if task is None or "," in task or task in TASK_SETS:
-        raise BadInput(f"{model} is a multi-task model: choose the task to {verb} with --task, one of "
+        many = "" if task is None else f", and --task {task} names {len(expand(task))} tasks"
+        raise BadInput(f"{model} is a multi-task model{many}: choose the one task to {verb} with --task, one of "
                        f"{task_set_name(tasks)}")
     return task
 

@@ -13,7 +13,7 @@ import torch
 
 from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config, validate
 from tdmpc.errors import CheckpointError
-from tdmpc.model.checkpoint import check_dims_match, load_state_strict, read_checkpoint
+from tdmpc.model.checkpoint import LoadedCheckpoint, check_dims_match, load_state_strict, read_checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel
 from tdmpc.tasks.sets import expand, task_set_name
 
@@ -24,7 +24,7 @@ def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str])
     given and contradict the checkpoint are refused here ('architecture differs'), before anything is built.
 
     Returns the config and a note saying what was taken (printed once the weights have loaded)."""
-    dims = read_checkpoint(path, mmap=True).dims  # shapes only: tensors stay on disk
+    dims = read_init(path, cfg.task_set if "task_set" in given else (), mmap=True).dims  # shapes: tensors stay on disk
     theirs = {k: v for k, v in dims.config_values().items() if k not in ("model_size", "dropout")}
     if "model_size" in given:  # the preset asked for stands
         given = given | set(SIZE_FIELDS)
@@ -53,11 +53,17 @@ def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str])
                  + ", ".join(f"{k} {v}" for k, v in shown.items()))
 
 
+def read_init(path: str | Path, task_set: tuple[str, ...], mmap: bool = False) -> LoadedCheckpoint:
+    """The checkpoint --init-from names; `task_set` (--task-set) names a reference multi-task model's tasks, which
+    its file does not (needed unless it has mt30's or mt80's count)."""
+    return read_checkpoint(path, {"task_set": task_set} if task_set else None, mmap=mmap)
+
+
 def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...], action_dim: int, discrete: bool,
-                 task: str) -> str:
+                 task: str, task_set: tuple[str, ...] = ()) -> str:
     """Load a checkpoint's model weights (online and target heads) into `model`, whose architecture must
     be the checkpoint's; optimisers start fresh. Returns a line saying what was loaded."""
-    ck = read_checkpoint(path)
+    ck = read_init(path, task_set)
     check_dims_match(ck.dims, obs_shape, action_dim, discrete, task, str(path))
     ours, theirs = _architecture(model.dims), _architecture(ck.dims)
     old = len(ck.dims.tasks)

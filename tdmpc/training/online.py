@@ -275,9 +275,10 @@ class OnlineTrainer(Trainer):
         self._book_episodes()
         if not self.cfg.episodic and not self.warned_termination and bool(self.terminated_seen.any()):
             self.warned_termination = True
+            remedy = ("multi-task models have none: train a task that terminates alone, with --episodic"
+                      if self.tasks is not None else "if the task can terminate, train with --episodic")
             self.logger.message(f"note: {self.cfg.task} ended an episode in a terminal state, but episodic is off, "
-                                f"so the world model learns no termination head (values still stop there). If the "
-                                f"task can terminate, train with --episodic")
+                                f"so the world model learns no termination head (values still stop there); {remedy}")
         count, returns, lengths = (np.asarray(x) for x in self.ended.tolist())
         self.ended.zero_()
         mean = (lambda x, n: float(x.sum() / n.sum()) if n.sum() else float("nan"))  # noqa: E731

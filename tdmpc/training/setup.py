@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ from tdmpc.envs.host import HostVectorEnv, LockstepEnv
 from tdmpc.envs.names import CUSTOM_PREFIX
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env, tensor_task_spec
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
-from tdmpc.model.checkpoint import check_dims_match, load_file, read_checkpoint
+from tdmpc.model.checkpoint import check_dims_match, load_file
 from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.planners.make import planner_factory
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder, task_action_start
@@ -47,7 +48,7 @@ from tdmpc.multitask import TaskSetup, task_setup
 from tdmpc.tasks.sets import expand
 from tdmpc.training import speed
 from tdmpc.training.flags import TrainArgs, base_config, base_note
-from tdmpc.training.init_from import architecture_from_checkpoint, init_weights
+from tdmpc.training.init_from import architecture_from_checkpoint, init_weights, read_init
 from tdmpc.training.offline import OfflineTrainer
 from tdmpc.training.online import OnlineTrainer
 from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
@@ -79,6 +80,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     """Resolve the run; None after a dry run (which prints the memory estimate) or for a resumed run that already
     reached its steps (which is said, and nothing in its directory changes). Bad input is a one-line error before
     anything heavy is built."""
+    # Data files as absolute paths, so that the saved config resumes from any directory
+    req = dataclasses.replace(req, cfg=_absolute_paths(req.cfg), base=req.base and _absolute_paths(req.base))
     cfg, init_from, init_note, checkpoint = req.cfg, req.init_from, "", None
     planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
     if cfg.dataset and "num_envs" in req.given:
@@ -86,17 +89,23 @@ def prepare(req: RunRequest) -> RunSetup | None:
     if "dataset" in req.given and not cfg.dataset:
         raise BadInput("--dataset names no file: give one or more dataset files, or leave --dataset out to train "
                        "online")
+    shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
+    if shard.world > 1 and not cfg.dataset:
+        raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
+    say = _say if shard.main else _quiet  # the ranks run alike: rank 0 speaks for them
     if req.resume is not None:
         changes = _check_resume(req)
         init_from = None
         checkpoint = resume_checkpoint(req.resume)
-        done = load_file(checkpoint, mmap=True).get("train", {})
+        saved = load_file(checkpoint, mmap=True)
+        done = saved.get("train", {})
         step, steps_flag = saved_step(done), "steps=" if req.from_python else "--steps "
         if done.get("finished") and step >= cfg.steps:
             names = [n if req.from_python else f"--{n.replace('_', '-')}" for n in changes]
-            unused = f" ({', '.join(names)} not applied: nothing was changed)" if changes else ""
-            print(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend it{unused}",
-                  file=sys.stderr)
+            if req.init_from:
+                names.append(f"--init-from {req.init_from}")
+            unused = f" ({', '.join(names)} not applied: nothing was changed)" if names else ""
+            say(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend it{unused}")
             return None
         if cfg.steps < step:  # it would end at once, evaluated and marked finished with a lower steps saved
             own = changes["steps"][0] if "steps" in changes else cfg.steps
@@ -104,15 +113,18 @@ def prepare(req: RunRequest) -> RunSetup | None:
                            f"to continue it, or leave it out (the run's own: {own:,}); nothing was changed")
         for name, (old, new) in changes.items():
             by = "fit()'s keywords" if req.from_python else "the command line"
-            print(f"resume: {name} changed from {old!r} to {new!r} by {by}", file=sys.stderr)
+            say(f"resume: {name} changed from {old!r} to {new!r} by {by}")
         if req.init_from:
-            print(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies", file=sys.stderr)
-        print(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})", file=sys.stderr)
+            say(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies")
+        ranks = saved.get("ranks")  # data-parallel processes of the session that wrote it (older files: not said)
+        if ranks is not None and ranks != shard.world:
+            say(f"resume: this run trained on {ranks} data-parallel process{'es' if ranks > 1 else ''} (global batch "
+                f"{ranks * cfg.batch_size}); it continues on {shard.world} (global batch "
+                f"{shard.world * cfg.batch_size}): --batch-size is per process")
+        say(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})")
+    init_task_set = cfg.task_set if "task_set" in req.given else ()
     if init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
-    shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
-    if shard.world > 1 and not cfg.dataset:
-        raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
     try:
         device: torch.device | None = resolve_device(distributed.device_for(shard, cfg.device))
     except DeviceError:
@@ -129,7 +141,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
         _check_no_tensor_task_among(source)
     spec, tasks = (tensor_spec, None) if tensor_spec is not None else env_spec(source, cfg)
     if init_from:  # weights for another task's sizes or kind of action: refused now, --dry-run included
-        check_dims_match(read_checkpoint(init_from, mmap=True).dims, spec.obs_shape, spec.action_dim, spec.discrete,
+        check_dims_match(read_init(init_from, init_task_set, mmap=True).dims, spec.obs_shape, spec.action_dim, spec.discrete,
                          spec.task, init_from)
     run_dir = req.resume or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.for_task(spec)))
     if req.resume is None:
@@ -150,14 +162,19 @@ def prepare(req: RunRequest) -> RunSetup | None:
         filled = dataclasses.replace(filled, plan_chunk_envs=plan.cfg.plan_chunk_envs)
     host_error = dataclasses.replace(plan, cfg=filled).host_error(available_host_memory())
     many_threads = threads_error(filled.threads)
-    if req.dry_run:
+    ending = [i.name for i in tasks.infos if i.episodic and i.name in tasks.tasks] if tasks else []
+    ends_note = (f"note: {', '.join(ending)} can terminate, but a multi-task model has no termination head (as the "
+                 f"reference's): TD targets stop at those endings, planning does not foresee them" if ending else None)
+    ranks_note = (f"data-parallel: {shard.world} processes, global batch {shard.world * filled.batch_size} "
+                  f"(--batch-size {filled.batch_size} per process)" if shard.world > 1 else None)
+    if req.dry_run and shard.main:
         print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
                                     spec.discrete))
         if host_error:
             print(f"host memory: DOES NOT FIT this machine: {host_error}")
         if many_threads:
             print(f"threads: TOO MANY for this machine: {many_threads}")
-        for line in (*req.notes, *off_cuda, init_note):  # where the config came from, as a run says it
+        for line in (*req.notes, *off_cuda, init_note, ranks_note, ends_note):  # where the config came from, as a run says it
             if line:
                 print(line, file=sys.stderr)
     if not plan.fits:
@@ -173,12 +190,20 @@ def prepare(req: RunRequest) -> RunSetup | None:
     seeding = (f"note: the run ends at step {filled.steps:,}, within its {filled.seed_steps:,} seed steps: it acts at "
                f"random and makes no update (raise --steps or lower --seed-steps)"
                if not filled.dataset and filled.steps <= (filled.seed_steps or 0) else None)
-    notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note, seeding)
-             if n]
+    notes = [n for n in (*req.notes, *off_cuda, ranks_note, memory.summary_line(plan), plan.chunk_line(), cap,
+                         init_note, ends_note, seeding) if n]
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
-                    init_from, source, source if tensor else eval_source, notes, tensor)
+                    init_from, source, source if tensor else eval_source, notes, tensor, init_task_set)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def _quiet(line: str) -> None:
+    pass
 
 
 def cuda_only_notes(cfg: Config, device: torch.device | None, given: frozenset[str]) -> list[str]:
@@ -213,6 +238,20 @@ FIXED_ON_RESUME = ("task", "obs", "num_envs", "buffer_size", "horizon", "action_
 BUFFER_LAYOUT = ("num_envs", "buffer_size", "horizon")
 
 
+def _absolute_paths(cfg: Config) -> Config:
+    return dataclasses.replace(cfg, dataset=tuple(os.path.abspath(p) for p in cfg.dataset),
+                               save_data=cfg.save_data and os.path.abspath(cfg.save_data))
+
+
+def check_same_kind(base: Config, cfg: Config, resume: Path) -> None:
+    """A resume keeps its run online or offline (refused first: a setting only one kind has would say less)."""
+    if bool(base.dataset) != bool(cfg.dataset):
+        was, now = ("offline", "online") if base.dataset else ("online", "offline")
+        unit = "updates" if base.dataset else "env steps"
+        raise BadInput(f"--dataset cannot turn an {was} run {now} on --resume (its steps count {unit}); start a "
+                       f"new run with --init-from {checkpoint_path(resume)} instead")
+
+
 def _check_resume(req: RunRequest) -> dict[str, tuple[Any, Any]]:
     """What a resume may not change is refused before anything in the run directory is touched; returns what it
     changes (said by the caller once the run is known to continue)."""
@@ -225,11 +264,7 @@ def _check_resume(req: RunRequest) -> dict[str, tuple[Any, Any]]:
                 del changed[name]  # the run's own value, given explicitly
             else:
                 changed[name] = (old_sizes[name], new_sizes[name])
-        if bool(req.base.dataset) != bool(req.cfg.dataset):
-            was, now = ("offline", "online") if req.base.dataset else ("online", "offline")
-            unit = "updates" if req.base.dataset else "env steps"
-            raise BadInput(f"--dataset cannot turn an {was} run {now} on --resume (its steps count {unit}); start a "
-                           f"new run with --init-from {checkpoint_path(req.resume or Path('.'))} instead")
+        check_same_kind(req.base, req.cfg, req.resume or Path("."))
         for name in FIXED_ON_RESUME:
             # an env object's run names no task that rebuilds it: its registered id may (the checkpoint checks dims)
             rebuilt = name == "task" and str(req.base.task).startswith(CUSTOM_PREFIX)
@@ -304,7 +339,7 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
         agent = Agent(cfg, model_dims(cfg, s.spec, s.tasks), lengths, s.device, s.shard)
         if s.init_from:
             print(init_weights(agent.model, s.init_from, s.spec.obs_shape, s.spec.action_dim, s.spec.discrete,
-                               s.spec.task),
+                               s.spec.task, s.init_task_set),
                   file=sys.stderr)
             agent.weights_changed()
         trainer: Trainer

@@ -29,6 +29,7 @@ from tdmpc.episodes import EvalResult, eval_seed, run_episodes
 from tdmpc.errors import (DISK_FULL, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskError, NonFiniteData, RunDirError,
                           in_command)
 from tdmpc.model.checkpoint import load_file
+from tdmpc.runtime import distributed
 from tdmpc.runtime.distributed import Shard
 from tdmpc.runtime.faults import kill_point
 from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes, keep_previous, saved_size, tensor_bytes
@@ -61,6 +62,7 @@ class RunSetup:
     eval_env: EnvSource
     notes: list[str] = field(default_factory=list)
     tensor_envs: bool = False  # the envs speak torch tensors (tdmpc.envs.tensor), not numpy
+    init_task_set: tuple[str, ...] = ()  # --task-set as given: a reference multi-task init_from's task names
 
     @property
     def resume(self) -> bool:
@@ -110,7 +112,7 @@ class Trainer(StopSignals):
         self.old_handlers: dict[int, Any] | None = None  # the stop signals' handlers before ours, while ours are set
         self.saved_at: int | None = None  # the step of this session's last checkpoint
         self.phase = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
-        self.resume_hint = f"python -m tdmpc.train --resume {self.quoted_run_dir}"  # fit() names its own
+        self.resume_hint = distributed.command(f"--resume {self.quoted_run_dir}", self.shard.world)  # fit(): its own
         # Per-log-interval statistics: metric sums stay on the device until a log row is written.
         self.metric_sum: dict[str, torch.Tensor] | None = None
         self.metric_count = 0
@@ -419,7 +421,7 @@ class Trainer(StopSignals):
             keep = load_file(previous, mmap=True).get("buffer_file") if previous.is_file() else None
             pending = {"sum": {k: v.cpu() for k, v in (self.metric_sum or {}).items()}, "count": self.metric_count}
             self.agent.save(self.checkpoint_path, {"train": dataclasses.asdict(self.counters), "rng": rng,
-                                                   "metrics_since_log": pending, **extra})
+                                                   "metrics_since_log": pending, "ranks": self.shard.world, **extra})
             self.saved_at = self.counters.step
         except OSError as e:
             what = str(e) if isinstance(e, DiskError) else \
