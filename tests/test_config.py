@@ -220,7 +220,7 @@ def test_gpu_mem_on_a_cpu_run_says_what_is_true_there(tmp_path, monkeypatch, cap
     """The verdict plans for the card, and says this run is not on it (it said "replay buffer on the device")."""
     code, out, _ = _dry_run(tmp_path, monkeypatch, capsys, "--gpu-mem", "8GB")
     verdict = next(line for line in out.splitlines() if line.startswith("verdict:"))
-    assert code == 0 and verdict.startswith("verdict: FITS a 8GB card")
+    assert code == 0 and verdict.startswith("verdict: FITS a card of 8GB")
     assert "for a run on one (this run is on the CPU: all of it is host memory, and --gpu-mem caps nothing)" in verdict
 
 

@@ -103,8 +103,9 @@ def test_offline_training_updates_evaluates_and_resumes(online, tmp_path, stream
     rows = read_csv(run / "train.csv")
     assert [int(x["updates"]) for x in rows] == [50, 100, 150, 200] and int(rows[-1]["episodes"]) == 0
     assert json.loads((run / "config.json").read_text())["dataset"] == [str(data)]
-    r = run_train("--resume", run, "--steps", 300, cwd=tmp_path)
+    r = run_train("--resume", run.name, "--steps", 300, cwd=tmp_path)  # the run's own path stays as it was
     assert r.returncode == 0, r.stderr
+    assert json.loads((run / "config.json").read_text())["run_dir"] == str(run)
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["updates"] == 300
 
 

@@ -177,7 +177,8 @@ def _files(run):
 
 @pytest.mark.parametrize("flag, value, old", [("--horizon", 5, "3"), ("--num-envs", 2, "1"),
                                                ("--mlp-dim", 64, "32"), ("--buffer-size", 4000, "5000"),
-                                               ("--task", "MountainCarContinuous-v0", "'Pendulum-v1'")])
+                                               ("--task", "MountainCarContinuous-v0", "'Pendulum-v1'"),
+                                               ("--obs", "rgb", "'state'")])  # not first a pixel setting's error
 def test_a_resume_that_cannot_keep_a_flag_refuses_it_and_touches_nothing(finished, tmp_path, flag, value, old):
     before = _files(finished)
     line = one_line_error(run_train("--resume", finished, "--steps", 400, flag, value))
@@ -365,6 +366,23 @@ def cli(capsys, module: str, *args) -> subprocess.CompletedProcess:
     out = capsys.readouterr()
     return subprocess.CompletedProcess([module, *map(str, args)], code, out.out, out.err)
 
+def test_settings_a_run_never_reads_and_steps_past_its_end_are_said(capsys):
+    r = cli(capsys, "tdmpc.train", "--task", "CartPole-v1", "--entropy-bonus", "squashed", "--min-std", 0.3,
+            "--dry-run", "--threads", 1)
+    assert r.returncode == 0 and "note: --entropy-bonus, --min-std do nothing with discrete actions (CartPole-v1)" \
+        in r.stderr, r.stderr
+    r = cli(capsys, "tdmpc.train", "--task", "Pendulum-v1", "--min-prob", 0.1, "--eval-episodes", 0, "--save-video",
+            "--num-envs", 3, "--steps", 301, "--seed-steps", 150, "--dry-run", "--threads", 1)
+    for line in ("note: --min-prob does nothing with continuous actions (Pendulum-v1)",
+                 "note: --save-video records evaluation episodes, and --eval-episodes 0 plays none",
+                 "note: the run ends at step 303, the first whole step of its 3 envs x action repeat 1 at or after "
+                 "--steps 301"):
+        assert line in r.stderr, r.stderr
+    line = one_line_error(cli(capsys, "tdmpc.train", "--task", "Pendulum-v1", "--num-envs", 300, "--buffer-size", 1000,
+                              "--dry-run"))
+    assert "for each of 300 env(s) (--num-envs, per task): at least 1,500" in line
+
+
 def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_kept(finished, tmp_path, capsys):
     ckpt = finished / "checkpoints" / "latest.pt"
     kept = tmp_path / "notes"
@@ -433,13 +451,15 @@ def test_evaluations_of_other_settings_or_checkpoints_keep_their_own_reports(fin
     run = tmp_path / "run"
     shutil.copytree(finished, run)
     shutil.copy(run / "checkpoints" / "latest.pt", run / "checkpoints" / "step300.pt")
-    for checkpoint, extra in ((run, []), (run, ["--plan-horizon", 2]), (run / "checkpoints" / "step300.pt", [])):
+    for checkpoint, extra in ((run, []), (run, ["--precision", "fp32"]), (run / "checkpoints" / "step300.pt", []),
+                              (run, ["--plan-horizon", 2])):  # a planning flag does nothing without planning
         r = cli(capsys, "tdmpc.evaluate", "--checkpoint", checkpoint, "--episodes", 1, "--threads", 1, "--no-mpc",
                 *extra)
         assert r.returncode == 0, r.stderr
+    assert "note: --plan-horizon does nothing with --no-mpc" in r.stderr and "(replaces the report" in r.stdout
     seed = eval_seed(json.loads((run / "config.json").read_text())["seed"])
     names = sorted(p.name for p in (run / "checkpoints").glob("eval_*.json"))
-    assert names == [f"eval_Pendulum-v1_seed{seed}_{what}.json" for what in ("no-mpc", "no-mpc_plan-horizon2",
+    assert names == [f"eval_Pendulum-v1_seed{seed}_{what}.json" for what in ("no-mpc", "no-mpc_precisionfp32",
                                                                             "step300_no-mpc")], names
 
 

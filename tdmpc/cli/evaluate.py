@@ -69,13 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     return run_cli(lambda: evaluate(args))
 
 
+PLANNING = ("iterations", "num_samples", "num_elites", "num_pi_trajs", "plan_horizon")  # MPPI's overrides
+
+
 def report_name(task: str, seed: int, checkpoint: Path, args: EvalArgs) -> str:
     """The default report's name: the task and seed, then what else makes it another evaluation (a checkpoint
     other than latest.pt, each planning setting given), so that no report overwrites another's."""
     parts = [f"eval_{task}", f"seed{seed}"] + ([checkpoint.stem] if checkpoint.stem != "latest" else [])
     parts += [] if args.mpc else ["no-mpc"]
-    parts += [f"{name.replace('_', '-')}{value}" for name in ("precision", "iterations", "num_samples", "num_elites",
-                                                             "num_pi_trajs", "plan_horizon")
+    parts += [f"{name.replace('_', '-')}{value}" for name in ("precision", *(PLANNING if args.mpc else ()))
               if (value := getattr(args, name)) is not None]
     return "_".join(parts) + ".json"
 
@@ -93,10 +95,12 @@ def evaluate(args: EvalArgs) -> int:
         raise BadInput(f"--report {args.report} is a folder: give a file name, e.g. {args.report / 'eval.json'}")
     if args.report is not None and (blocked := file_in_the_way(args.report)):
         raise BadInput(f"--report {args.report}: {blocked} is a file where a folder goes")
-    overrides = {k: getattr(args, k) for k in ("mpc", "precision", "iterations", "num_samples", "num_elites",
-                                                "num_pi_trajs", "plan_horizon", "nonfinite_data")
+    overrides = {k: getattr(args, k) for k in ("mpc", "precision", *PLANNING, "nonfinite_data")
                  if getattr(args, k) is not None}
     checkpoint = checkpoint_path(args.checkpoint)  # a run's directory: its latest checkpoint
+    if not args.mpc and (unused := [f"--{n.replace('_', '-')}" for n in PLANNING if getattr(args, n) is not None]):
+        print(f"note: {', '.join(unused)} do{'es' if len(unused) == 1 else ''} nothing with --no-mpc (the policy "
+              f"prior acts alone)", file=sys.stderr)
     saved = load_file(checkpoint, mmap=True)  # what the report names: the task trained on, the step it was saved at
     overrides.update(reference_task_set(checkpoint, args.task_set))
     trained_on = saved["config"].get("task") if isinstance(saved.get("config"), dict) else None
@@ -156,13 +160,14 @@ def evaluate(args: EvalArgs) -> int:
               f"{t[1, 1]} of {t[1].sum()} terminal steps predicted, {t[0, 1]} false alarms")
     task_name = cfg.task.replace("/", "_").replace(":", "_")  # a namespaced id (phys2d/Pendulum-v0) is one name
     report = args.report or checkpoint.with_name(report_name(task_name, seed, checkpoint, args))
+    replaced = " (replaces the report that was there)" if report.is_file() else ""
     try:
         write_text_atomic(report, json_text(summary))
     except OSError as e:
         print(f"error: the report could not be written to {report} ({e.strerror or e}); the result is above. "
               f"Choose another place with --report PATH", file=sys.stderr)
         return EXIT_ERROR
-    print(f"report: {report}")
+    print(f"report: {report}{replaced}")
     if res.video_error:  # after the result and the report, which the episodes still gave
         print(f"error: the video could not be written: {res.video_error}", file=sys.stderr)
         return EXIT_ERROR

@@ -97,7 +97,8 @@ def validate(cfg: Config) -> Config:
                                   f"size with latent_dim {16 * cfg.num_channels} (--model-size 5)")
     envs = cfg.num_envs * max(1, len(expand(cfg.task)))
     if cfg.buffer_size < envs * (cfg.horizon + 2):
-        raise bad("buffer_size", f"too small to hold a sub-trajectory of horizon {cfg.horizon} per env")
+        raise bad("buffer_size", f"too small to hold a sub-trajectory of horizon {cfg.horizon} for each of "
+                                 f"{envs:,} env(s) (--num-envs, per task): at least {envs * (cfg.horizon + 2):,}")
     seed_floor = envs * (cfg.action_repeat or 1) * cfg.horizon  # the first update samples a sub-trajectory
     if cfg.seed_steps is not None and cfg.seed_steps < seed_floor and not cfg.dataset:
         raise bad("seed_steps", f"too few for {envs} env(s) to each hold a sub-trajectory of horizon {cfg.horizon} "

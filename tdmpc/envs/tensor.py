@@ -20,6 +20,7 @@ So each step of N envs writes exactly one row per env: a transition, or the firs
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,7 +224,7 @@ def _probe(env: Any) -> tuple[bool, gym.vector.VectorEnv | None]:
     if spec is None or spec.vector_entry_point is None:
         return False, None
     try:
-        vec = gym.make_vec(resolve_task(env).name, 1, vectorization_mode="vector_entry_point")
+        vec = _make_vec(resolve_task(env).name, 1)
     except (ImportError, gym.error.DependencyNotInstalled):
         return True, None
     try:
@@ -244,6 +245,12 @@ def _importable(module: str) -> bool:
     return True
 
 
+def _make_vec(name: str, num_envs: int) -> gym.vector.VectorEnv:
+    with warnings.catch_warnings():  # gymnasium's JAX envs declare no autoreset mode: next-step, as it assumes
+        warnings.filterwarnings("ignore", message=r".*missing AutoresetMode metadata")
+        return gym.make_vec(name, num_envs, vectorization_mode="vector_entry_point")
+
+
 def make_tensor_vector_env(env: str | gym.vector.VectorEnv, num_envs: int, *, seed: int | None,
                            device: torch.device | str, action_repeat: int | None = None,
                            built: gym.vector.VectorEnv | None = None) -> tuple[TensorVectorEnv, EnvSpec]:
@@ -254,7 +261,7 @@ def make_tensor_vector_env(env: str | gym.vector.VectorEnv, num_envs: int, *, se
     if isinstance(env, str):
         task = resolve_task(env)
         try:
-            vec = built or gym.make_vec(task.name, num_envs, vectorization_mode="vector_entry_point")
+            vec = built or _make_vec(task.name, num_envs)
         except (ImportError, gym.error.DependencyNotInstalled) as e:
             raise TaskError(f"task {env!r} needs what its vector env imports ({str(e).splitlines()[0]}); for "
                             f"gymnasium's JAX envs: pip install 'tdmpc[jax]'") from None

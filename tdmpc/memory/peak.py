@@ -132,7 +132,7 @@ def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None 
     """--gpu-mem wins; else the CUDA device's total memory; else host memory (no budget)."""
     if gpu_mem is not None:
         label = (f"{torch.cuda.get_device_name(device)} planned as {gpu_mem}"
-                 if device is not None and device.type == "cuda" else f"a {gpu_mem} card")
+                 if device is not None and device.type == "cuda" else f"a card of {gpu_mem}")
         return cuda_target(cfg, parse_size(gpu_mem), label, device)
     if device is not None and device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

@@ -94,7 +94,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
         raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
     say = _say if shard.main else _quiet  # the ranks run alike: rank 0 speaks for them
     if req.resume is not None:
-        changes = _check_resume(req)
+        changes = resume_changes(req.base, req.cfg, req.resume) if req.base is not None else {}
         init_from = None
         checkpoint = resume_checkpoint(req.resume)
         saved = load_file(checkpoint, mmap=True)
@@ -149,11 +149,11 @@ def prepare(req: RunRequest) -> RunSetup | None:
 
     def for_run(c: Config) -> Config:
         overlap = c.overlap_updates if c.overlap_updates is not None else overlap_default(device, tensor, c)
-        return validate(dataclasses.replace(c.for_task(spec, len(tasks.tasks) if tasks else 1), run_dir=str(run_dir),
-                                            overlap_updates=overlap))
+        return validate(dataclasses.replace(c.for_task(spec, len(tasks.tasks) if tasks else 1),
+                                            run_dir=os.path.abspath(run_dir), overlap_updates=overlap))
 
     filled = for_run(cfg)
-    off_cuda = cuda_only_notes(filled, device, req.given)
+    off_cuda = cuda_only_notes(filled, device, req.given) + unused_setting_notes(filled, spec.discrete, req.given)
     plan = memory.assess_run(filled, spec.obs_shape, spec.action_dim, spec.episodic, device, req.gpu_mem,
                              req.fit_memory, resuming=req.resume is not None, tasks=tasks, discrete=spec.discrete)
     if plan.applied and plan.changes:  # task-derived fields (updates per round) follow the lowered settings
@@ -162,11 +162,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
         filled = dataclasses.replace(filled, plan_chunk_envs=plan.cfg.plan_chunk_envs)
     host_error = dataclasses.replace(plan, cfg=filled).host_error(available_host_memory())
     many_threads = threads_error(filled.threads)
-    ending = [i.name for i in tasks.infos if i.episodic and i.name in tasks.tasks] if tasks else []
-    ends_note = (f"note: {', '.join(ending)} can terminate, but a multi-task model has no termination head (as the "
-                 f"reference's): TD targets stop at those endings, planning does not foresee them" if ending else None)
-    ranks_note = (f"data-parallel: {shard.world} processes, global batch {shard.world * filled.batch_size} "
-                  f"(--batch-size {filled.batch_size} per process)" if shard.world > 1 else None)
+    said = _run_notes(filled, tasks, shard, req.from_python)
     if req.dry_run and shard.main:
         print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
                                     spec.discrete))
@@ -174,7 +170,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
             print(f"host memory: DOES NOT FIT this machine: {host_error}")
         if many_threads:
             print(f"threads: TOO MANY for this machine: {many_threads}")
-        for line in (*req.notes, *off_cuda, init_note, ranks_note, ends_note):  # where the config came from, as a run says it
+        for line in (*req.notes, *off_cuda, init_note, *said):  # where the config came from, as a run says it
             if line:
                 print(line, file=sys.stderr)
     if not plan.fits:
@@ -187,15 +183,50 @@ def prepare(req: RunRequest) -> RunSetup | None:
         return None
     assert device is not None
     cap = cap_cuda_memory(device, memory.parse_size(req.gpu_mem)) if req.gpu_mem and device.type == "cuda" else None
-    seeding = (f"note: the run ends at step {filled.steps:,}, within its {filled.seed_steps:,} seed steps: it acts at "
-               f"random and makes no update (raise --steps or lower --seed-steps)"
-               if not filled.dataset and filled.steps <= (filled.seed_steps or 0) else None)
-    notes = [n for n in (*req.notes, *off_cuda, ranks_note, memory.summary_line(plan), plan.chunk_line(), cap,
-                         init_note, ends_note, seeding) if n]
+    notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note, *said)
+             if n]
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
                     init_from, source, source if tensor else eval_source, notes, tensor, init_task_set)
+
+
+def _run_notes(cfg: Config, tasks: TaskSetup | None, shard: distributed.Shard, from_python: bool) -> list[str]:
+    """What a run's settings do that they do not say: its ranks' global batch, a multi-task run's tasks that can
+    terminate, an end past --steps (whole steps of its envs) or within its seed steps."""
+    notes = []
+    if shard.world > 1:
+        notes.append(f"data-parallel: {shard.world} processes, global batch {shard.world * cfg.batch_size} "
+                     f"(--batch-size {cfg.batch_size} per process)")
+    if ending := [i.name for i in tasks.infos if i.episodic and i.name in tasks.tasks] if tasks else []:
+        notes.append(f"note: {', '.join(ending)} can terminate, but a multi-task model has no termination head (as "
+                     f"the reference's): TD targets stop at those endings, planning does not foresee them")
+    per = 1 if cfg.dataset else cfg.num_envs * (cfg.action_repeat or 1)  # env steps a step of the envs counts
+    end = -(-cfg.steps // per) * per
+    if not cfg.dataset and end <= (cfg.seed_steps or 0):
+        notes.append(f"note: the run ends at step {end:,}, within its {cfg.seed_steps:,} seed steps: it acts at "
+                     f"random and makes no update (raise --steps or lower --seed-steps)")
+    elif end != cfg.steps:
+        notes.append(f"note: the run ends at step {end:,}, the first whole step of its {cfg.num_envs} envs x action "
+                     f"repeat {cfg.action_repeat or 1} at or after {'steps=' if from_python else '--steps '}"
+                     f"{cfg.steps:,}")
+    return notes
+
+
+CONTINUOUS_ONLY = ("entropy_bonus", "min_std", "max_std", "log_std_min", "log_std_max")  # docs/discrete.md
+DISCRETE_ONLY = ("min_prob", "uniform_prior_coef")
+
+
+def unused_setting_notes(cfg: Config, discrete: bool, given: frozenset[str]) -> list[str]:
+    """A line for settings given explicitly that this run never reads: said, not refused (a config shared between
+    tasks keeps them)."""
+    kind, unused = ("discrete", CONTINUOUS_ONLY) if discrete else ("continuous", DISCRETE_ONLY)
+    names = [f"--{n.replace('_', '-')}" for n in unused if n in given]
+    notes = [f"note: {', '.join(names)} do{'es' if len(names) == 1 else ''} nothing with {kind} actions "
+             f"({cfg.task}); docs/discrete.md"] if names else []
+    if cfg.save_video and not cfg.eval_episodes:
+        notes.append("note: --save-video records evaluation episodes, and --eval-episodes 0 plays none")
+    return notes
 
 
 def _say(line: str) -> None:
@@ -243,37 +274,31 @@ def _absolute_paths(cfg: Config) -> Config:
                                save_data=cfg.save_data and os.path.abspath(cfg.save_data))
 
 
-def check_same_kind(base: Config, cfg: Config, resume: Path) -> None:
-    """A resume keeps its run online or offline (refused first: a setting only one kind has would say less)."""
+def resume_changes(base: Config, cfg: Config, resume: Path) -> dict[str, tuple[Any, Any]]:
+    """What a resume changes in its run's config (`base`), once what it may not change is refused: called before
+    the config is validated (a refusal says more than a setting that only fits the change would) and before
+    anything in the run directory is touched."""
     if bool(base.dataset) != bool(cfg.dataset):
         was, now = ("offline", "online") if base.dataset else ("online", "offline")
         unit = "updates" if base.dataset else "env steps"
         raise BadInput(f"--dataset cannot turn an {was} run {now} on --resume (its steps count {unit}); start a "
                        f"new run with --init-from {checkpoint_path(resume)} instead")
-
-
-def _check_resume(req: RunRequest) -> dict[str, tuple[Any, Any]]:
-    """What a resume may not change is refused before anything in the run directory is touched; returns what it
-    changes (said by the caller once the run is known to continue)."""
-    changed: dict[str, tuple[Any, Any]] = {}
-    if req.base is not None:
-        changed = changed_fields(dataclasses.replace(req.base, run_dir=req.cfg.run_dir), req.cfg)
-        old_sizes, new_sizes = req.base.sizes(), req.cfg.sizes()
-        for name in set(SIZE_FIELDS) & set(changed):  # a size is what the preset makes it, not its field's None
-            if old_sizes[name] == new_sizes[name]:
-                del changed[name]  # the run's own value, given explicitly
-            else:
-                changed[name] = (old_sizes[name], new_sizes[name])
-        check_same_kind(req.base, req.cfg, req.resume or Path("."))
-        for name in FIXED_ON_RESUME:
-            # an env object's run names no task that rebuilds it: its registered id may (the checkpoint checks dims)
-            rebuilt = name == "task" and str(req.base.task).startswith(CUSTOM_PREFIX)
-            if name in changed and not rebuilt:
-                why = "its replay buffer is laid out for it" if name in BUFFER_LAYOUT else "its checkpoint is made for it"
-                keep = (f"; to keep its weights, start a new run with --init-from "
-                        f"{checkpoint_path(req.resume or Path('.'))}" if name in BUFFER_LAYOUT else "")
-                raise BadInput(f"--{name.replace('_', '-')} cannot change on --resume: this run has "
-                               f"{changed[name][0]!r} ({why}){keep}")
+    changed = changed_fields(dataclasses.replace(base, run_dir=cfg.run_dir), cfg)
+    old_sizes, new_sizes = base.sizes(), cfg.sizes()
+    for name in set(SIZE_FIELDS) & set(changed):  # a size is what the preset makes it, not its field's None
+        if old_sizes[name] == new_sizes[name]:
+            del changed[name]  # the run's own value, given explicitly
+        else:
+            changed[name] = (old_sizes[name], new_sizes[name])
+    for name in FIXED_ON_RESUME:
+        # an env object's run names no task that rebuilds it: its registered id may (the checkpoint checks dims)
+        rebuilt = name == "task" and str(base.task).startswith(CUSTOM_PREFIX)
+        if name in changed and not rebuilt:
+            why = "its replay buffer is laid out for it" if name in BUFFER_LAYOUT else "its checkpoint is made for it"
+            keep = (f"; to keep its weights, start a new run with --init-from {checkpoint_path(resume)}"
+                    if name in BUFFER_LAYOUT else "")
+            raise BadInput(f"--{name.replace('_', '-')} cannot change on --resume: this run has "
+                           f"{changed[name][0]!r} ({why}){keep}")
     return changed
 
 
