@@ -162,6 +162,11 @@ class Agent:
 
         over = {**overrides, "device": device, **({"task": task} if task else {})}
         ck = checkpoint.read_checkpoint(path, over)
+        arch = ck.dims.config_values()  # the model is the checkpoint's: another architecture is refused, not ignored
+        if differs := [f"{k}: checkpoint {arch[k]!r}, given {v!r}" for k, v in overrides.items()
+                       if k in arch and k not in ("model_size", "dropout", "task_set") and v != arch[k]]:
+            raise CheckpointError(f"{path}: its model's architecture is fixed ({', '.join(differs)}); leave those "
+                                  f"settings out")
         if ck.imported and task is None and not ck.dims.multitask:
             raise CheckpointError(f"{path}: a reference TD-MPC2 checkpoint does not name its task; "
                                              f"give the task it was trained on (--task walker-walk, or "

@@ -81,7 +81,8 @@ def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed
 
     A seed seeds the envs and, for these episodes only, torch's generators the planner draws from: the same seed
     plays the same episodes wherever it is called (a training run's evaluation, python -m tdmpc.evaluate), and the
-    caller's random stream is left as it was."""
+    caller's random stream is left as it was. Without one, each call plays new episodes (envs seeded from the OS's
+    entropy) on the caller's torch stream. Seed s plays env seeds s, s+1, ...: seeds a few apart share episodes."""
     with _seeded_torch(seed, agent.device):
         return _run_episodes(agent, env, episodes, seed, obs, action_repeat, video, video_fps, stop, drop_nonfinite)
 
@@ -123,7 +124,8 @@ def _run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, see
         elif tensor_task:
             envs = make_tensor_vector_env(cast(str, env), left, seed=first_seed, device=agent.device)[0]
         else:
-            envs = HostVectorEnv(make_envs(env, min(MAX_PARALLEL, left), seed=first_seed or 0,
+            env_seed = int(np.random.default_rng().integers(2**62)) if first_seed is None else first_seed
+            envs = HostVectorEnv(make_envs(env, min(MAX_PARALLEL, left), seed=env_seed,
                                            obs=obs, action_repeat=action_repeat, pad_to=agent.dims.pad_to,
                                            render=record), name)
         if record and not isinstance(envs, HostVectorEnv):

@@ -207,7 +207,7 @@ def _condensed(box: str) -> str:
                   r"\1 takes an integer, not \2", text)
     text = re.sub(r"Error parsing (--[\w-]+): could not convert string to float: ('[^']*')",
                   r"\1 takes a number, not \2", text)
-    text = re.sub(r"invalid choice ('[^']*') for argument '(--[\w-]+)'\. Expected one of (\([^)]*\))\.?",
+    text = re.sub(r"invalid choice ('[^']*') for argument '(--[\w-]+)'\. Expected one of (\([^)]*\))\s*\.?",
                   r"\2 takes one of \3, not \1", text)
     if re.match(r"--[\w-]+ takes ", text):  # said as the flag's: tyro's title ("Value error") adds nothing
         title = ""

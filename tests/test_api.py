@@ -191,6 +191,21 @@ def test_a_factory_and_what_an_env_declares(tmp_path):
     assert agent.cfg.episodic is True  # a setting, whatever the env says
 
 
+def test_run_episodes_without_a_seed_plays_new_episodes_each_call():
+    """seed=None played seed 0's episodes every time (a user's repeated evaluations were one evaluation)."""
+    import torch
+
+    from tdmpc.agent import Agent
+    from tdmpc.model.world_model import ModelDims
+
+    cfg = tdmpc.Config(model_size=1, precision="fp32", num_samples=32, num_elites=4, num_pi_trajs=2, iterations=1,
+                       mpc=False)
+    agent = Agent(cfg, ModelDims.from_config(cfg, (3,), 1, False), episode_length=200, device=torch.device("cpu"))
+    seeded = [tdmpc.run_episodes(agent, "Pendulum-v1", 2, seed=0).returns for _ in range(2)]
+    fresh = [tdmpc.run_episodes(agent, "Pendulum-v1", 2, seed=None).returns for _ in range(2)]
+    assert seeded[0] == seeded[1] and fresh[0] != fresh[1] and seeded[0] not in fresh
+
+
 def test_run_episodes_on_an_env_of_other_sizes_is_one_line():
     import torch
 
@@ -243,6 +258,15 @@ def test_from_checkpoint_without_a_path_is_one_line():
     for bad in (None, 3):
         with pytest.raises(ValueError, match=f"a checkpoint is a path to a .pt file .*not {type(bad).__name__}$"):
             tdmpc.Agent.from_checkpoint(bad, task="walker-walk", device="cpu")  # type: ignore[arg-type]
+
+
+def test_from_checkpoint_refuses_another_architecture_rather_than_misreport_it():
+    """latent_dim=64 was taken into agent.cfg while the model kept the checkpoint's 128."""
+    with pytest.raises(ValueError, match=r"architecture is fixed \(latent_dim: checkpoint 128, given 64, num_q: "
+                                         r"checkpoint 2, given 8\); leave those settings out$"):
+        tdmpc.Agent.from_checkpoint(REFERENCE, task="walker-walk", device="cpu", latent_dim=64, num_q=8)
+    agent = tdmpc.Agent.from_checkpoint(REFERENCE, task="walker-walk", device="cpu", latent_dim=128, dropout=0.0)
+    assert agent.cfg.latent_dim == agent.dims.latent_dim == 128
 
 
 def test_act_refuses_nan_in_a_cpu_tensor_as_in_numpy():
@@ -311,7 +335,7 @@ def test_resume_messages_name_fits_keywords_and_fewer_steps_than_done_change_not
     """A resume with fewer steps than the run has done ended it at once: evaluated again, marked finished, the
     lower steps saved, under a note that it was still seeding. Now refused, nothing changed. And fit()'s messages
     named the command line's flags (--steps N, --resume) where fit takes steps= and resume=True."""
-    from tdmpc.errors import BadInput, RunDirError
+    from tdmpc.errors import BadInput, ConfigError, RunDirError
 
     stop = lambda row: row["env_step"] < 200  # noqa: E731 - stops at the log row of step 200
     a, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "a", on_log=stop, **TINY)
@@ -323,7 +347,12 @@ def test_resume_messages_name_fits_keywords_and_fewer_steps_than_done_change_not
     with pytest.raises(RunDirError, match="already holds a run; continue it with resume=True, or choose another "
                                           "run_dir$"):
         tdmpc.fit(env="Pendulum-v1", run_dir=a, **TINY)
-    tdmpc.fit(run_dir=a, resume=True)
+    with pytest.raises(BadInput, match="continues with the run's own config.json, so cfg= would not be read"):
+        tdmpc.fit(run_dir=a, resume=True, cfg=tdmpc.Config(steps=400))  # it was dropped without a word
+    (a / "config.json").write_text("{")  # damaged: the way out is fit's own keyword
+    with pytest.raises(ConfigError, match=r"config_from_checkpoint=True\)$"):
+        tdmpc.fit(run_dir=a, resume=True)
+    tdmpc.fit(run_dir=a, resume=True, config_from_checkpoint=True)
     capsys.readouterr()
     tdmpc.fit(run_dir=a, resume=True)
     assert "already finished at step 300; pass steps=N to extend it" in capsys.readouterr().err

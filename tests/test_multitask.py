@@ -108,6 +108,11 @@ def test_a_reference_multitask_model_of_another_size_than_mt30_or_mt80_takes_its
     assert run(*fine_tune).returncode == 2
     r = run(*fine_tune, "--task-set", "walker-walk", "walker-run")
     assert r.returncode == 0 and "task_dim 96" in r.stderr, r.stderr
+    # the set's first names are the file's tasks, the rest new rows; mt30's count needs no names, as before
+    new = ["tdmpc.train", "--task", "Pendulum-v1", "--dry-run", "--threads", "1", "--init-from"]
+    assert run(*new, two, "--task-set", "walker-walk,walker-run,Pendulum-v1").returncode == 0
+    r = run(*new, MT30, "--task-set", "mt30", "Pendulum-v1")
+    assert r.returncode == 0, r.stderr
 
 
 def test_a_task_that_can_terminate_in_a_multitask_run_is_named():

@@ -90,7 +90,7 @@ def test_offline_init_from_evaluates_the_loaded_weights_at_step_0(online, tmp_pa
     assert float(read_csv(tmp_path / "off" / "eval.csv")[0]["episode_return"]) == pytest.approx(played, rel=1e-4)
 
 
-@pytest.mark.parametrize("stream", ["memory", "stream"])
+@pytest.mark.parametrize("stream", ["memory", pytest.param("stream", marks=pytest.mark.slow)])  # (CI: both)
 def test_offline_training_updates_evaluates_and_resumes(online, tmp_path, stream):
     """Started with the dataset's path relative to its folder, resumed from another: the run keeps it absolute."""
     _, data = online

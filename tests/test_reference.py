@@ -309,8 +309,8 @@ def test_evaluate_a_reference_checkpoint(tmp_path):
 
 
 def test_evaluate_planning_overrides_reach_the_config(tmp_path):
-    r = cli("tdmpc.evaluate", *evaluate_args(REF, tmp_path), "--num-samples", 32, "--num-pi-trajs", 2,
-            "--num-elites", 40)
+    planning = [a for a in evaluate_args(REF, tmp_path) if a != "--no-mpc"]  # refused before any episode
+    r = cli("tdmpc.evaluate", *planning, "--num-samples", 32, "--num-pi-trajs", 2, "--num-elites", 40)
     assert_one_line_error(r, "'num_elites' = 40", "num_samples - num_pi_trajs (32 - 2 = 30)")
 
 

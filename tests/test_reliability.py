@@ -182,7 +182,8 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ki
     assert "no older checkpoint to fall back to" in line and "--init-from" in line, line
 
 
-@pytest.mark.parametrize("kind", ["truncated", pytest.param("random", marks=pytest.mark.slow), "missing", "nan"])  # (CI: all)
+@pytest.mark.parametrize("kind", ["truncated", pytest.param("random", marks=pytest.mark.slow),
+                                  pytest.param("missing", marks=pytest.mark.slow), "nan"])  # (CI: all)
 def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
     (buffer,) = (run / "checkpoints").glob("buffer_*.h5")

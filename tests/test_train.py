@@ -354,7 +354,7 @@ def _trace(trainer, events: list[str]) -> None:
         setattr(obj, name, lambda *a, _f=original, _t=tag, **k: (events.append(_t), _f(*a, **k))[1])
 
 
-@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("overlap", [pytest.param(False, marks=pytest.mark.slow), True])  # (CI: both)
 def test_overlap_updates_run_after_the_next_action_and_a_resume_keeps_them(tmp_path, overlap):
     """With overlap_updates a step's round of updates waits for the next step's action and runs before its env
     step (on a GPU: while the host steps the envs); evaluations and the end see every update due, and the

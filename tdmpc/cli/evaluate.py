@@ -95,12 +95,10 @@ def evaluate(args: EvalArgs) -> int:
         raise BadInput(f"--report {args.report} is a folder: give a file name, e.g. {args.report / 'eval.json'}")
     if args.report is not None and (blocked := file_in_the_way(args.report)):
         raise BadInput(f"--report {args.report}: {blocked} is a file where a folder goes")
-    overrides = {k: getattr(args, k) for k in ("mpc", "precision", *PLANNING, "nonfinite_data")
+    planning = PLANNING if args.mpc else ()  # without planning they are said to do nothing, and not applied
+    overrides = {k: getattr(args, k) for k in ("mpc", "precision", *planning, "nonfinite_data")
                  if getattr(args, k) is not None}
     checkpoint = checkpoint_path(args.checkpoint)  # a run's directory: its latest checkpoint
-    if not args.mpc and (unused := [f"--{n.replace('_', '-')}" for n in PLANNING if getattr(args, n) is not None]):
-        print(f"note: {', '.join(unused)} do{'es' if len(unused) == 1 else ''} nothing with --no-mpc (the policy "
-              f"prior acts alone)", file=sys.stderr)
     saved = load_file(checkpoint, mmap=True)  # what the report names: the task trained on, the step it was saved at
     overrides.update(reference_task_set(checkpoint, args.task_set))
     trained_on = saved["config"].get("task") if isinstance(saved.get("config"), dict) else None
@@ -110,6 +108,9 @@ def evaluate(args: EvalArgs) -> int:
                        f"the report goes beside the checkpoint, and {locked} is read-only: pass --report PATH")
     agent = Agent.from_checkpoint(checkpoint, task=args.task, device=args.device, **overrides)
     cfg = agent.cfg
+    if not args.mpc and (unused := [f"--{n.replace('_', '-')}" for n in PLANNING if getattr(args, n) is not None]):
+        print(f"note: {', '.join(unused)} do{'es' if len(unused) == 1 else ''} nothing with --no-mpc (the policy "
+              f"prior acts alone)", file=sys.stderr)
     if trained_on is not None and not agent.dims.multitask and cfg.task != trained_on:  # allowed: the dims match
         print(f"note: evaluating on {cfg.task} (--task) a model trained on {trained_on}", file=sys.stderr)
     seed = eval_seed(cfg.seed) if args.seed is None else args.seed

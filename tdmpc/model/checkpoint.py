@@ -177,14 +177,21 @@ def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool 
                             [int(n) for n in length] if isinstance(length, (list, tuple)) else int(length), False)
 
 
+def reference_task_count(obj: dict) -> int:
+    """How many task embeddings a reference file holds (0: a single-task model)."""
+    emb = obj.get("model", obj).get("_task_emb.weight")
+    return int(emb.shape[0]) if isinstance(emb, torch.Tensor) and emb.dim() == 2 else 0
+
+
 def reference_task_set(path: Path, task_set: tuple[str, ...]) -> dict:
     """--task-set as a read_checkpoint override: the tasks of a reference multi-task file, which names none
-    (ours name their own: refused)."""
+    (ours name their own, and a single-task model has none: refused)."""
     if not task_set:
         return {}
-    if not is_reference(load_file(path, mmap=True)):
-        raise CheckpointError(f"--task-set names a reference multi-task checkpoint's tasks; {path} is a tdmpc "
-                              f"checkpoint, which names its own")
+    obj = load_file(path, mmap=True)
+    if not is_reference(obj) or not reference_task_count(obj):
+        what = "a tdmpc checkpoint, which names its own" if not is_reference(obj) else "a single-task model"
+        raise CheckpointError(f"--task-set names a reference multi-task checkpoint's tasks; {path} is {what}")
     return {"task_set": task_set}
 
 

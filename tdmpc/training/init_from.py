@@ -13,7 +13,8 @@ import torch
 
 from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config, validate
 from tdmpc.errors import CheckpointError
-from tdmpc.model.checkpoint import LoadedCheckpoint, check_dims_match, load_state_strict, read_checkpoint
+from tdmpc.model.checkpoint import (LoadedCheckpoint, check_dims_match, checkpoint_path, is_reference, load_file,
+                                    load_state_strict, read_checkpoint, reference_task_count)
 from tdmpc.model.world_model import ModelDims, WorldModel
 from tdmpc.tasks.sets import expand, task_set_name
 
@@ -54,9 +55,11 @@ def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str])
 
 
 def read_init(path: str | Path, task_set: tuple[str, ...], mmap: bool = False) -> LoadedCheckpoint:
-    """The checkpoint --init-from names; `task_set` (--task-set) names a reference multi-task model's tasks, which
-    its file does not (needed unless it has mt30's or mt80's count)."""
-    return read_checkpoint(path, {"task_set": task_set} if task_set else None, mmap=mmap)
+    """The checkpoint --init-from names. A reference multi-task file names no tasks: the first n of the run's
+    `task_set` (--task-set) are its n (needed unless it has mt30's or mt80's count), the rest new rows."""
+    obj = load_file(checkpoint_path(path), mmap=True)
+    count = reference_task_count(obj) if is_reference(obj) else 0
+    return read_checkpoint(path, {"task_set": task_set[:count]} if task_set and count else None, mmap=mmap)
 
 
 def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...], action_dim: int, discrete: bool,

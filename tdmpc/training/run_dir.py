@@ -55,8 +55,8 @@ def resume_checkpoint(run_dir: Path) -> Path:
     except (CheckpointError, KeyError, TypeError):
         raise CheckpointError(f"{damaged}; there is no older checkpoint to fall back to: copy one you have over "
                               f"{latest} and --resume, or start a new run with --init-from it") from None
-    print(f"resume: {damaged}. Resuming from {previous.name}, the checkpoint before it (step {step:,}): the steps "
-          f"after it run again", file=sys.stderr)
+    _say(f"resume: {damaged}. Resuming from {previous.name}, the checkpoint before it (step {step:,}): the steps "
+         f"after it run again")
     return previous
 
 
@@ -73,17 +73,18 @@ def resume_dir(path: Path) -> Path:
         return path
     run_dir = path.parent.parent
     if path.name == "latest.pt" and path.parent.name == "checkpoints":
-        print(f"resume: {path} is a run's latest checkpoint; continuing the run in {run_dir}", file=sys.stderr)
+        _say(f"resume: {path} is a run's latest checkpoint; continuing the run in {run_dir}")
         return run_dir
     raise ConfigError(f"--resume {path}: --resume takes a run directory and continues from its checkpoints/latest.pt; "
                       f"to start a new run from this checkpoint's weights, pass --init-from {shlex.quote(str(path))}")
 
 
-def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
+def saved_config(run_dir: Path, from_checkpoint: bool = False, from_python: bool = False) -> Config:
     """The config a run was started with (for --resume); fields added to Config since are said, one line each.
 
     A damaged config.json is a one-line error with the way out: from_checkpoint=True takes the config the
-    checkpoint holds (the damaged file is set aside once the run has restored: set_aside_on_resume)."""
+    checkpoint holds (the damaged file is set aside once the run has restored: set_aside_on_resume); from_python:
+    the way out named as fit()'s keyword."""
     path = run_dir / "config.json"
     if not checkpoint_path(run_dir).is_file():
         if holder := RunDirLock.held(run_dir):
@@ -92,15 +93,15 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False) -> Config:
         raise ConfigError(f"--resume {run_dir}: no run to continue there (no checkpoints/latest.pt)")
     if from_checkpoint:
         return _config_from_checkpoint(run_dir)
+    way_out = (f"fit(run_dir={str(run_dir)!r}, resume=True, config_from_checkpoint=True)" if from_python
+               else f"--resume {shlex.quote(str(run_dir))} --config-from-checkpoint")
     try:
         raw = read_json(path, "the run's config") if path.is_file() else None
         cfg = from_dict(raw, source=str(path)) if raw is not None else None
     except ConfigError as e:
-        raise ConfigError(f"{e}; resume with the config the checkpoint holds: --resume "
-                          f"{shlex.quote(str(run_dir))} --config-from-checkpoint") from None
+        raise ConfigError(f"{e}; resume with the config the checkpoint holds: {way_out}") from None
     if cfg is None:
-        raise ConfigError(f"{path} is missing; resume with the config the checkpoint holds: --resume "
-                          f"{shlex.quote(str(run_dir))} --config-from-checkpoint")
+        raise ConfigError(f"{path} is missing; resume with the config the checkpoint holds: {way_out}")
     assert raw is not None
     return _with_added_fields(cfg, raw, path)
 
@@ -114,9 +115,15 @@ def _with_added_fields(cfg: Config, raw: dict, source: Path) -> Config:
     cfg = dataclasses.replace(cfg, **{k: v(cfg) if callable(v := AS_BEFORE_ADDED[k]) else v for k in as_ran})
     for name in missing:
         how = "the value it ran with, not the default" if name in AS_BEFORE_ADDED else "the default"
-        print(f"resume: {source} has no '{name}' (added to tdmpc since the run started); using {how}, "
-              f"{getattr(cfg, name)!r}", file=sys.stderr)
+        _say(f"resume: {source} has no '{name}' (added to tdmpc since the run started); using {how}, "
+             f"{getattr(cfg, name)!r}")
     return cfg
+
+
+def _say(line: str) -> None:
+    """A resume's line, once: data-parallel ranks all read the run (before their process group starts)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(line, file=sys.stderr)
 
 
 def _config_from_checkpoint(run_dir: Path) -> Config:
@@ -127,7 +134,7 @@ def _config_from_checkpoint(run_dir: Path) -> Config:
         raise ConfigError(f"{checkpoint_path(run_dir)} holds no config to resume with")
     cfg = _with_added_fields(from_dict(obj["config"], source=str(checkpoint_path(run_dir))), obj["config"],
                              checkpoint_path(run_dir))
-    print(f"resume: the config comes from {checkpoint_path(run_dir)}", file=sys.stderr)
+    _say(f"resume: the config comes from {checkpoint_path(run_dir)}")
     return cfg
 
 

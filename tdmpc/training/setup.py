@@ -117,9 +117,10 @@ def prepare(req: RunRequest) -> RunSetup | None:
         if req.init_from:
             say(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies")
         ranks = saved.get("ranks")  # data-parallel processes of the session that wrote it (older files: not said)
-        if ranks is not None and ranks != shard.world:
+        old_batch = (req.base or cfg).batch_size
+        if ranks is not None and ranks * old_batch != shard.world * cfg.batch_size:
             say(f"resume: this run trained on {ranks} data-parallel process{'es' if ranks > 1 else ''} (global batch "
-                f"{ranks * cfg.batch_size}); it continues on {shard.world} (global batch "
+                f"{ranks * old_batch}); it continues on {shard.world} (global batch "
                 f"{shard.world * cfg.batch_size}): --batch-size is per process")
         say(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})")
     init_task_set = cfg.task_set if "task_set" in req.given else ()
@@ -201,13 +202,14 @@ def _run_notes(cfg: Config, tasks: TaskSetup | None, shard: distributed.Shard, f
     if ending := [i.name for i in tasks.infos if i.episodic and i.name in tasks.tasks] if tasks else []:
         notes.append(f"note: {', '.join(ending)} can terminate, but a multi-task model has no termination head (as "
                      f"the reference's): TD targets stop at those endings, planning does not foresee them")
-    per = 1 if cfg.dataset else cfg.num_envs * (cfg.action_repeat or 1)  # env steps a step of the envs counts
+    envs = cfg.num_envs * (len(tasks.tasks) if tasks else 1)  # num_envs per task
+    per = 1 if cfg.dataset else envs * (cfg.action_repeat or 1)  # env steps a step of the envs counts
     end = -(-cfg.steps // per) * per
-    if not cfg.dataset and end <= (cfg.seed_steps or 0):
+    if not cfg.dataset and end < (cfg.seed_steps or 0):
         notes.append(f"note: the run ends at step {end:,}, within its {cfg.seed_steps:,} seed steps: it acts at "
                      f"random and makes no update (raise --steps or lower --seed-steps)")
     elif end != cfg.steps:
-        notes.append(f"note: the run ends at step {end:,}, the first whole step of its {cfg.num_envs} envs x action "
+        notes.append(f"note: the run ends at step {end:,}, the first whole step of its {envs} envs x action "
                      f"repeat {cfg.action_repeat or 1} at or after {'steps=' if from_python else '--steps '}"
                      f"{cfg.steps:,}")
     return notes
@@ -363,9 +365,10 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
         lengths = s.tasks.episode_lengths if s.tasks else s.spec.episode_length
         agent = Agent(cfg, model_dims(cfg, s.spec, s.tasks), lengths, s.device, s.shard)
         if s.init_from:
-            print(init_weights(agent.model, s.init_from, s.spec.obs_shape, s.spec.action_dim, s.spec.discrete,
-                               s.spec.task, s.init_task_set),
-                  file=sys.stderr)
+            line = init_weights(agent.model, s.init_from, s.spec.obs_shape, s.spec.action_dim, s.spec.discrete,
+                                s.spec.task, s.init_task_set)
+            if s.shard.main:
+                print(line, file=sys.stderr)
             agent.weights_changed()
         trainer: Trainer
         if data is not None:
@@ -462,7 +465,8 @@ def trainer_for(cfg: Config, run_dir: Path, device: torch.device, resume: bool =
 
 def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str | Path | None = None,
         resume: bool = False, init_from: str | Path | None = None, on_log: Callback | None = None,
-        on_eval: Callback | None = None, **overrides: Any) -> tuple[Path, Agent]:
+        on_eval: Callback | None = None, config_from_checkpoint: bool = False,
+        **overrides: Any) -> tuple[Path, Agent]:
     """Train an agent and return (run_dir, agent).
 
     env: a task name ('walker-walk', 'Pendulum-v1'), a gymnasium env, or a zero-argument function making
@@ -470,7 +474,9 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     it is: docs/gpu-simulators.md). An env object is used as it is for the first environment; more environments
     (num_envs > 1) and evaluation use deep copies of it. Every Config field is a keyword (steps=20_000,
     model_size=1, ...), applied over `cfg` (default: what tdmpc.train starts from, cpu.json without a GPU).
-    resume=True continues the run in run_dir. on_log / on_eval get each train.csv / eval.csv row as a dict;
+    resume=True continues the run in run_dir, from its config.json (cfg= is not read then; keywords override it) or,
+    with config_from_checkpoint=True, the config its checkpoint holds (when config.json is damaged or missing).
+    on_log / on_eval get each train.csv / eval.csv row as a dict;
     returning False stops the run (a checkpoint is written, so it can be resumed) and fit returns.
 
     A stop signal also writes a checkpoint, then goes on as the signal would: Ctrl-C (SIGINT) raises
@@ -490,9 +496,18 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
         overrides.setdefault("task", env)
     if resume and run_dir is None:
         raise BadInput("resume=True needs the run_dir of the run to continue")
+    if resume and cfg is not None:
+        raise BadInput("fit(resume=True) continues with the run's own config.json, so cfg= would not be read: pass "
+                       "the fields to change as keywords (steps=...)")
+    if config_from_checkpoint and not resume:
+        raise BadInput("fit(config_from_checkpoint=True) applies to a resume: pass resume=True and the run_dir")
     resumed = Path(run_dir) if resume and run_dir is not None else None
-    base = saved_config(resumed) if resumed else cfg or base_config(TrainArgs())
-    config = validate(from_dict(overrides, source="fit() keywords", base=base))
+    base = (saved_config(resumed, config_from_checkpoint, from_python=True) if resumed
+            else cfg or base_config(TrainArgs()))
+    config = from_dict(overrides, source="fit() keywords", base=base)
+    if resumed:
+        resume_changes(base, config, resumed)  # refused before a setting that only fits the change is checked
+    config = validate(config)
     trainer = open_run(RunRequest(config, resume=resumed, init_from=str(init_from) if init_from else None,
                                   given=frozenset(overrides), base=base if resume else None,
                                   env=None if isinstance(env, str) else env, on_log=on_log, on_eval=on_eval,

@@ -389,8 +389,9 @@ class Trainer(StopSignals):
             self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
             self.buffer_on_device(), self.device, self.spec.discrete)
         self.logger.message(f"error: out of device memory in {self.phase} at step {c.step:,} ({what}); {saved}.\n"
-                            f"{estimate}\nadvice: resume with lower settings: python -m tdmpc.train --resume "
-                            f"{self.quoted_run_dir} {flags} (--dry-run shows the breakdown)")
+                            f"{estimate}\nadvice: resume with lower settings: "
+                            f"{distributed.command(f'--resume {self.quoted_run_dir} {flags}', self.shard.world)} "
+                            f"(--dry-run shows the breakdown)")
         return EXIT_ERROR
 
     def buffer_on_device(self) -> bool:
