@@ -331,6 +331,20 @@ def test_a_resume_behind_what_wandb_holds_says_that_wandb_ignores_the_rows_until
     assert "wandb's run goes on" not in capsys.readouterr().err
 
 
+def test_an_exception_in_a_callback_is_raised_after_a_checkpoint_of_the_steps_so_far(tmp_path, capsys):
+    """It propagated at once and left nothing since the last periodic checkpoint (here: no checkpoint at all)."""
+    def fail(row):
+        if row["env_step"] >= 200:
+            raise KeyError("the user's own bug")
+
+    with pytest.raises(KeyError, match="the user's own bug"):
+        tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "a", on_log=fail, **{**TINY, "save_every": 10_000})
+    assert "stopped by an exception in the on_log callback at step 200; checkpoint written" in capsys.readouterr().err
+    assert torch.load(tmp_path / "a" / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 200
+    tdmpc.fit(run_dir=tmp_path / "a", resume=True)
+    assert "from step 200" in capsys.readouterr().err
+
+
 def test_resume_messages_name_fits_keywords_and_fewer_steps_than_done_change_nothing(tmp_path, capsys):
     """A resume with fewer steps than the run has done ended it at once: evaluated again, marked finished, the
     lower steps saved, under a note that it was still seeding. Now refused, nothing changed. And fit()'s messages

@@ -112,6 +112,7 @@ class Trainer(StopSignals):
         self.old_handlers: dict[int, Any] | None = None  # the stop signals' handlers before ours, while ours are set
         self.saved_at: int | None = None  # the step of this session's last checkpoint
         self.phase = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
+        self.callback_error: Exception | None = None  # raised by on_log / on_eval: the run stops, then raises it
         self.resume_hint = distributed.command(f"--resume {self.quoted_run_dir}", self.shard.world)  # fit(): its own
         # Per-log-interval statistics: metric sums stay on the device until a log row is written.
         self.metric_sum: dict[str, torch.Tensor] | None = None
@@ -168,7 +169,10 @@ class Trainer(StopSignals):
         kill_point("startup")
         try:
             try:
-                return self._loop()
+                code = self._loop()
+                if self.callback_error is not None:  # its checkpoint is written: the user's own error, raised
+                    raise self.callback_error
+                return code
             except NonFiniteData as e:  # the bad transition was not stored: the run is consistent
                 self.save()
                 self.logger.message(f"error: {e}; checkpoint written at step {self.counters.step:,} "
@@ -367,7 +371,16 @@ class Trainer(StopSignals):
         self.logger.progress(c.step, env_sps, (c.updates - u0) / dt if ran else None)
 
     def _callback(self, fn: Callback | None, row: dict, name: str) -> None:
-        if fn is not None and fn(dict(row)) is False and self.stop_reason is None:
+        """A user's callback: False stops the run; an exception stops it too, with a checkpoint, and is raised
+        once that is written (the steps since the last checkpoint are kept, not lost)."""
+        if fn is None:
+            return
+        try:
+            keep = fn(dict(row))
+        except Exception as e:
+            self.callback_error, self.stop_reason = e, self.stop_reason or f"an exception in the {name} callback"
+            return
+        if keep is False and self.stop_reason is None:
             self.stop_reason = f"the {name} callback"
 
     def _out_of_memory(self, what: str) -> int:
