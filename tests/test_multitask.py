@@ -87,6 +87,7 @@ def test_evaluating_a_multitask_model_without_a_task_of_its_set_is_one_line(tmp_
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_a_reference_multitask_model_of_another_size_than_mt30_or_mt80_takes_its_tasks_from_task_set(tmp_path):
     """Its file names no tasks: --task-set does, in evaluate and in --init-from (docs/multitask.md)."""
     model = torch.load(MT30, weights_only=True)["model"]

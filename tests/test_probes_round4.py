@@ -25,6 +25,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 # --- a step evaluated twice after a crash ------------------------------------------------------------
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_a_kill_right_after_an_evaluation_on_a_checkpoint_step_never_logs_that_step_twice(tmp_path):
     """The evaluation due at a checkpoint step runs before the checkpoint, which records it as done: killed after
     it (before or after the checkpoint), the resumed run's eval.csv has every step once."""

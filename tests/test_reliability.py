@@ -209,7 +209,8 @@ def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path,
     assert (run / "checkpoints" / (buffer.name + ".damaged")).is_file() == (kind != "missing")  # still kept
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated", pytest.param("random", marks=pytest.mark.slow),
+@pytest.mark.parametrize("kind", [pytest.param("empty", marks=pytest.mark.slow), "truncated",
+                                  pytest.param("random", marks=pytest.mark.slow),
                                   pytest.param("list", marks=pytest.mark.slow), "missing", "healthy"])  # (CI: all)
 def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
@@ -499,8 +500,8 @@ NAN_ENV = textwrap.dedent('''
 ''')
 
 
-@pytest.mark.parametrize("env,field", [("Spiky-v0", "observation"),
-                                       pytest.param("SpikyReward-v0", "reward", marks=pytest.mark.slow)])  # (CI: both)
+@pytest.mark.slow  # three runs each: CI's slow step (.ci/run); the default suite keeps under 8 minutes
+@pytest.mark.parametrize("env,field", [("Spiky-v0", "observation"), ("SpikyReward-v0", "reward")])
 def test_nonfinite_data_from_an_env_is_named_at_its_source_or_dropped(tmp_path, env, field):
     (tmp_path / "spiky.py").write_text(NAN_ENV)
     env_vars = _env(PYTHONPATH=f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}")
@@ -536,6 +537,7 @@ def test_a_runs_files_get_the_mode_a_plain_write_would_give(finished_run, tmp_pa
     assert kept.read_text() == "{\"a\": 1}" and kept.stat().st_mode & 0o777 == 0o640
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_evaluate_with_a_seed_repeats_exactly(finished_run, tmp_path):
     """The second evaluation names the run's directory, which stands for its latest checkpoint."""
     import json
