@@ -122,6 +122,8 @@ class Actor:
         eval_mode: act as evaluation does (the plan's mean, a discrete plan's most probable action) instead of
         with training's exploration noise.
         task: a multi-task model's task of each observation (a name or id, or one per row).
+        role: which planner plans (one per batch size and role, each with its own warm start; default 'train',
+        or 'eval' with eval_mode): name one per stream of episodes you interleave, so they do not share a plan.
 
         Integer or bool observations are converted as training converts them (to float32; pixels stay uint8).
         An observation of the wrong shape, an empty batch, a bad first_step, and NaN or inf in observations

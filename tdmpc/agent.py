@@ -35,6 +35,9 @@ def discount_for(episode_length: int, cfg: Config) -> float:
 
 
 class Agent:
+    """The world model, its planner (Actor: act) and its updates (Learner: update), as a run trains and an
+    evaluation plays them. Agent.from_checkpoint loads one; act() plays it."""
+
     def __init__(self, cfg: Config, dims: ModelDims, episode_length: int | Sequence[int], device: torch.device,
                  shard: Shard = SINGLE):
         """episode_length: agent steps per episode; for a multi-task model, one per task of its task set
@@ -64,18 +67,21 @@ class Agent:
     def act(self, obs: np.ndarray | Tensor, first_step: np.ndarray | Tensor | bool | None = None,
             eval_mode: bool = False, role: str | None = None,
             task: int | str | Sequence | np.ndarray | Tensor | None = None) -> np.ndarray | int | Tensor:
-        """Actor.act: actions for one observation or a batch of N."""
         return self.actor.act(obs, first_step, eval_mode, role, task)
 
     def act_on_device(self, obs: Tensor, first: Tensor, eval_mode: bool = False, role: str | None = None,
                       task: Tensor | None = None) -> Tensor:
         return self.actor.act_on_device(obs, first, eval_mode, role, task)
 
+    act.__doc__, act_on_device.__doc__ = Actor.act.__doc__, Actor.act_on_device.__doc__  # the Actor's own words
+
     def planner(self, num_envs: int, role: str = "train") -> Planner:
         return self.actor.planner(num_envs, role)
 
     def task_ids(self, task: int | str | Sequence | np.ndarray | Tensor | None, n: int) -> Tensor | None:
         return self.actor.task_ids(task, n)
+
+    task_ids.__doc__ = Actor.task_ids.__doc__
 
     def predicts_termination(self, obs: Tensor, action: Tensor) -> Tensor:
         return self.actor.predicts_termination(obs, action)

@@ -33,6 +33,9 @@ MAX_PARALLEL = EVAL_PARALLEL  # episodes at once; the memory estimate plans a pl
 
 @dataclass
 class EvalResult:
+    """What run_episodes played: per episode its return, length, success (where the env reports one) and mean
+    |action|; summary() gives the means a report and eval.csv hold."""
+
     returns: list[float]
     lengths: list[int]
     successes: list[float]  # empty when the env reports no success
