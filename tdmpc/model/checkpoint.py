@@ -160,7 +160,8 @@ def read_checkpoint(path: str | Path, overrides: dict | None = None, mmap: bool 
     path, overrides = checkpoint_path(path), overrides or {}
     obj = load_file(path, mmap=mmap)
     if is_reference(obj):
-        given = tuple(t for entry in overrides["task_set"] for t in expand(entry)) if overrides.get("task_set") else None
+        named = overrides.get("task_set")  # --task-set a,b or a b: the file's tasks, which it does not name
+        given = tuple(t for entry in named for t in expand(entry)) if named else None
         dims, state = reference_to_ours(obj.get("model", obj), str(path), given)
         base = Config(**dims.config_values())
         if dims.multitask:  # the task it plays is chosen later; until then it names its set

@@ -142,8 +142,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
         _check_no_tensor_task_among(source)
     spec, tasks = (tensor_spec, None) if tensor_spec is not None else env_spec(source, cfg)
     if init_from:  # weights for another task's sizes or kind of action: refused now, --dry-run included
-        check_dims_match(read_init(init_from, init_task_set, mmap=True).dims, spec.obs_shape, spec.action_dim, spec.discrete,
-                         spec.task, init_from)
+        check_dims_match(read_init(init_from, init_task_set, mmap=True).dims, spec.obs_shape, spec.action_dim,
+                         spec.discrete, spec.task, init_from)
     run_dir = req.resume or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.for_task(spec)))
     if req.resume is None:
         check_fresh(run_dir, req.from_python)  # early, before the memory plan; build() checks again under the lock
