@@ -338,8 +338,11 @@ def test_an_exception_in_a_callback_is_raised_after_a_checkpoint_of_the_steps_so
             raise KeyError("the user's own bug")
 
     with pytest.raises(KeyError, match="the user's own bug"):
-        tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "a", on_log=fail, **{**TINY, "save_every": 10_000})
-    assert "stopped by an exception in the on_log callback at step 200; checkpoint written" in capsys.readouterr().err
+        tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "a", on_log=fail, on_eval=fail,
+                  **{**TINY, "save_every": 10_000, "eval_episodes": 0})
+    err = capsys.readouterr().err
+    assert "stopped by an exception in the on_log callback at step 200; checkpoint written" in err
+    assert "note: on_eval is never called: eval_episodes=0 plays no evaluation" in err
     assert torch.load(tmp_path / "a" / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 200
     tdmpc.fit(run_dir=tmp_path / "a", resume=True)
     assert "from step 200" in capsys.readouterr().err

@@ -164,6 +164,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     host_error = dataclasses.replace(plan, cfg=filled).host_error(available_host_memory())
     many_threads = threads_error(filled.threads)
     said = _run_notes(filled, tasks, shard, req.from_python)
+    if req.on_eval is not None and not filled.eval_episodes:
+        said.append("note: on_eval is never called: eval_episodes=0 plays no evaluation")
     if req.dry_run and shard.main:
         print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
                                     spec.discrete))
