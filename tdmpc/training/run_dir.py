@@ -55,7 +55,7 @@ def resume_checkpoint(run_dir: Path) -> Path:
     except (CheckpointError, KeyError, TypeError):
         raise CheckpointError(f"{damaged}; there is no older checkpoint to fall back to: copy one you have over "
                               f"{latest} and --resume, or start a new run with --init-from it") from None
-    _say(f"resume: {damaged}. Resuming from {previous.name}, the checkpoint before it (step {step:,}): the steps "
+    say_once(f"resume: {damaged}. Resuming from {previous.name}, the checkpoint before it (step {step:,}): the steps "
          f"after it run again")
     return previous
 
@@ -73,7 +73,7 @@ def resume_dir(path: Path) -> Path:
         return path
     run_dir = path.parent.parent
     if path.name == "latest.pt" and path.parent.name == "checkpoints":
-        _say(f"resume: {path} is a run's latest checkpoint; continuing the run in {run_dir}")
+        say_once(f"resume: {path} is a run's latest checkpoint; continuing the run in {run_dir}")
         return run_dir
     raise ConfigError(f"--resume {path}: --resume takes a run directory and continues from its checkpoints/latest.pt; "
                       f"to start a new run from this checkpoint's weights, pass --init-from {shlex.quote(str(path))}")
@@ -115,13 +115,14 @@ def _with_added_fields(cfg: Config, raw: dict, source: Path) -> Config:
     cfg = dataclasses.replace(cfg, **{k: v(cfg) if callable(v := AS_BEFORE_ADDED[k]) else v for k in as_ran})
     for name in missing:
         how = "the value it ran with, not the default" if name in AS_BEFORE_ADDED else "the default"
-        _say(f"resume: {source} has no '{name}' (added to tdmpc since the run started); using {how}, "
+        say_once(f"resume: {source} has no '{name}' (added to tdmpc since the run started); using {how}, "
              f"{getattr(cfg, name)!r}")
     return cfg
 
 
-def _say(line: str) -> None:
-    """A resume's line, once: data-parallel ranks all read the run (before their process group starts)."""
+def say_once(line: str) -> None:
+    """A run's line, once per launch: data-parallel ranks all run alike (rank 0 speaks, read from the
+    environment, so also before their process group starts)."""
     if os.environ.get("RANK", "0") == "0":
         print(line, file=sys.stderr)
 
@@ -134,7 +135,7 @@ def _config_from_checkpoint(run_dir: Path) -> Config:
         raise ConfigError(f"{checkpoint_path(run_dir)} holds no config to resume with")
     cfg = _with_added_fields(from_dict(obj["config"], source=str(checkpoint_path(run_dir))), obj["config"],
                              checkpoint_path(run_dir))
-    _say(f"resume: the config comes from {checkpoint_path(run_dir)}")
+    say_once(f"resume: the config comes from {checkpoint_path(run_dir)}")
     return cfg
 
 

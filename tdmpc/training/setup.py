@@ -52,7 +52,7 @@ from tdmpc.training.init_from import architecture_from_checkpoint, init_weights,
 from tdmpc.training.offline import OfflineTrainer
 from tdmpc.training.online import OnlineTrainer
 from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
-                                    resume_checkpoint, saved_config, saved_step, set_aside_unfinished)
+                                    resume_checkpoint, saved_config, saved_step, say_once, set_aside_unfinished)
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
@@ -92,7 +92,6 @@ def prepare(req: RunRequest) -> RunSetup | None:
     shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
     if shard.world > 1 and not cfg.dataset:
         raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
-    say = _say if shard.main else _quiet  # the ranks run alike: rank 0 speaks for them
     if req.resume is not None:
         changes = resume_changes(req.base, req.cfg, req.resume) if req.base is not None else {}
         init_from = None
@@ -105,7 +104,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
             if req.init_from:
                 names.append(f"--init-from {req.init_from}")
             unused = f" ({', '.join(names)} not applied: nothing was changed)" if names else ""
-            say(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend it{unused}")
+            say_once(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend "
+                     f"it{unused}")
             return None
         if cfg.steps < step:  # it would end at once, evaluated and marked finished with a lower steps saved
             own = changes["steps"][0] if "steps" in changes else cfg.steps
@@ -113,16 +113,16 @@ def prepare(req: RunRequest) -> RunSetup | None:
                            f"to continue it, or leave it out (the run's own: {own:,}); nothing was changed")
         for name, (old, new) in changes.items():
             by = "fit()'s keywords" if req.from_python else "the command line"
-            say(f"resume: {name} changed from {old!r} to {new!r} by {by}")
+            say_once(f"resume: {name} changed from {old!r} to {new!r} by {by}")
         if req.init_from:
-            say(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies")
+            say_once(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies")
         ranks = saved.get("ranks")  # data-parallel processes of the session that wrote it (older files: not said)
         old_batch = (req.base or cfg).batch_size
         if ranks is not None and ranks * old_batch != shard.world * cfg.batch_size:
-            say(f"resume: this run trained on {ranks} data-parallel process{'es' if ranks > 1 else ''} (global batch "
-                f"{ranks * old_batch}); it continues on {shard.world} (global batch "
-                f"{shard.world * cfg.batch_size}): --batch-size is per process")
-        say(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})")
+            say_once(f"resume: this run trained on {ranks} data-parallel process{'es' if ranks > 1 else ''} "
+                     f"(global batch {ranks * old_batch}); it continues on {shard.world} (global batch "
+                     f"{shard.world * cfg.batch_size}): --batch-size is per process")
+        say_once(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})")
     init_task_set = cfg.task_set if "task_set" in req.given else ()
     if init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
@@ -231,14 +231,6 @@ def unused_setting_notes(cfg: Config, discrete: bool, given: frozenset[str]) -> 
     if cfg.save_video and not cfg.eval_episodes:
         notes.append("note: --save-video records evaluation episodes, and --eval-episodes 0 plays none")
     return notes
-
-
-def _say(line: str) -> None:
-    print(line, file=sys.stderr)
-
-
-def _quiet(line: str) -> None:
-    pass
 
 
 def cuda_only_notes(cfg: Config, device: torch.device | None, given: frozenset[str]) -> list[str]:
