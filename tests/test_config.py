@@ -82,8 +82,9 @@ def test_wrong_json_type_is_an_error():
     ({"entropy_bonus": "sac"}, "entropy_bonus"),  # every field with a fixed set of values is checked
     ({"dataset_stream": "disk"}, "dataset_stream"),
     ({"updates_per_round": 0}, "updates_per_round"),  # a run that never updates learns nothing
-    ({"obs": "rgb", "model_size": 1}, "num_channels"),
-    ({"num_envs": 8, "seed_steps": 16}, "seed_steps"),  # 2 steps per env: no sub-trajectory of horizon 3 to sample  # the pixel encoder's 16 x 32 outputs are not a latent of 128
+    ({"obs": "rgb", "model_size": 1}, "num_channels"),  # the pixel encoder's 16 x 32 outputs are not a latent of 128
+    ({"obs": "rgb", "model_size": 1, "task": "Pendulum-v1"}, "obs"),  # pixels are DMC's: said before their sizes
+    ({"num_envs": 8, "seed_steps": 16}, "seed_steps"),  # 2 steps per env: no sub-trajectory of horizon 3 to sample
 ])
 def test_validation_names_the_field_in_one_line(overrides, field):
     with pytest.raises(ConfigError) as e:

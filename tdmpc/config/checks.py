@@ -13,7 +13,7 @@ from typing import Literal
 
 from tdmpc.config.fields import MODEL_SIZES, Config, field_types
 from tdmpc.errors import ConfigError
-from tdmpc.tasks.sets import expand
+from tdmpc.tasks.sets import expand, gymnasium_form
 
 
 def validate(cfg: Config) -> Config:
@@ -90,6 +90,9 @@ def validate(cfg: Config) -> Config:
     if cfg.sizes()["latent_dim"] % cfg.simnorm_dim:
         raise bad("simnorm_dim", f"must divide latent_dim ({cfg.sizes()['latent_dim']})")
     latent = cfg.sizes()["latent_dim"]
+    gymnasium = [t for t in expand(cfg.task) if gymnasium_form(t)] if cfg.obs == "rgb" else []
+    if gymnasium:  # said before the pixel encoder's sizes, which would not help
+        raise bad("obs", f"'rgb' is supported for DMC tasks only; use --obs state for {gymnasium[0]!r}")
     if cfg.obs == "rgb" and latent != 16 * cfg.num_channels:  # the pixel encoder's output is the latent
         fits = f"--num-channels {latent // 16}" if latent % 16 == 0 else "a latent_dim that is a multiple of 16"
         raise bad("num_channels", f"{cfg.num_channels} gives pixel observations a latent of 16 x {cfg.num_channels} = "

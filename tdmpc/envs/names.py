@@ -11,12 +11,12 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.util
-import re
 from dataclasses import dataclass
 
 import gymnasium as gym
 
 from tdmpc.errors import TaskError
+from tdmpc.tasks.sets import gymnasium_form
 
 # gymnasium's own tasks whose step() never returns terminated=True (read off gymnasium 1.4's
 # source): they only end at their time limit, so a termination head would learn nothing. Every
@@ -32,7 +32,6 @@ _HOW_TASKS_ARE_NAMED = (
     "use a DMC name like walker-walk, cheetah-run, cup-catch (domain-task), or a registered "
     "gymnasium id like Pendulum-v1, HalfCheetah-v5 or my_module:MyEnv-v0"
 )
-_VERSIONED = re.compile(r"-v\d+$")
 # The task name a run records for a user's env object or factory (custom:ClassName): no name rebuilds it.
 CUSTOM_PREFIX = "custom:"
 
@@ -71,7 +70,7 @@ def resolve_task(name: str) -> Task:
                                f"...))")
     if ":" in name or name in gym.registry:
         return _gym_task(name)
-    if "-" in name and not _VERSIONED.search(name):
+    if "-" in name and not gymnasium_form(name):
         task = _dmc_task(name)
         if task is not None:
             return task

@@ -9,6 +9,7 @@ Meta-World's envs are not available here; its dims come from its source (39 / 4 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tdmpc.errors import BadInput
@@ -78,6 +79,15 @@ def chosen_task(tasks: tuple[str, ...], task: str | None, model: object, verb: s
         raise BadInput(f"{model} is a multi-task model{many}: choose the one task to {verb} with --task, one of "
                        f"{task_set_name(tasks)}")
     return task
+
+
+_VERSIONED = re.compile(r"-v\d+$")
+
+
+def gymnasium_form(name: str) -> bool:
+    """Whether a task name has a gymnasium id's form (``Pendulum-v1``, ``my_module:MyEnv-v0``): a DMC name is
+    ``domain-task`` with no version. Known from the name alone, before any simulator is imported."""
+    return ":" in name or bool(_VERSIONED.search(name))
 
 
 def expand(task: str) -> tuple[str, ...]:
