@@ -184,6 +184,24 @@ def test_an_env_object_trains_as_is_and_is_copied_for_more_envs_and_evaluation(t
     assert len(tdmpc.run_episodes(agent, lambda: Corridor(terminates=True), 1, seed=0).returns) == 1
 
 
+class NanCorridor(Corridor):
+    def step(self, action):
+        obs, *rest = super().step(action)
+        return (obs * np.nan if self.steps == 50 else obs), *rest
+
+
+def test_a_run_that_stops_on_an_error_raises_run_failed_saying_the_error(tmp_path):
+    """RunFailed said only "the error above", which a notebook's stderr may not show beside the exception."""
+    from tdmpc.errors import RunFailed
+
+    with pytest.raises(RunFailed) as e:
+        tdmpc.fit(env=NanCorridor, run_dir=tmp_path / "run", **{**TINY, "eval_episodes": 0})
+    said = str(e.value)
+    assert "returned a non-finite observation at env step 49; pass nonfinite_data='drop'" in said and "\n" not in said
+    assert f"checkpoint written at step 49 (resume with tdmpc.fit(env=..., run_dir={str(tmp_path / 'run')!r}, " \
+           f"resume=True, nonfinite_data='drop'))" in said
+
+
 def test_a_factory_and_what_an_env_declares(tmp_path):
     _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
     assert agent.cfg.episodic is True and agent.dims.episodic

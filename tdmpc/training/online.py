@@ -302,10 +302,10 @@ class OnlineTrainer(Trainer):
         where = f"env {env} ({task}) returned a non-finite {what} at env step {self.counters.step if step is None else step:,}"
         if self.cfg.nonfinite_data == "error":
             self.bad_env.fill_(-1)  # reported once: the checkpoint written on the way out is consistent
-            raise NonFiniteData(f"{where}; pass --nonfinite-data drop to {remedy}")
+            raise NonFiniteData(f"{where}; pass {self.named('nonfinite_data', 'drop')} to {remedy}")
         if not self.warned_nonfinite:
             self.warned_nonfinite = True
-            self.logger.message(f"note: {where}; {done} (--nonfinite-data drop)")
+            self.logger.message(f"note: {where}; {done} ({self.named('nonfinite_data', 'drop')})")
 
     def _check_finite(self) -> None:
         """At a log row or a checkpoint: non-finite data flagged on the device since the start (tensor envs; host

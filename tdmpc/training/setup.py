@@ -430,8 +430,7 @@ def open_run(req: RunRequest) -> Trainer | None:
     if setup is None:
         return None
     trainer = build(setup, req.no_buffer, req.on_log, req.on_eval)
-    if req.from_python:  # a run on an env object has no task name the command line could rebuild
-        trainer.resume_hint = f"tdmpc.fit(env=..., run_dir={str(trainer.run_dir)!r}, resume=True)"
+    trainer.from_python = req.from_python
     for line in setup.notes:  # beside the progress bar, which is drawn by now
         trainer.logger.message(line)
     return trainer
@@ -517,5 +516,6 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     if code == EXIT_REQUEUE and trainer.stop_signal is not None:
         raise SystemExit(EXIT_REQUEUE)
     if code not in (EXIT_OK, EXIT_REQUEUE):
-        raise RunFailed(f"the run in {trainer.run_dir} stopped on the error above; its last checkpoint is kept")
+        raise RunFailed(f"the run in {trainer.run_dir} stopped: {trainer.error_message or 'see the error above'}; "
+                        f"its last checkpoint is kept")
     return trainer.run_dir, trainer.agent

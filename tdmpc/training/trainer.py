@@ -113,7 +113,8 @@ class Trainer(StopSignals):
         self.saved_at: int | None = None  # the step of this session's last checkpoint
         self.phase = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         self.callback_error: Exception | None = None  # raised by on_log / on_eval: the run stops, then raises it
-        self.resume_hint = distributed.command(f"--resume {self.quoted_run_dir}", self.shard.world)  # fit(): its own
+        self.error_message = ""  # the first line of the error a run stopped on with exit 1 (fit's RunFailed says it)
+        self.from_python = False  # tdmpc.fit's run: messages name its keywords and its resume call, not flags
         # Per-log-interval statistics: metric sums stay on the device until a log row is written.
         self.metric_sum: dict[str, torch.Tensor] | None = None
         self.metric_count = 0
@@ -175,8 +176,9 @@ class Trainer(StopSignals):
                 return code
             except NonFiniteData as e:  # the bad transition was not stored: the run is consistent
                 self.save()
-                self.logger.message(f"error: {e}; checkpoint written at step {self.counters.step:,} "
-                                    f"(resume with --resume {self.quoted_run_dir} --nonfinite-data drop)")
+                self.error_message = (f"{e}; checkpoint written at step {self.counters.step:,} (resume with "
+                                      f"{self.resume_with(nonfinite_data='drop')})")
+                self.logger.message(f"error: {self.error_message}")
                 return EXIT_ERROR
             except OSError as e:  # a log row, an evaluation's video: the disk filled up (or went away) meanwhile
                 if isinstance(e, DiskError) or e.errno not in (*DISK_FULL, errno.EROFS, errno.EIO):
@@ -203,6 +205,18 @@ class Trainer(StopSignals):
         self.lock.release()
         if not self.looping:  # driven by hand (a benchmark), never run(): the signals are the caller's again
             self.restore_stop_handlers()
+
+    def named(self, field: str, value: str) -> str:
+        """A setting as this run's user gives it: fit()'s keyword, or the command line's flag."""
+        return f"{field}={value!r}" if self.from_python else f"--{field.replace('_', '-')} {value}"
+
+    def resume_with(self, **settings: str) -> str:
+        """How to continue this run, with these settings changed: fit()'s call, or the command (torchrun's for
+        data-parallel ranks)."""
+        given = [self.named(k, v) for k, v in settings.items()]
+        if self.from_python:  # a run on an env object has no task name the command line could rebuild
+            return f"tdmpc.fit(env=..., run_dir={str(self.run_dir)!r}, resume=True{''.join(', ' + g for g in given)})"
+        return distributed.command(" ".join([f"--resume {self.quoted_run_dir}", *given]), self.shard.world)
 
     def _loop(self) -> int:
         cfg, c = self.cfg, self.counters
@@ -232,7 +246,7 @@ class Trainer(StopSignals):
             self.run_ended = True
             self.progress(force=True)
             self.logger.end(f"stopped by {self.stop_reason} at step {c.step:,}; checkpoint written. "
-                            f"Resume with: {self.resume_hint}")
+                            f"Resume with: {self.resume_with()}")
             return EXIT_REQUEUE
         if c.step > self.row_from or self.metric_count:  # the steps since the last row (steps not a multiple)
             self._log()
@@ -401,7 +415,8 @@ class Trainer(StopSignals):
         estimate, flags = memory.out_of_memory_report(
             self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
             self.buffer_on_device(), self.device, self.spec.discrete)
-        self.logger.message(f"error: out of device memory in {self.phase} at step {c.step:,} ({what}); {saved}.\n"
+        self.error_message = f"out of device memory in {self.phase} at step {c.step:,} ({what}); {saved}"
+        self.logger.message(f"error: {self.error_message}.\n"
                             f"{estimate}\nadvice: resume with lower settings: "
                             f"{distributed.command(f'--resume {self.quoted_run_dir} {flags}', self.shard.world)} "
                             f"(--dry-run shows the breakdown)")
