@@ -28,7 +28,6 @@ from tdmpc.memory.peak import EVAL_PARALLEL
 from tdmpc.runtime.files import atomic_write, file_in_the_way, fmt_bytes, free_bytes
 from tdmpc.runtime.transfer import to_device
 
-MAX_PARALLEL = EVAL_PARALLEL  # episodes at once; the memory estimate plans a planner of this size
 
 
 @dataclass
@@ -74,7 +73,7 @@ def run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, seed
                  action_repeat: int | None = None, video: Path | None = None, video_fps: int = 30,
                  stop: Callable[[], bool] | None = None, drop_nonfinite: bool = False) -> EvalResult | None:
     """Run `episodes` episodes without exploration noise, in rounds of parallel envs that each play one episode
-    from a reset: numpy envs (a task name, a gymnasium env or a function making one) MAX_PARALLEL at a time, a
+    from a reset: numpy envs (a task name, a gymnasium env or a function making one) EVAL_PARALLEL at a time, a
     tensor-native task all at once, or the given lockstep envs (a training run's) in rounds of their size. A
     multi-task agent plays task `env` (a name in its task set) with its padded observations and its embedding row.
 
@@ -128,7 +127,7 @@ def _run_episodes(agent: Agent, env: EnvSource | LockstepEnv, episodes: int, see
             envs = make_tensor_vector_env(cast(str, env), left, seed=first_seed, device=agent.device)[0]
         else:
             env_seed = int(np.random.default_rng().integers(2**62)) if first_seed is None else first_seed
-            envs = HostVectorEnv(make_envs(env, min(MAX_PARALLEL, left), seed=env_seed,
+            envs = HostVectorEnv(make_envs(env, min(EVAL_PARALLEL, left), seed=env_seed,
                                            obs=obs, action_repeat=action_repeat, pad_to=agent.dims.pad_to,
                                            render=record), name)
         if record and not isinstance(envs, HostVectorEnv):

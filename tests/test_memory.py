@@ -151,10 +151,15 @@ def test_parse_size_rejects(text):
         memory.parse_size(text)
 
 
-def test_eval_parallel_matches_evaluate():
-    from tdmpc.episodes import MAX_PARALLEL
-    assert memory.EVAL_PARALLEL == MAX_PARALLEL
-    assert memory.eval_sizes(dataclasses.replace(Config(), eval_episodes=40)) == [8, 16]
+def test_the_estimate_plans_for_the_evaluation_envs_a_run_plays_at_once():
+    forty = dataclasses.replace(Config(), eval_episodes=40)
+    assert memory.eval_sizes(forty) == [8, 16]  # numpy envs: EVAL_PARALLEL at a time (tdmpc.episodes)
+    assert memory.eval_sizes(forty, tensor_envs=True) == [40]  # tensor envs: a task's episodes are one batch
+    assert memory.eval_sizes(dataclasses.replace(forty, eval_episodes=0), tensor_envs=True) == []
+    cfg, target = validate(Config(task="walker-walk", model_size=1, device="cpu", eval_episodes=40)), CPU_FP32
+    numpy_run, tensor_run = (memory.estimate(cfg, (24,), 6, False, target, tensor_envs=t) for t in (False, True))
+    assert tensor_run.planner_activations > numpy_run.planner_activations
+    assert "eval 40" in tensor_run.notes["planner_buffers"] and "eval 8/16" in numpy_run.notes["planner_buffers"]
 
 
 @pytest.fixture(scope="module")

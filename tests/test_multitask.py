@@ -190,6 +190,9 @@ def test_the_memory_estimate_counts_the_embedding_and_every_tasks_envs(tmp_path)
 
     sixty = memory.estimate(dataclasses.replace(cfg, task="walker-walk", num_envs=60), (24,), 6, False, target)
     assert est.planner_buffers == sixty.planner_buffers  # 2 envs of each of 30 tasks plan in one call
+    # the out-of-memory report's estimate is the run's (it left the tasks out: one task's envs, no embedding)
+    said, _ = memory.out_of_memory_report(cfg, (24,), 6, False, target, True, torch.device("cpu"), tasks=tasks)
+    assert f"estimate {memory.fmt_bytes(est.total)} in all" in said
     r = run("tdmpc.train", "--task", "mt30", "--cfg", "a4000.json", "--dry-run", "--gpu-mem", "16GB", "--run-dir",
             tmp_path / "r")
     assert r.returncode == 0, r.stderr

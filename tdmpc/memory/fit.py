@@ -201,8 +201,8 @@ class MemoryPlan:
 
 def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
            fit: bool = False, resuming: bool = False, log: Callable[[str], None] | None = None,
-           tasks: TaskSetup | None = None, discrete: bool = False) -> MemoryPlan:
-    """Estimate `cfg` on `target`. An unset plan_chunk_envs becomes the most envs per planning model call that
+           tasks: TaskSetup | None = None, discrete: bool = False, tensor_envs: bool = False) -> MemoryPlan:
+    """Estimate `cfg` on `target` (the run's shape as `estimate` takes it). An unset plan_chunk_envs becomes the most envs per planning model call that
     fit, when all at once would not (the plans are the same); buffer_device 'auto' moves the replay buffer to
     host memory when the whole does not fit; beyond that, walk LADDER until it fits, applying each step
     (fit=True, each one logged) or only listing them as advice. A user's settings change only
@@ -210,7 +210,7 @@ def assess(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: b
     budget = target.budget
 
     def est(c: Config, on_device: bool) -> MemoryEstimate:
-        return estimate(c, obs_shape, action_dim, episodic, target, on_device, tasks, discrete)
+        return estimate(c, obs_shape, action_dim, episodic, target, on_device, tasks, discrete, tensor_envs)
 
     on_device = cfg.buffer_device != "host" or not target.cuda  # without CUDA all of it is host memory
     given = est(cfg, on_device)
@@ -264,7 +264,8 @@ def _chunk_planning(cfg: Config, given: MemoryEstimate, est: Callable[[Config], 
 # --- a run's plan, decided once before it starts -------------------------------------------
 def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
                device: torch.device | None, gpu_mem: str | None = None, fit: bool = False,
-               resuming: bool = False, tasks: TaskSetup | None = None, discrete: bool = False) -> MemoryPlan:
+               resuming: bool = False, tasks: TaskSetup | None = None, discrete: bool = False,
+               tensor_envs: bool = False) -> MemoryPlan:
     """The estimate for this run on this device (or a card of `gpu_mem`), with the replay buffer's place
     decided; with fit=True, lowered settings (each change printed). `plan.cfg` is the config to run."""
     if gpu_mem is not None:
@@ -272,7 +273,7 @@ def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodi
     target = detect_target(cfg, device, gpu_mem)
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     plan = assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log, tasks=tasks,
-                  discrete=discrete)
+                  discrete=discrete, tensor_envs=tensor_envs)
     if target.cuda and device is not None and device.type != "cuda":
         plan.runs_on = device.type
     return plan
@@ -330,12 +331,13 @@ def summary_line(p: MemoryPlan) -> str | None:
 
 def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
                          target: Target, buffer_on_device: bool, device: torch.device,
-                         discrete: bool = False) -> tuple[str, str]:
+                         discrete: bool = False, tasks: TaskSetup | None = None,
+                         tensor_envs: bool = False) -> tuple[str, str]:
     """After running out of device memory: the estimate beside torch's own peak, and the flags that take
     the estimate 25% lower (what a resume may change)."""
     where: Literal["device", "host"] = "device" if buffer_on_device else "host"
-    p = assess(dataclasses.replace(cfg, buffer_device=where), obs_shape, action_dim, episodic, target, resuming=True,
-               discrete=discrete)
+    shape = dict(resuming=True, discrete=discrete, tasks=tasks, tensor_envs=tensor_envs)
+    p = assess(dataclasses.replace(cfg, buffer_device=where), obs_shape, action_dim, episodic, target, **shape)
     est = p.estimate
     if device.type == "cuda":
         actual = (f"actual peak {fmt_bytes(torch.cuda.max_memory_allocated(device))} allocated, "
@@ -343,7 +345,7 @@ def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: in
     else:
         actual = "actual peak not measurable here (no CUDA device)"
     lower = dataclasses.replace(target, capacity=int(0.75 * est.total / (1 - SAFETY_MARGIN)))
-    flags = assess(p.cfg, obs_shape, action_dim, episodic, lower, resuming=True, discrete=discrete).flags() \
+    flags = assess(p.cfg, obs_shape, action_dim, episodic, lower, **shape).flags() \
         or "--batch-size N --num-samples N"
     return (f"memory: estimate {fmt_bytes(est.total)} in all, {fmt_bytes(est.peak_allocated)} of tensors at the "
             f"peak, on {target.label}; {actual}."), flags

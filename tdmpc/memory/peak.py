@@ -27,7 +27,8 @@ N x (S - P) sampled candidates, the fused dynamics+reward first layer (2 x mlp_d
 with 2 LayerNorm/Mish temporaries, reward logits decoded in fp32; or, in the value
 step, pi and 2 Q heads on N x S latents; plus the sampled actions. Every
 (num_envs, role) pair has its own planner: training (num_envs) and evaluation (up to
-16 episodes at once, EVAL_PARALLEL: tdmpc.episodes plays that many at a time).
+16 episodes at once, EVAL_PARALLEL: tdmpc.episodes plays that many at a time; tensor envs play all of a
+task's evaluation episodes at once).
 
 CUDA graphs keep a private pool per captured call, sized by that call's temporaries:
 one for update() and one per planner. The budget is the card's memory less
@@ -240,8 +241,11 @@ def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def eval_sizes(cfg: Config) -> list[int]:
-    """The env counts evaluation plans for: eval_episodes in groups of up to EVAL_PARALLEL."""
+def eval_sizes(cfg: Config, tensor_envs: bool = False) -> list[int]:
+    """The env counts evaluation plans for: eval_episodes in groups of up to EVAL_PARALLEL; a run on tensor envs
+    plays all of them at once (a task's evaluation envs are one batch on the device)."""
+    if tensor_envs:
+        return [cfg.eval_episodes] if cfg.eval_episodes else []
     sizes, left = set(), cfg.eval_episodes
     while left > 0:
         sizes.add(min(EVAL_PARALLEL, left))
@@ -288,9 +292,11 @@ def plan_activation_bytes(cfg: Config, num_envs: int, dims: ModelDims, plan_dtyp
 
 
 def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool, target: Target,
-             buffer_on_device: bool = True, tasks: TaskSetup | None = None, discrete: bool = False) -> MemoryEstimate:
+             buffer_on_device: bool = True, tasks: TaskSetup | None = None, discrete: bool = False,
+             tensor_envs: bool = False) -> MemoryEstimate:
     """Peak device memory of a run of `cfg` on `target` (the model is in the module docstring); `tasks`:
-    a multi-task run's (its embedding, and num_envs envs of each task); discrete: Discrete(action_dim) actions."""
+    a multi-task run's (its embedding, and num_envs envs of each task); discrete: Discrete(action_dim) actions;
+    tensor_envs: a run on tensor envs (its evaluation plans for all its episodes at once)."""
     dims = ModelDims.from_config(cfg, tuple(obs_shape), action_dim, episodic, tasks.task_set if tasks else (),
                                  tasks.action_dims if tasks else (), discrete=discrete)
     num_envs = cfg.num_envs * (len(tasks.tasks) if tasks else 1)
@@ -300,7 +306,8 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
     target_q = list(model._target_Qs.parameters())
     in_target = {id(p) for p in target_q}
     learnable = [p for p in model.parameters() if p.requires_grad]
-    envs = ([] if cfg.dataset else [num_envs]) + eval_sizes(cfg)  # one planner per (num_envs, role)
+    evals = eval_sizes(cfg, tensor_envs)
+    envs = ([] if cfg.dataset else [num_envs]) + evals  # one planner per (num_envs, role)
     plan_acts = [plan_activation_bytes(cfg, n, dims, target.dtype) for n in envs] if cfg.mpc else [0]
     gradients = _nbytes(model.world_model_parameters())
     compiled = compile_enabled(cfg.compile, torch.device("cuda" if target.cuda else "cpu"))
@@ -334,7 +341,7 @@ def estimate(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic:
                "update_activations": f"batch {cfg.batch_size}, horizon {cfg.horizon}, {train_dt}"
                                      + (", compiled" if compiled else ", eager"),
                "planner_buffers": f"{cfg.num_samples} samples, horizon {plan_horizon}; train {num_envs} env(s)"
-                                  + (f", eval {'/'.join(map(str, eval_sizes(cfg)))}" if eval_sizes(cfg) else ""),
+                                  + (f", eval {'/'.join(map(str, evals))}" if evals else ""),
                "replay_buffer": rows if buffer_on_device else f"in pinned host memory: {fmt_bytes(buffer)} ({rows})",
                "cuda_graph_pools": "update() + one per planner" if graphs else "",
                "pool_segments": f"{pools} pools (streams and graphs) x {fmt_bytes(POOL_SEGMENTS)}, at most" if pools else "",

@@ -156,7 +156,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     filled = for_run(cfg)
     off_cuda = cuda_only_notes(filled, device, req.given) + unused_setting_notes(filled, spec.discrete, req.given)
     plan = memory.assess_run(filled, spec.obs_shape, spec.action_dim, spec.episodic, device, req.gpu_mem,
-                             req.fit_memory, resuming=req.resume is not None, tasks=tasks, discrete=spec.discrete)
+                             req.fit_memory, resuming=req.resume is not None, tasks=tasks, discrete=spec.discrete,
+                             tensor_envs=tensor)
     if plan.applied and plan.changes:  # task-derived fields (updates per round) follow the lowered settings
         filled = for_run(dataclasses.replace(cfg, **{k: new for ch in plan.changes for k, (_, new) in ch.values.items()}))
     if plan.chunked_from is not None:

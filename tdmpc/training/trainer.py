@@ -100,6 +100,7 @@ class Trainer(StopSignals):
         self.cfg = cfg = setup.cfg
         self.run_dir, self.device, self.shard = setup.run_dir, setup.device, setup.shard
         self.spec, self.tasks, self.eval_env = setup.spec, setup.tasks, setup.eval_env
+        self.tensor_envs = setup.tensor_envs
         self.agent, self.lock, self.on_log, self.on_eval = agent, lock, on_log, on_eval
         self.rng = np.random.default_rng(cfg.seed)
         self.counters = Counters(next_log=cfg.log_every, next_save=cfg.save_every)  # the first eval at step 0
@@ -414,7 +415,7 @@ class Trainer(StopSignals):
         target = memory.detect_target(self.cfg, self.device)
         estimate, flags = memory.out_of_memory_report(
             self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
-            self.buffer_on_device(), self.device, self.spec.discrete)
+            self.buffer_on_device(), self.device, self.spec.discrete, self.tasks, self.tensor_envs)
         self.error_message = f"out of device memory in {self.phase} at step {c.step:,} ({what}); {saved}"
         self.logger.message(f"error: {self.error_message}.\n"
                             f"{estimate}\nadvice: resume with lower settings: "
