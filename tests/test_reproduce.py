@@ -16,7 +16,7 @@ import pytest
 
 from tdmpc.cli import reproduce
 from tdmpc.errors import BadInput
-from tdmpc.cli.reproduce import Action, decide, main, parse_seeds, seeds_text, train_command
+from tdmpc.cli.reproduce import Action, decide, last_eval_step, main, parse_seeds, seeds_text, train_command
 from tdmpc.report.published import load_published
 
 EVAL_COLUMNS = ["env_step", "episodes", "episode_return", "episode_return_std", "episode_length", "eval_seconds",
@@ -291,6 +291,14 @@ def test_gather_with_nothing_to_read_is_one_line_exit_2(tmp_path, capsys):
     assert main(["--gather", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: no run directories") and "\n" not in err
+
+
+def test_an_evaluation_row_a_crash_cut_short_is_no_evaluation(tmp_path):
+    """The runner read a cut-short last row ("100000,10,9" of "100000,10,912.5,...") as a finished evaluation."""
+    d = fake_run(tmp_path / "cup-catch/seed1", "cup-catch", 1, [(50_000, 500.0)])
+    with open(d / "eval.csv", "a") as f:
+        f.write("100000,10,9")
+    assert last_eval_step(d) == 50_000 and decide(d, "cup-catch", 1, 100_000) is Action.RESUME
 
 
 # --- the sequential runner ------------------------------------------------------------

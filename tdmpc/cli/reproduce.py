@@ -12,7 +12,6 @@ tdmpc/data (the TD-MPC2 paper's results/ folder, ICLR 2024).
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import shlex
@@ -30,6 +29,7 @@ from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STO
                           flag_names, parse_args, run_cli)
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import check_results_folder, find_runs, gather
+from tdmpc.report.curves import eval_points
 from tdmpc.runtime.device import threads_error, usable_cpus
 from tdmpc.runtime.files import make_dirs, remove_made_dirs, shipped_dir
 from tdmpc.training.run_dir import RunDirLock, saved_step
@@ -189,12 +189,11 @@ class Action(str, Enum):
 
 
 def last_eval_step(run_dir: Path) -> int | None:
-    try:
-        with open(run_dir / "eval.csv", newline="") as f:
-            steps = [int(float(r["env_step"])) for r in csv.DictReader(f) if r.get("episode_return")]
-    except FileNotFoundError:
+    """The step of a run's last evaluation (read as the plots read it: a row a crash cut short is none)."""
+    eval_csv = run_dir / "eval.csv"
+    if not eval_csv.is_file():
         return None
-    return max(steps, default=None)
+    return max((int(step) for _, (step, _, _) in eval_points(eval_csv, "")), default=None)
 
 
 def decide(run_dir: Path, task: str, seed: int, steps: int, grid: GridConfig | None = None) -> Action:

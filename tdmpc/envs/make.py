@@ -1,4 +1,5 @@
-"""make_env / make_vector_env: a task name (or an env factory) in, a wrapped env and its EnvSpec out."""
+"""Building envs: a task name (or an env factory) in, wrapped envs and their EnvSpec out (make_env, make_vector_env,
+make_envs; make_task_envs for a multi-task run), and the checks and RNG state every env source shares."""
 
 from __future__ import annotations
 

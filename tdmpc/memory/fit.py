@@ -35,12 +35,8 @@ class Change:
     after: int
 
     def describe(self) -> str:
-        what = ", ".join(f"{k} {_show(old)} -> {_show(new)}" for k, (old, new) in self.values.items())
+        what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in self.values.items())
         return f"{what} (estimate {fmt_bytes(self.before)} -> {fmt_bytes(self.after)})"
-
-
-def _show(v: object) -> str:
-    return str(v)
 
 
 def _flag(name: str, value: object) -> str:

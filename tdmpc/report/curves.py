@@ -112,7 +112,7 @@ def read_run(run_dir: Path) -> list[Series]:
     if offline:  # steps that count updates: never one curve with env steps
         exp_name += ", offline"
     by_task: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
-    for task, point in _eval_points(eval_csv, cfg.get("task", run_dir.name)):
+    for task, point in eval_points(eval_csv, cfg.get("task", run_dir.name)):
         by_task[task].append(point)
     by_task.pop("mean", None)
     if len(by_task) > 1:
@@ -126,7 +126,7 @@ def read_run(run_dir: Path) -> list[Series]:
         or [Series(run_dir, cfg.get("task", run_dir.name), exp_name, *(np.zeros(0),) * 3, obs, seed, offline, cfg)]
 
 
-def _eval_points(eval_csv: Path, default_task: str) -> list[tuple[str, tuple[float, float, float]]]:
+def eval_points(eval_csv: Path, default_task: str) -> list[tuple[str, tuple[float, float, float]]]:
     """(task, (env step, return, elapsed seconds or NaN)) of each evaluation row; a file that is not a tdmpc
     eval.csv is one line naming it and the row, not a figure of garbage or a traceback."""
     try:

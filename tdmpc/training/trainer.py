@@ -165,7 +165,9 @@ class Trainer(StopSignals):
 
     # --- the loop -----------------------------------------------------------------
     def run(self) -> int:
-        """Train to cfg.steps. Returns an exit code: 0 finished, 3 stopped (checkpoint written), 1 out of memory."""
+        """Train to cfg.steps. Returns an exit code: 0 finished; 3 stopped by a signal or a callback (checkpoint
+        written), the final evaluation's interruption included; 1 out of device memory or non-finite data from an
+        env (checkpoint written, error_message says which)."""
         self.looping = True
         self.install_stop_handlers()
         kill_point("startup")
