@@ -16,10 +16,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from tdmpc.config import parse_cli, validate
+from tdmpc.config import parse_cli
 from tdmpc.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, BadInput, run_cli
 from tdmpc.training.flags import TrainArgs, base_config, base_note
-from tdmpc.training.setup import RunRequest, open_run, resume_changes, run
+from tdmpc.training.setup import RunRequest, open_run, run
 from tdmpc.training.trainer import TrainingDiverged
 
 
@@ -30,9 +30,6 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str]) -> int:
     args, cfg, base, given = parse_cli(TrainArgs, argv, base_config, prog="python -m tdmpc.train",
                                        description=__doc__.splitlines()[0], checked=False)
-    if args.resume:  # what a resume may not change, refused before a setting that only fits the change is checked
-        resume_changes(base, cfg, Path(args.resume))
-    cfg = validate(cfg)
     named = args.auto_resume or args.resume
     for flag, given_ in (("--no-buffer", args.no_buffer), ("--config-from-checkpoint", args.config_from_checkpoint)):
         if given_ and not named:

@@ -332,8 +332,12 @@ def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: in
     """After running out of device memory: the estimate beside torch's own peak, and the flags that take
     the estimate 25% lower (what a resume may change)."""
     where: Literal["device", "host"] = "device" if buffer_on_device else "host"
-    shape = dict(resuming=True, discrete=discrete, tasks=tasks, tensor_envs=tensor_envs)
-    p = assess(dataclasses.replace(cfg, buffer_device=where), obs_shape, action_dim, episodic, target, **shape)
+
+    def on(c: Config, t: Target) -> MemoryPlan:
+        return assess(c, obs_shape, action_dim, episodic, t, resuming=True, tasks=tasks, discrete=discrete,
+                      tensor_envs=tensor_envs)
+
+    p = on(dataclasses.replace(cfg, buffer_device=where), target)
     est = p.estimate
     if device.type == "cuda":
         actual = (f"actual peak {fmt_bytes(torch.cuda.max_memory_allocated(device))} allocated, "
@@ -341,7 +345,7 @@ def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: in
     else:
         actual = "actual peak not measurable here (no CUDA device)"
     lower = dataclasses.replace(target, capacity=int(0.75 * est.total / (1 - SAFETY_MARGIN)))
-    flags = assess(p.cfg, obs_shape, action_dim, episodic, lower, **shape).flags() \
+    flags = on(p.cfg, lower).flags() \
         or "--batch-size N --num-samples N"
     return (f"memory: estimate {fmt_bytes(est.total)} in all, {fmt_bytes(est.peak_allocated)} of tensors at the "
             f"peak, on {target.label}; {actual}."), flags

@@ -79,10 +79,12 @@ class RunRequest:
 def prepare(req: RunRequest) -> RunSetup | None:
     """Resolve the run; None after a dry run (which prints the memory estimate) or for a resumed run that already
     reached its steps (which is said, and nothing in its directory changes). Bad input is a one-line error before
-    anything heavy is built."""
+    anything heavy is built: what a resume may not change first (a refusal says more than a setting that only fits
+    the change would), then the config's own checks."""
     # Data files as absolute paths, so that the saved config resumes from any directory
     req = dataclasses.replace(req, cfg=_absolute_paths(req.cfg), base=req.base and _absolute_paths(req.base))
-    cfg, init_from, init_note, checkpoint = req.cfg, req.init_from, "", None
+    changes = resume_changes(req.base, req.cfg, req.resume) if req.resume and req.base else {}
+    cfg, init_from, init_note, checkpoint = validate(req.cfg), req.init_from, "", None
     planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
     if cfg.dataset and "num_envs" in req.given:
         raise BadInput("--num-envs sets the envs an online run steps; an offline run (--dataset) steps none")
@@ -93,7 +95,6 @@ def prepare(req: RunRequest) -> RunSetup | None:
     if shard.world > 1 and not cfg.dataset:
         raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
     if req.resume is not None:
-        changes = resume_changes(req.base, req.cfg, req.resume) if req.base is not None else {}
         init_from = None
         checkpoint = resume_checkpoint(req.resume)
         saved = load_file(checkpoint, mmap=True)
@@ -272,9 +273,8 @@ def _absolute_paths(cfg: Config) -> Config:
 
 
 def resume_changes(base: Config, cfg: Config, resume: Path) -> dict[str, tuple[Any, Any]]:
-    """What a resume changes in its run's config (`base`), once what it may not change is refused: called before
-    the config is validated (a refusal says more than a setting that only fits the change would) and before
-    anything in the run directory is touched."""
+    """What a resume changes in its run's config (`base`), once what it may not change is refused (before
+    anything in the run directory is touched)."""
     if bool(base.dataset) != bool(cfg.dataset):
         was, now = ("offline", "online") if base.dataset else ("online", "offline")
         unit = "updates" if base.dataset else "env steps"
@@ -499,9 +499,6 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     base = (saved_config(resumed, config_from_checkpoint, from_python=True) if resumed
             else cfg or base_config(TrainArgs()))
     config = from_dict(overrides, source="fit() keywords", base=base)
-    if resumed:
-        resume_changes(base, config, resumed)  # refused before a setting that only fits the change is checked
-    config = validate(config)
     trainer = open_run(RunRequest(config, resume=resumed, init_from=str(init_from) if init_from else None,
                                   given=frozenset(overrides), base=base if resume else None,
                                   env=None if isinstance(env, str) else env, on_log=on_log, on_eval=on_eval,
