@@ -202,6 +202,24 @@ def test_a_run_that_stops_on_an_error_raises_run_failed_saying_the_error(tmp_pat
            f"resume=True, nonfinite_data='drop'))" in said
 
 
+def test_a_damaged_replay_buffer_is_resumed_without_from_python_as_the_error_says(tmp_path, capsys):
+    """The error advised --resume RUN --no-buffer, which fit() had no keyword for (an env object's run could not
+    continue at all)."""
+    from tdmpc.errors import BufferFileError
+
+    run_dir, _ = tdmpc.fit(env=Corridor, run_dir=tmp_path / "run", on_log=lambda row: row["env_step"] < 200, **TINY)
+    (buffer,) = (run_dir / "checkpoints").glob("buffer_*.h5")
+    buffer.write_bytes(buffer.read_bytes()[:100])
+    with pytest.raises(BufferFileError) as e:
+        tdmpc.fit(env=Corridor, run_dir=run_dir, resume=True)
+    assert f"Resume without it: tdmpc.fit(env=..., run_dir={str(run_dir)!r}, resume=True, no_buffer=True)" in str(e.value)
+    capsys.readouterr()
+    _, agent = tdmpc.fit(env=Corridor, run_dir=run_dir, resume=True, no_buffer=True)
+    assert "resume: no_buffer=True: acting without updates until step" in capsys.readouterr().err
+    with pytest.raises(tdmpc.errors.BadInput, match=r"^fit\(no_buffer=True\) applies to a resume"):
+        tdmpc.fit(env=Corridor, run_dir=tmp_path / "other", no_buffer=True)
+
+
 def test_a_factory_and_what_an_env_declares(tmp_path):
     _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
     assert agent.cfg.episodic is True and agent.dims.episodic

@@ -256,12 +256,13 @@ class OnlineTrainer(Trainer):
                 self.buffer.load(path)
             except BufferFileError as e:
                 kept = set_aside_damaged(path)
-                raise BufferFileError(f"{e}{f'; kept as {kept.name}' if kept else ''}. Resume without it: --resume "
-                                      f"{self.quoted_run_dir} --no-buffer (weights, optimisers and counters are "
+                raise BufferFileError(f"{e}{f'; kept as {kept.name}' if kept else ''}. Resume without it: "
+                                      f"{self.resume_with(no_buffer=True)} (weights, optimisers and counters are "
                                       f"restored, the buffer refills by acting)") from None
         elif self.counters.step >= (self.cfg.seed_steps or 0):  # no buffer to resume with: refill it first
             self.counters.refill_until = self.counters.step + (self.cfg.seed_steps or 0)
-            why = "--no-buffer" if buffer_file else "the checkpoint holds no replay buffer (--no-save-buffer)"
+            why = (self.named("no_buffer", True) if buffer_file
+                   else f"the checkpoint holds no replay buffer ({self.named('save_buffer', False)})")
             print(f"resume: {why}: acting without updates until step {self.counters.refill_until:,} to refill the "
                   f"replay buffer", file=sys.stderr)
         self.buffer.end_episodes()

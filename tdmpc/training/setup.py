@@ -193,7 +193,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     user_env = req.env
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
-                    init_from, source, source if tensor else eval_source, notes, tensor, init_task_set)
+                    init_from, source, source if tensor else eval_source, notes, tensor, init_task_set,
+                    req.from_python)
 
 
 def _run_notes(cfg: Config, tasks: TaskSetup | None, shard: distributed.Shard, from_python: bool) -> list[str]:
@@ -431,7 +432,6 @@ def open_run(req: RunRequest) -> Trainer | None:
     if setup is None:
         return None
     trainer = build(setup, req.no_buffer, req.on_log, req.on_eval)
-    trainer.from_python = req.from_python
     for line in setup.notes:  # beside the progress bar, which is drawn by now
         trainer.logger.message(line)
     return trainer
@@ -459,7 +459,7 @@ def trainer_for(cfg: Config, run_dir: Path, device: torch.device, resume: bool =
 
 def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str | Path | None = None,
         resume: bool = False, init_from: str | Path | None = None, on_log: Callback | None = None,
-        on_eval: Callback | None = None, config_from_checkpoint: bool = False,
+        on_eval: Callback | None = None, config_from_checkpoint: bool = False, no_buffer: bool = False,
         **overrides: Any) -> tuple[Path, Agent]:
     """Train an agent and return (run_dir, agent).
 
@@ -469,7 +469,8 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     (num_envs > 1) and evaluation use deep copies of it. Every Config field is a keyword (steps=20_000,
     model_size=1, ...), applied over `cfg` (default: what tdmpc.train starts from, cpu.json without a GPU).
     resume=True continues the run in run_dir, from its config.json (cfg= is not read then; keywords override it) or,
-    with config_from_checkpoint=True, the config its checkpoint holds (when config.json is damaged or missing).
+    with config_from_checkpoint=True, the config its checkpoint holds (when config.json is damaged or missing);
+    no_buffer=True resumes without the saved replay buffer (a damaged one: it refills by acting).
     on_log / on_eval get each train.csv / eval.csv row as a dict;
     returning False stops the run (a checkpoint is written, so it can be resumed) and fit returns.
 
@@ -493,13 +494,15 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     if resume and cfg is not None:
         raise BadInput("fit(resume=True) continues with the run's own config.json, so cfg= would not be read: pass "
                        "the fields to change as keywords (steps=...)")
-    if config_from_checkpoint and not resume:
-        raise BadInput("fit(config_from_checkpoint=True) applies to a resume: pass resume=True and the run_dir")
+    for name, given in (("config_from_checkpoint", config_from_checkpoint), ("no_buffer", no_buffer)):
+        if given and not resume:
+            raise BadInput(f"fit({name}=True) applies to a resume: pass resume=True and the run_dir")
     resumed = Path(run_dir) if resume and run_dir is not None else None
     base = (saved_config(resumed, config_from_checkpoint, from_python=True) if resumed
             else cfg or base_config(TrainArgs()))
     config = from_dict(overrides, source="fit() keywords", base=base)
-    trainer = open_run(RunRequest(config, resume=resumed, init_from=str(init_from) if init_from else None,
+    trainer = open_run(RunRequest(config, resume=resumed, no_buffer=no_buffer,
+                                  init_from=str(init_from) if init_from else None,
                                   given=frozenset(overrides), base=base if resume else None,
                                   env=None if isinstance(env, str) else env, on_log=on_log, on_eval=on_eval,
                                   from_python=True,

@@ -63,6 +63,7 @@ class RunSetup:
     notes: list[str] = field(default_factory=list)
     tensor_envs: bool = False  # the envs speak torch tensors (tdmpc.envs.tensor), not numpy
     init_task_set: tuple[str, ...] = ()  # --task-set as given: a reference multi-task init_from's task names
+    from_python: bool = False  # tdmpc.fit's run: messages name its keywords and its resume call, not flags
 
     @property
     def resume(self) -> bool:
@@ -115,7 +116,7 @@ class Trainer(StopSignals):
         self.phase = "setup"  # "act", "update" or "evaluation": named if the device runs out of memory
         self.callback_error: Exception | None = None  # raised by on_log / on_eval: the run stops, then raises it
         self.error_message = ""  # the first line of the error a run stopped on with exit 1 (fit's RunFailed says it)
-        self.from_python = False  # tdmpc.fit's run: messages name its keywords and its resume call, not flags
+        self.from_python = setup.from_python
         # Per-log-interval statistics: metric sums stay on the device until a log row is written.
         self.metric_sum: dict[str, torch.Tensor] | None = None
         self.metric_count = 0
@@ -209,11 +210,15 @@ class Trainer(StopSignals):
         if not self.looping:  # driven by hand (a benchmark), never run(): the signals are the caller's again
             self.restore_stop_handlers()
 
-    def named(self, field: str, value: str) -> str:
-        """A setting as this run's user gives it: fit()'s keyword, or the command line's flag."""
-        return f"{field}={value!r}" if self.from_python else f"--{field.replace('_', '-')} {value}"
+    def named(self, field: str, value: object = None) -> str:
+        """A setting as this run's user gives it: fit()'s keyword, or the command line's flag (a switch for True;
+        the name alone for None)."""
+        if self.from_python:
+            return field if value is None else f"{field}={value!r}"
+        flag = field.replace("_", "-")
+        return f"--no-{flag}" if value is False else f"--{flag}" + ("" if value is None or value is True else f" {value}")
 
-    def resume_with(self, **settings: str) -> str:
+    def resume_with(self, **settings: object) -> str:
         """How to continue this run, with these settings changed: fit()'s call, or the command (torchrun's for
         data-parallel ranks)."""
         given = [self.named(k, v) for k, v in settings.items()]
@@ -368,7 +373,8 @@ class Trainer(StopSignals):
             raise TrainingDiverged(
                 f"training diverged: {row['skipped']:.0%} of the last {self.metric_count} updates had non-finite "
                 f"gradients and were skipped; {self.last_checkpoint()}. Try a lower "
-                f"--lr" + (" or --train-precision fp32" if self.cfg.train_precision == "bf16" else ""))
+                f"{self.named('lr')}" + (f" or {self.named('train_precision', 'fp32')}"
+                                         if self.cfg.train_precision == "bf16" else ""))
         self.metric_sum, self.metric_count = None, 0
         self.rate_mark, self.row_from = (now, c.step, c.updates), c.step
         c.next_log = next_multiple(c.step, self.cfg.log_every)
