@@ -209,7 +209,7 @@ def test_update_stream_where_it_does_nothing_is_said(tmp_path, monkeypatch, caps
     assert code == 0 and "note: --update-stream does nothing on the CPU" in err, err
     code, _, err = _dry_run(tmp_path, monkeypatch, capsys)
     assert code == 0 and "update-stream" not in err, err
-    from tdmpc.training.setup import cuda_only_notes
+    from tdmpc.training.notes import cuda_only_notes
     cfg = dataclasses.replace(validate(Config()), update_stream=True, overlap_updates=False)
     notes = cuda_only_notes(cfg, torch.device("cuda"), frozenset({"update_stream"}))
     assert len(notes) == 1 and "without --overlap-updates" in notes[0]

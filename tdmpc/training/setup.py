@@ -30,10 +30,9 @@ import torch
 from tdmpc import memory
 from tdmpc.agent import Agent
 from tdmpc.buffer import ReplayBuffer
-from tdmpc.config import SIZE_FIELDS, Config, NetworkSettings, changed_fields, from_dict, validate
+from tdmpc.config import Config, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
-from tdmpc.envs.names import CUSTOM_PREFIX
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env, tensor_task_spec
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import check_dims_match, load_file
@@ -51,6 +50,8 @@ from tdmpc.training.flags import TrainArgs, base_config, base_note
 from tdmpc.training.init_from import architecture_from_checkpoint, init_weights, read_init
 from tdmpc.training.offline import OfflineTrainer
 from tdmpc.training.online import OnlineTrainer
+from tdmpc.training.notes import cuda_only_notes, run_notes, unused_setting_notes
+from tdmpc.training.resume import resume_changes
 from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
                                     resume_checkpoint, saved_config, saved_step, say_once, set_aside_unfinished)
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
@@ -165,7 +166,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
         filled = dataclasses.replace(filled, plan_chunk_envs=plan.cfg.plan_chunk_envs)
     host_error = dataclasses.replace(plan, cfg=filled).host_error(available_host_memory())
     many_threads = threads_error(filled.threads)
-    said = _run_notes(filled, tasks, shard, req.from_python)
+    said = run_notes(filled, tasks, shard, req.from_python)
     if req.on_eval is not None and not filled.eval_episodes:
         said.append("note: on_eval is never called: eval_episodes=0 plays no evaluation")
     if req.dry_run and shard.main:
@@ -197,107 +198,14 @@ def prepare(req: RunRequest) -> RunSetup | None:
                     req.from_python)
 
 
-def _run_notes(cfg: Config, tasks: TaskSetup | None, shard: distributed.Shard, from_python: bool) -> list[str]:
-    """What a run's settings do that they do not say: its ranks' global batch, a multi-task run's tasks that can
-    terminate, an end past --steps (whole steps of its envs) or within its seed steps."""
-    notes = []
-    if shard.world > 1:
-        notes.append(f"data-parallel: {shard.world} processes, global batch {shard.world * cfg.batch_size} "
-                     f"(--batch-size {cfg.batch_size} per process)")
-    if ending := [i.name for i in tasks.infos if i.episodic and i.name in tasks.tasks] if tasks else []:
-        notes.append(f"note: {', '.join(ending)} can terminate, but a multi-task model has no termination head (as "
-                     f"the reference's): TD targets stop at those endings, planning does not foresee them")
-    envs = cfg.num_envs * (len(tasks.tasks) if tasks else 1)  # num_envs per task
-    per = 1 if cfg.dataset else envs * (cfg.action_repeat or 1)  # env steps a step of the envs counts
-    end = -(-cfg.steps // per) * per
-    if not cfg.dataset and end < (cfg.seed_steps or 0):
-        notes.append(f"note: the run ends at step {end:,}, within its {cfg.seed_steps:,} seed steps: it acts at "
-                     f"random and makes no update (raise --steps or lower --seed-steps)")
-    elif end != cfg.steps:
-        notes.append(f"note: the run ends at step {end:,}, the first whole step of its {envs} envs x action "
-                     f"repeat {cfg.action_repeat or 1} at or after {'steps=' if from_python else '--steps '}"
-                     f"{cfg.steps:,}")
-    return notes
-
-
-CONTINUOUS_ONLY = ("entropy_bonus", "min_std", "max_std", "log_std_min", "log_std_max")  # docs/discrete.md
-DISCRETE_ONLY = ("min_prob", "uniform_prior_coef")
-
-
-def unused_setting_notes(cfg: Config, discrete: bool, given: frozenset[str]) -> list[str]:
-    """A line for settings given explicitly that this run never reads: said, not refused (a config shared between
-    tasks keeps them)."""
-    kind, unused = ("discrete", CONTINUOUS_ONLY) if discrete else ("continuous", DISCRETE_ONLY)
-    names = [f"--{n.replace('_', '-')}" for n in unused if n in given]
-    notes = [f"note: {', '.join(names)} do{'es' if len(names) == 1 else ''} nothing with {kind} actions "
-             f"({cfg.task}); docs/discrete.md"] if names else []
-    if cfg.save_video and not cfg.eval_episodes:
-        notes.append("note: --save-video records evaluation episodes, and --eval-episodes 0 plays none")
-    return notes
-
-
-def cuda_only_notes(cfg: Config, device: torch.device | None, given: frozenset[str]) -> list[str]:
-    """A line for each CUDA-only setting given explicitly (flag or keyword) to a run where it does nothing (another
-    device; --update-stream without overlapped updates): said, not refused, as a config shared between machines
-    keeps it on. cfg: the run's, its overlap_updates resolved."""
-    if device is None:  # a dry run for a device not here, planned as asked
-        return []
-    notes = []
-    if device.type != "cuda" and "cuda_graphs" in given and cfg.cuda_graphs:
-        notes.append(f"note: --cuda-graphs does nothing on the {device.type.upper()}: CUDA graphs replay CUDA "
-                     f"kernels, so plan() and update() run eagerly here")
-    if "update_stream" in given and cfg.update_stream and (device.type != "cuda" or not cfg.overlap_updates):
-        why = (f"on the {device.type.upper()}" if device.type != "cuda"
-               else "without --overlap-updates (off for this run)")
-        notes.append(f"note: --update-stream does nothing {why}: it runs overlapped CUDA updates on a stream of "
-                     f"their own, so updates run in order here")
-    return notes
-
-
 def overlap_default(device: torch.device | None, tensor_envs: bool, cfg: Config) -> bool:
     """overlap_updates when unset: where a GPU's updates can run beside the host's env step."""
     return device is not None and device.type == "cuda" and not tensor_envs and not cfg.dataset
 
 
-# What a resumed run cannot change: the replay buffer's layout and the networks' shapes, which its files hold.
-FIXED_ON_RESUME = ("task", "obs", "num_envs", "buffer_size", "horizon", "action_repeat", "episodic", "model_size",
-                   *SIZE_FIELDS, *(f.name for f in dataclasses.fields(NetworkSettings) if f.name != "dropout"),
-                   "task_set", "task_dim")
-
-
-BUFFER_LAYOUT = ("num_envs", "buffer_size", "horizon")
-
-
 def _absolute_paths(cfg: Config) -> Config:
     return dataclasses.replace(cfg, dataset=tuple(os.path.abspath(p) for p in cfg.dataset),
                                save_data=cfg.save_data and os.path.abspath(cfg.save_data))
-
-
-def resume_changes(base: Config, cfg: Config, resume: Path) -> dict[str, tuple[Any, Any]]:
-    """What a resume changes in its run's config (`base`), once what it may not change is refused (before
-    anything in the run directory is touched)."""
-    if bool(base.dataset) != bool(cfg.dataset):
-        was, now = ("offline", "online") if base.dataset else ("online", "offline")
-        unit = "updates" if base.dataset else "env steps"
-        raise BadInput(f"--dataset cannot turn an {was} run {now} on --resume (its steps count {unit}); start a "
-                       f"new run with --init-from {checkpoint_path(resume)} instead")
-    changed = changed_fields(dataclasses.replace(base, run_dir=cfg.run_dir), cfg)
-    old_sizes, new_sizes = base.sizes(), cfg.sizes()
-    for name in set(SIZE_FIELDS) & set(changed):  # a size is what the preset makes it, not its field's None
-        if old_sizes[name] == new_sizes[name]:
-            del changed[name]  # the run's own value, given explicitly
-        else:
-            changed[name] = (old_sizes[name], new_sizes[name])
-    for name in FIXED_ON_RESUME:
-        # an env object's run names no task that rebuilds it: its registered id may (the checkpoint checks dims)
-        rebuilt = name == "task" and str(base.task).startswith(CUSTOM_PREFIX)
-        if name in changed and not rebuilt:
-            why = "its replay buffer is laid out for it" if name in BUFFER_LAYOUT else "its checkpoint is made for it"
-            keep = (f"; to keep its weights, start a new run with --init-from {checkpoint_path(resume)}"
-                    if name in BUFFER_LAYOUT else "")
-            raise BadInput(f"--{name.replace('_', '-')} cannot change on --resume: this run has "
-                           f"{changed[name][0]!r} ({why}){keep}")
-    return changed
 
 
 def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
