@@ -220,6 +220,19 @@ def test_a_damaged_replay_buffer_is_resumed_without_from_python_as_the_error_say
         tdmpc.fit(env=Corridor, run_dir=tmp_path / "other", no_buffer=True)
 
 
+def test_an_env_object_that_cannot_be_copied_is_refused_before_the_run_starts(tmp_path):
+    """Evaluation plays on a deep copy of an env object: a raw TypeError from deepcopy came out of the first one."""
+    import threading
+
+    env = Corridor()
+    env.lock = threading.Lock()
+    with pytest.raises(tdmpc.errors.BadInput, match=r"the Corridor object cannot be copied \(TypeError: cannot "
+                                                    r"pickle '_thread.lock' object\).*env=lambda: Corridor\(...\)"):
+        tdmpc.fit(env=env, run_dir=tmp_path / "run", **TINY)
+    assert not (tmp_path / "run").exists()
+    tdmpc.fit(env=env, run_dir=tmp_path / "run", **{**TINY, "eval_episodes": 0, "steps": 200})  # no copy needed
+
+
 def test_a_factory_and_what_an_env_declares(tmp_path):
     _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
     assert agent.cfg.episodic is True and agent.dims.episodic

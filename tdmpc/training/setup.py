@@ -192,6 +192,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note, *said)
              if n]
     user_env = req.env
+    if isinstance(user_env, gym.Env) and (filled.eval_episodes or filled.num_envs > 1):
+        _check_copyable(user_env)
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
                     init_from, source, source if tensor else eval_source, notes, tensor, init_task_set,
@@ -206,6 +208,18 @@ def overlap_default(device: torch.device | None, tensor_envs: bool, cfg: Config)
 def _absolute_paths(cfg: Config) -> Config:
     return dataclasses.replace(cfg, dataset=tuple(os.path.abspath(p) for p in cfg.dataset),
                                save_data=cfg.save_data and os.path.abspath(cfg.save_data))
+
+
+def _check_copyable(env: gym.Env) -> None:
+    """Evaluation (and envs past the first) play on deep copies of an env object: one that cannot be copied is
+    refused before the run starts, not at its first evaluation."""
+    try:
+        copy.deepcopy(env)
+    except Exception as e:
+        name = type(env.unwrapped).__name__
+        raise BadInput(f"fit(env=...): the {name} object cannot be copied ({type(e).__name__}: {e}), and evaluation "
+                       f"and envs past the first play on copies of it: pass a function making one (env={name} or "
+                       f"env=lambda: {name}(...))") from None
 
 
 def env_spec(env: EnvSource, cfg: Config) -> tuple[EnvSpec, TaskSetup | None]:
