@@ -342,6 +342,17 @@ def test_rng_state_before_first_reset_keeps_the_seed():
     np.testing.assert_array_equal(envs.reset()[0], first)
 
 
+def test_a_vector_env_without_a_seed_is_seeded_afresh_as_make_env_is():
+    """make_vector_env(task, n) without seed= (or seed=None) was a raw TypeError (None + i)."""
+    a, b = (make_vector_env("Pendulum-v1", 2)[0] for _ in range(2))
+    try:
+        first = a.reset()[0]
+        assert (first[0] != first[1]).any() and (b.reset()[0] != first).any()
+    finally:
+        a.close()
+        b.close()
+
+
 # --- pixels -------------------------------------------------------------------------------------
 
 

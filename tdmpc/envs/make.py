@@ -82,13 +82,14 @@ def make_vector_env(
     env: EnvSource,
     num_envs: int,
     *,
-    seed: int,
+    seed: int | None = None,
     obs: str = "state",
     action_repeat: int | None = None,
     asynchronous: bool = False,
     render: bool = False,
 ) -> tuple[VectorEnvs, EnvSpec]:
-    """``num_envs`` copies of ``make_env(env)``; sub-env i is seeded with ``seed + i``.
+    """``num_envs`` copies of ``make_env(env)``; sub-env i is seeded with ``seed + i`` (None: each its own
+    random seed, as ``make_env``).
 
     Sub-envs reset themselves in the step that ends their episode (``AutoresetMode.SAME_STEP``),
     so ``step()`` already returns the first observation of the next episode. For the ended
@@ -106,6 +107,7 @@ def make_vector_env(
     build it.
     """
     task, repeat, first = _check(env, obs, action_repeat)
+    seeds = [None if seed is None else seed + i for i in range(num_envs)]
     if num_envs < 1:
         raise ValueError(f"num_envs must be at least 1, got {num_envs}")
 
@@ -123,9 +125,9 @@ def make_vector_env(
         if first is not None:
             first.close()
         first = None
-        fns = [functools.partial(_wrap_built, env, task, seed + i, obs, repeat, render) for i in range(num_envs)]
+        fns = [functools.partial(_wrap_built, env, task, seeds[i], obs, repeat, render) for i in range(num_envs)]
     else:
-        fns = [functools.partial(lambda i: _wrap(raw(i), task, seed + i, obs, repeat), i) for i in range(num_envs)]
+        fns = [functools.partial(lambda i: _wrap(raw(i), task, seeds[i], obs, repeat), i) for i in range(num_envs)]
     envs = _vector(fns, asynchronous, seed)
     if not asynchronous:
         assert isinstance(envs, gym.vector.SyncVectorEnv)
@@ -194,7 +196,7 @@ def make_envs(env: EnvSource | Sequence[str], envs_per_task: int, *, seed: int, 
                           action_repeat=action_repeat, asynchronous=asynchronous, render=render)[0]
 
 
-def _vector(fns: Sequence[Callable[[], gym.Env]], asynchronous: bool, seed: int) -> VectorEnvs:
+def _vector(fns: Sequence[Callable[[], gym.Env]], asynchronous: bool, seed: int | None) -> VectorEnvs:
     autoreset = gym.vector.AutoresetMode.SAME_STEP
     if asynchronous:
         # Workers start from a fresh forkserver process, not from a fork of this one: a forked
@@ -255,7 +257,7 @@ def _make_named(task: Task, obs: str, render: bool, render_size: tuple[int, int]
     return _gym_env(task.name, render, render_size)
 
 
-def _wrap_built(env: EnvSource, task: Task, seed: int, obs: str, repeat: int, render: bool,
+def _wrap_built(env: EnvSource, task: Task, seed: int | None, obs: str, repeat: int, render: bool,
                 pad_to: tuple[int, int] | None = None) -> gym.Env:
     """A sub-env built where it runs (in this process, or an async worker)."""
     raw = _make_named(task, obs, render, RENDER_SIZE) if isinstance(env, str) else env()  # type: ignore[operator]
