@@ -176,6 +176,10 @@ class Actor:
                            f"{str(e).splitlines()[0]}") from None
         single = tuple(x.shape) == shape
         if not single and not (x.dim() == len(shape) + 1 and tuple(x.shape[1:]) == shape and x.shape[0] > 0):
+            if self.dims.multitask and x.dim() in (1, 2) and 0 < x.shape[-1] < shape[0]:  # a task's own, unpadded
+                raise BadInput(f"act() takes {want}, got shape {tuple(x.shape)}: a multi-task model's observations "
+                               f"are each task's own zero-padded to {shape[0]} (np.pad(obs, (0, {shape[0]} - "
+                               f"len(obs))), as its training envs pad them); its actions come padded the same way")
             raise BadInput(f"act() takes {want}, got shape {tuple(x.shape)}")
         if pixels:
             if x.dtype != torch.uint8:

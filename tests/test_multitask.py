@@ -155,6 +155,9 @@ def test_task_ids_are_checked_in_one_line():
             agent.act(obs, task=task)
     with pytest.raises(ValueError, match="3 tasks for 2 observations"):
         agent.act(np.zeros((2, 24), np.float32), task=[1, 2, 3])
+    with pytest.raises(ValueError, match=r"got shape \(3,\): a multi-task model's observations are each task's "
+                                         r"own zero-padded to 24 \(np.pad"):
+        agent.act(np.zeros(3, np.float32), task="pendulum-swingup")  # its own obs, unpadded
 
 
 def test_all_thirty_mt30_tasks_act_in_one_batched_call():
