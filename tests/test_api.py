@@ -233,6 +233,22 @@ def test_an_env_object_that_cannot_be_copied_is_refused_before_the_run_starts(tm
     tdmpc.fit(env=env, run_dir=tmp_path / "run", **{**TINY, "eval_episodes": 0, "steps": 200})  # no copy needed
 
 
+@pytest.mark.slow  # env processes of their own: CI's slow step keeps the default suite under 8 minutes
+def test_an_unguarded_script_with_async_envs_says_to_guard_it(tmp_path):
+    """Each async env's process imports the main script: unguarded, it ran fit() again there, and the user saw
+    a lock error, a ConnectionResetError and multiprocessing's bootstrapping RuntimeError."""
+    import subprocess
+
+    script = tmp_path / "train.py"
+    script.write_text(f"import tdmpc\ntdmpc.fit(env='Pendulum-v1', run_dir={str(tmp_path / 'run')!r}, num_envs=2, "
+                      f"vectorization='async', **{ {**TINY, 'steps': 300, 'eval_episodes': 0}!r})\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 1 and "RunDirError" not in r.stderr and "bootstrapping" not in r.stderr, r.stderr
+    assert "tdmpc.errors.TaskError: the env processes of vectorization 'async' exited as they started" in r.stderr
+    assert "tdmpc.errors.BadInput: tdmpc.fit() called while an env process imported the main script" in r.stderr
+    assert "keeps its calls under `if __name__ == '__main__':`" in r.stderr and not (tmp_path / "run").exists()
+
+
 def test_a_factory_and_what_an_env_declares(tmp_path):
     _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
     assert agent.cfg.episodic is True and agent.dims.episodic

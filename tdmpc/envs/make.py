@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import multiprocessing
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence, Union, cast
 
@@ -196,12 +197,28 @@ def make_envs(env: EnvSource | Sequence[str], envs_per_task: int, *, seed: int, 
                           action_repeat=action_repeat, asynchronous=asynchronous, render=render)[0]
 
 
+GUARD_MAIN = ("a script that steps envs with vectorization 'async' keeps its calls under `if __name__ == "
+              "'__main__':`, as each env's process imports it (Python's forkserver)")
+
+
+def importing_main_in_a_worker() -> bool:
+    """Whether this process is a multiprocessing worker importing the main script: a call that starts a run or
+    envs there is the script's own, unguarded, and must not run again."""
+    return bool(getattr(multiprocessing.current_process(), "_inheriting", False))
+
+
 def _vector(fns: Sequence[Callable[[], gym.Env]], asynchronous: bool, seed: int | None) -> VectorEnvs:
     autoreset = gym.vector.AutoresetMode.SAME_STEP
     if asynchronous:
+        if importing_main_in_a_worker():
+            raise TaskError(f"envs started while an env process imported the main script: {GUARD_MAIN}")
         # Workers start from a fresh forkserver process, not from a fork of this one: a forked
         # EGL context (after any render here) hangs them, and forked torch threads can too.
-        envs: VectorEnvs = gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset, context="forkserver")
+        try:
+            envs: VectorEnvs = gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset, context="forkserver")
+        except (EOFError, ConnectionError) as e:  # a worker died before it answered: its error is printed above
+            raise TaskError(f"the env processes of vectorization 'async' exited as they started ({type(e).__name__}; "
+                            f"their errors are above); {GUARD_MAIN}") from None
     else:
         envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset)
     envs.action_space.seed(seed)

@@ -33,6 +33,7 @@ from tdmpc.buffer import ReplayBuffer
 from tdmpc.config import Config, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
+from tdmpc.envs.make import GUARD_MAIN, importing_main_in_a_worker
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env, tensor_task_spec
 from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import check_dims_match, load_file
@@ -399,6 +400,8 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     A stop signal also writes a checkpoint, then goes on as the signal would: Ctrl-C (SIGINT) raises
     KeyboardInterrupt, SIGTERM or SIGUSR1 (a scheduler's) exits with tdmpc.train's requeue code, 3. A run that
     stops on an error it reports (out of memory, ...) raises RunFailed."""
+    if importing_main_in_a_worker():  # an unguarded script, imported again by an env's process: no second run
+        raise BadInput(f"tdmpc.fit() called while an env process imported the main script: {GUARD_MAIN}")
     if cfg is not None and not isinstance(cfg, Config):
         raise BadInput(f"fit(cfg=...) takes a tdmpc Config (or pass its fields as keywords), not a "
                        f"{type(cfg).__name__}")
