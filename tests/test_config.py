@@ -112,7 +112,7 @@ def test_optional_bool_fields_take_the_flag_pair_and_the_value_form(argv, episod
 
 def test_bench_takes_no_overlap_updates_the_compile_pair_and_update_stream():
     from tdmpc.bench.cli import BenchArgs
-    from tdmpc.errors import parse_args
+    from tdmpc.runtime.args import parse_args
 
     assert parse_args(BenchArgs, ["--no-overlap-updates"], "bench", "").overlap_updates is False
     assert parse_args(BenchArgs, [], "bench", "").overlap_updates is None

@@ -621,7 +621,8 @@ def test_output_piped_into_a_reader_that_leaves_ends_quietly(tmp_path):
 
     code = textwrap.dedent("""
         import sys
-        from tdmpc.errors import one_line_parse_errors, run_cli
+        from tdmpc.errors import run_cli
+        from tdmpc.runtime.args import one_line_parse_errors
 
         def closed():
             raise BrokenPipeError(32, "Broken pipe")

@@ -324,7 +324,7 @@ def test_every_bench_stage_of_the_gpu_speed_script_parses(tmp_path):
     """results/gpu/device_run.sh's bench stages, each command line as the device would run it (here with --device
     cpu): a flag renamed or a value refused is a failure here, not a stage lost in a lent GPU's minutes."""
     from tdmpc.bench.cli import BenchArgs, check_args
-    from tdmpc.errors import parse_args
+    from tdmpc.runtime.args import parse_args
 
     text = (ROOT / "results" / "gpu" / "device_run.sh").read_text()
     bench = re.search(r'^B="python3 -m tdmpc\.bench (.*)"$', text, re.M)

@@ -25,7 +25,8 @@ from tdmpc.bench.triton_code import require_triton
 from tdmpc.bench.offline import bench_offline
 from tdmpc.bench.timing import OVERRIDES, bench_model, bench_plain, machine_info, matmul_peak
 from tdmpc.config import MODEL_SIZES, Config
-from tdmpc.errors import BadInput, parse_args, run_cli
+from tdmpc.errors import BadInput, run_cli
+from tdmpc.runtime.args import parse_args
 from tdmpc.memory.fit import gpu_mem_bytes
 from tdmpc.model import fused
 from tdmpc.runtime.device import resolve_device, resolve_dtype, set_matmul_precision, set_threads

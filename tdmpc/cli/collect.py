@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from tdmpc.agent import Agent
-from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, parse_args, run_cli, stop_signals
+from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, run_cli, stop_signals
+from tdmpc.runtime.args import parse_args
 from tdmpc.model.checkpoint import checkpoint_path, reference_task_set
 from tdmpc.offline.format import DatasetError, open_h5, read_file
 from tdmpc.offline.writer import DatasetWriter, task_action_start

@@ -9,7 +9,8 @@ from typing import Annotated, Callable, Literal, Optional
 import numpy as np
 import tyro
 
-from tdmpc.errors import EXIT_REQUEUE, ActionRangeError, DatasetError, one_line_parse_errors, run_cli, stop_signals
+from tdmpc.errors import EXIT_REQUEUE, ActionRangeError, DatasetError, run_cli, stop_signals
+from tdmpc.runtime.args import one_line_parse_errors
 from tdmpc.offline.format import DatasetFile, episode_blocks, open_dataset, open_h5
 
 

@@ -16,7 +16,8 @@ from tdmpc.agent import Agent
 from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
 from tdmpc.episodes import check_video_path, eval_seed, run_episodes
-from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, parse_args, run_cli
+from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, run_cli
+from tdmpc.runtime.args import parse_args
 from tdmpc.model.checkpoint import check_dims_match, checkpoint_path, load_file, reference_task_set
 from tdmpc.runtime.device import set_threads, threads_error
 from tdmpc.runtime.files import file_in_the_way, json_text, read_only_folder, write_text_atomic

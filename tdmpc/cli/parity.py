@@ -15,7 +15,8 @@ from typing import Annotated
 
 import tyro
 
-from tdmpc.errors import parse_args, run_cli
+from tdmpc.errors import run_cli
+from tdmpc.runtime.args import parse_args
 
 
 @dataclass

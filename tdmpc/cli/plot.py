@@ -13,7 +13,8 @@ from typing import Annotated, Optional
 
 import tyro
 
-from tdmpc.errors import BadInput, parse_args, run_cli
+from tdmpc.errors import BadInput, run_cli
+from tdmpc.runtime.args import parse_args
 from tdmpc.report.curves import check_figure_path, draw, group_runs
 
 

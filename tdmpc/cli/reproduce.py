@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Optional
 
 from tdmpc.config import CPU_CONFIG, SIZE_FIELDS, Config, learning_differences, parse_cli
-from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STOP_SIGNALS, BadInput, RunDirError,
-                          flag_names, parse_args, run_cli)
+from tdmpc.errors import EXIT_BAD_INPUT, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, STOP_SIGNALS, BadInput, RunDirError, run_cli
+from tdmpc.runtime.args import flag_names, parse_args
 from tdmpc.envs.names import resolve_task
 from tdmpc.report.compare import check_results_folder, find_runs, gather
 from tdmpc.report.curves import eval_points

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from tdmpc.errors import EXIT_OK, BadInput, flag_names, parse_args, run_cli
+from tdmpc.errors import EXIT_OK, BadInput, run_cli
+from tdmpc.runtime.args import flag_names, parse_args
 from tdmpc.runtime.files import shipped_dir
 
 SCRIPTS = shipped_dir("slurm")

@@ -15,7 +15,8 @@ import tyro
 
 from tdmpc.config.checks import validate
 from tdmpc.config.fields import FIELD_NAMES, SIZE_FIELDS, Config, field_types
-from tdmpc.errors import ConfigError, one_line_parse_errors, optional_bool_flags
+from tdmpc.errors import ConfigError
+from tdmpc.runtime.args import one_line_parse_errors, optional_bool_flags
 from tdmpc.runtime.files import shipped_dir, write_text_atomic
 
 CPU_CONFIG = "cpu.json"  # what a machine without a GPU starts from when no --cfg is given
