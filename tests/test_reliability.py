@@ -107,6 +107,24 @@ def test_two_trainers_or_two_resumes_of_one_run_never_both_run(tmp_path):
     assert steps == sorted(set(steps))  # no step logged twice
 
 
+def test_a_refused_resume_says_only_why(tmp_path, finished_run):
+    """A resume refused once the run's directory is locked (a live run) or its task rebuilt printed "resume:
+    continuing ... from step N" first; and a finished run named the flags it did not apply but not --cfg."""
+    from tdmpc.training.run_dir import RunDirLock
+
+    run = copy_run(finished_run, tmp_path / "run")
+    lock = RunDirLock(run)
+    lock.acquire()
+    try:
+        r = run_train("--resume", run, "--steps", 400, "--eval-episodes", 1)
+    finally:
+        lock.release()
+    assert f"is in use by pid {os.getpid()}" in one_line_error(r) and "resume:" not in r.stderr, r.stderr
+    r = run_train("--resume", run, "--cfg", "a4000.json")
+    assert r.returncode == 0 and "resume: --cfg a4000.json ignored" in r.stderr and "already finished" in r.stderr
+    assert "no such directory" in one_line_error(run_train("--resume", tmp_path / "nothing"))
+
+
 def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(tmp_path):
     """Not 'no run to continue there': the run is going, it has only not written a checkpoint yet."""
     from tdmpc.training.run_dir import RunDirLock
@@ -176,6 +194,18 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ki
     steps = [int(x["env_step"]) for x in read_csv(run / "train.csv")]
     assert steps == list(range(100, 601, 100)), steps
     assert torch.load(ck / "latest.pt", weights_only=True)["train"]["step"] == 600
+    both = run.parent / "both"  # config.json damaged too: its way out, the checkpoint's config, is previous.pt's
+    shutil.copytree(saved, both)
+    damage(both / "checkpoints" / "latest.pt", kind)
+    (both / "config.json").write_text("{")
+    assert "--config-from-checkpoint" in one_line_error(run_train("--resume", both, "--steps", 600))
+    r = run_train("--resume", both, "--config-from-checkpoint", "--steps", 600, "--dry-run")
+    assert r.returncode == 0 and "the config comes from" in r.stderr and "previous.pt" in r.stderr, r.stderr
+    gone = run.parent / "gone"  # latest.pt missing (deleted): previous.pt is still a run to continue
+    shutil.copytree(saved, gone)
+    (gone / "checkpoints" / "latest.pt").unlink()
+    r = run_train("--resume", gone, "--steps", 600, "--dry-run")
+    assert r.returncode == 0 and "does not exist. Resuming from previous.pt" in r.stderr, r.stderr
     damage(saved / "checkpoints" / "latest.pt", kind)  # and with no previous.pt to fall back to
     (saved / "checkpoints" / "previous.pt").unlink()
     line = one_line_error(run_train("--resume", saved, "--steps", 600))

@@ -193,7 +193,7 @@ def _stop_after(trainer, at_step):
     (["--task", "walkr-walk"], "unknown task 'walkr-walk'"),
     (["--batch-size", "0"], "'batch_size'"),
     (["--cfg", "missing.json"], "not found"),
-    (["--resume", "/nonexistent/run"], "no run to continue"),
+    (["--resume", "/nonexistent/run"], "no such directory"),
     (["--init-from", "/nonexistent/x.pt", "--task", "Pendulum-v1", "--steps", "10"], "does not exist"),
 ])
 def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):

@@ -47,7 +47,7 @@ class TrainArgs:
 def base_config(args: TrainArgs) -> Config:
     """What the flags override: the run's own config.json (--resume), a --cfg file, or the default for
     this machine (base_note says which)."""
-    if args.auto_resume and runs.checkpoint_path(Path(args.auto_resume)).is_file():
+    if args.auto_resume and runs.has_checkpoint(Path(args.auto_resume)):
         args.resume = args.auto_resume
     if args.resume:
         args.resume = str(runs.resume_dir(Path(args.resume)))

@@ -38,6 +38,11 @@ def previous_checkpoint_path(run_dir: Path) -> Path:
     return run_dir / "checkpoints" / "previous.pt"
 
 
+def has_checkpoint(run_dir: Path) -> bool:
+    """Whether a resume has a checkpoint to start from: latest.pt, or previous.pt where latest.pt is gone."""
+    return checkpoint_path(run_dir).is_file() or previous_checkpoint_path(run_dir).is_file()
+
+
 def resume_checkpoint(run_dir: Path) -> Path:
     """The checkpoint a resume starts from: latest.pt, or, when that is damaged, previous.pt, with a line saying
     what is lost (the damaged file is set aside once the run has restored: set_aside_on_resume). Neither usable:
@@ -86,7 +91,9 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False, from_python: bool
     checkpoint holds (the damaged file is set aside once the run has restored: set_aside_on_resume); from_python:
     the way out named as fit()'s keyword."""
     path = run_dir / "config.json"
-    if not checkpoint_path(run_dir).is_file():
+    if not run_dir.is_dir():
+        raise ConfigError(f"--resume {run_dir}: no such directory")
+    if not has_checkpoint(run_dir):
         if holder := RunDirLock.held(run_dir):
             raise RunDirError(f"--resume {run_dir}: the run directory is in use by {holder}, a run with no checkpoint "
                               f"yet; one process writes a run at a time (wait for it, or stop it)")
@@ -128,14 +135,24 @@ def say_once(line: str) -> None:
 
 
 def _config_from_checkpoint(run_dir: Path) -> Config:
+    """The config of the checkpoint a resume starts from: latest.pt, or previous.pt when latest.pt is damaged too
+    (resume_checkpoint says so when it picks the same file)."""
     from tdmpc.model.checkpoint import load_file  # the checkpoint module imports the model
 
-    obj = load_file(checkpoint_path(run_dir), mmap=True)
+    try:
+        path, obj = checkpoint_path(run_dir), load_file(checkpoint_path(run_dir), mmap=True)
+    except CheckpointError as e:
+        if not previous_checkpoint_path(run_dir).is_file():
+            raise
+        damaged = e
+        try:
+            path, obj = previous_checkpoint_path(run_dir), load_file(previous_checkpoint_path(run_dir), mmap=True)
+        except CheckpointError:
+            raise damaged from None
     if not isinstance(obj.get("config"), dict):
-        raise ConfigError(f"{checkpoint_path(run_dir)} holds no config to resume with")
-    cfg = _with_added_fields(from_dict(obj["config"], source=str(checkpoint_path(run_dir))), obj["config"],
-                             checkpoint_path(run_dir))
-    say_once(f"resume: the config comes from {checkpoint_path(run_dir)}")
+        raise ConfigError(f"{path} holds no config to resume with")
+    cfg = _with_added_fields(from_dict(obj["config"], source=str(path)), obj["config"], path)
+    say_once(f"resume: the config comes from {path}")
     return cfg
 
 

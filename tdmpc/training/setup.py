@@ -96,6 +96,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
     shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
     if shard.world > 1 and not cfg.dataset:
         raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
+    resuming: list[str] = []  # said with the run's other lines once it is built: a resume refused on the way says none
     if req.resume is not None:
         init_from = None
         checkpoint = resume_checkpoint(req.resume)
@@ -107,6 +108,9 @@ def prepare(req: RunRequest) -> RunSetup | None:
             if req.init_from:
                 names.append(f"--init-from {req.init_from}")
             unused = f" ({', '.join(names)} not applied: nothing was changed)" if names else ""
+            for line in req.notes:  # where the config came from (--cfg ignored)
+                if line:
+                    say_once(line)
             say_once(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend "
                      f"it{unused}")
             return None
@@ -116,16 +120,16 @@ def prepare(req: RunRequest) -> RunSetup | None:
                            f"to continue it, or leave it out (the run's own: {own:,}); nothing was changed")
         for name, (old, new) in changes.items():
             by = "fit()'s keywords" if req.from_python else "the command line"
-            say_once(f"resume: {name} changed from {old!r} to {new!r} by {by}")
+            resuming.append(f"resume: {name} changed from {old!r} to {new!r} by {by}")
         if req.init_from:
-            say_once(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies")
+            resuming.append(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies")
         ranks = saved.get("ranks")  # data-parallel processes of the session that wrote it (older files: not said)
         old_batch = (req.base or cfg).batch_size
         if ranks is not None and ranks * old_batch != shard.world * cfg.batch_size:
-            say_once(f"resume: this run trained on {ranks} data-parallel process{'es' if ranks > 1 else ''} "
-                     f"(global batch {ranks * old_batch}); it continues on {shard.world} (global batch "
-                     f"{shard.world * cfg.batch_size}): --batch-size is per process")
-        say_once(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})")
+            resuming.append(f"resume: this run trained on {ranks} data-parallel process{'es' if ranks > 1 else ''} "
+                            f"(global batch {ranks * old_batch}); it continues on {shard.world} (global batch "
+                            f"{shard.world * cfg.batch_size}): --batch-size is per process")
+        resuming.append(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})")
     init_task_set = cfg.task_set if "task_set" in req.given else ()
     if init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
@@ -177,7 +181,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
             print(f"host memory: DOES NOT FIT this machine: {host_error}")
         if many_threads:
             print(f"threads: TOO MANY for this machine: {many_threads}")
-        for line in (*req.notes, *off_cuda, init_note, *said):  # where the config came from, as a run says it
+        for line in (*resuming, *req.notes, *off_cuda, init_note, *said):  # where the config came from, as a run says it
             if line:
                 print(line, file=sys.stderr)
     if not plan.fits:
@@ -190,8 +194,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
         return None
     assert device is not None
     cap = cap_cuda_memory(device, memory.parse_size(req.gpu_mem)) if req.gpu_mem and device.type == "cuda" else None
-    notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note, *said)
-             if n]
+    notes = [n for n in (*resuming, *req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap,
+                         init_note, *said) if n]
     user_env = req.env
     if isinstance(user_env, gym.Env) and (filled.eval_episodes or filled.num_envs > 1):
         _check_copyable(user_env)
