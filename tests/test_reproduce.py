@@ -113,9 +113,10 @@ def test_gather_short_runs_compare_at_their_last_step_against_interpolation(tmp_
     fake_run(tmp_path / "w1", "walker-walk", 1, [(30_000, 100.0), (60_000, 0.95 * expected)])
     rows = reproduce.gather([tmp_path / "w1"], tmp_path / "out")
     (check,) = [r for r in rows if r.check]
-    assert check.env_step == 60_000 and check.interpolated and check.check == "PASS"
+    assert check.env_step == 60_000 and check.interpolated and check.check == "PASS (early)"
     assert check.ratio == pytest.approx(0.95)
-    assert "60,000 | 1 |" in (tmp_path / "out/results.md").read_text()
+    md = (tmp_path / "out/results.md").read_text()
+    assert "60,000 | 1 |" in md and "| PASS (early) |" in md and "(early): the runs end before the bar's 100,000" in md
 
 
 def test_gather_judges_only_the_steps_all_of_a_tasks_seeds_reach(tmp_path):
