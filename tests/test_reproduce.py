@@ -321,6 +321,10 @@ def test_decide_start_skip_resume_restart(tmp_path):
     assert decide(d, "cup-catch", 1, 100_000) is Action.SKIP
     (d / "checkpoints/latest.pt").unlink()  # checkpoints deleted to free disk: still finished
     assert decide(d, "cup-catch", 1, 100_000) is Action.SKIP
+    fake_run(d, "cup-catch", 1, [(50_000, 500.0)])
+    (d / "checkpoints/latest.pt").rename(d / "checkpoints/previous.pt")  # latest.pt gone: train resumes the one before
+    assert decide(d, "cup-catch", 1, 100_000) is Action.RESUME
+    (d / "checkpoints/previous.pt").unlink()
     fake_run(d, "cup-catch", 1, [(50_000, 500.0)], checkpoint=False)  # died before its first checkpoint
     assert decide(d, "cup-catch", 1, 100_000) is Action.RESTART
     with pytest.raises(BadInput, match="seed 1, not cup-catch seed 2"):

@@ -32,7 +32,7 @@ from tdmpc.report.compare import check_results_folder, find_runs, gather
 from tdmpc.report.curves import eval_points
 from tdmpc.runtime.device import threads_error, usable_cpus
 from tdmpc.runtime.files import make_dirs, remove_made_dirs, shipped_dir
-from tdmpc.training.run_dir import RunDirLock, saved_step
+from tdmpc.training.run_dir import RunDirLock, has_checkpoint, saved_step
 
 TRAIN = [sys.executable, "-m", "tdmpc.train"]  # module-level so tests can swap in a fake trainer
 SET_HERE = ("--task", "--tasks", "--seed", "--steps", "--run-dir", "--resume", "--auto-resume", "--cfg")  # not after --
@@ -231,7 +231,7 @@ def decide(run_dir: Path, task: str, seed: int, steps: int, grid: GridConfig | N
     checkpoint = run_dir / "checkpoints" / "latest.pt"
     if last is not None and last >= steps and not _checkpoint_short_of(checkpoint, steps):
         action = Action.SKIP
-    elif checkpoint.is_file():
+    elif has_checkpoint(run_dir):  # latest.pt, or previous.pt where latest.pt is gone (tdmpc.train resumes from it)
         action = Action.RESUME
     else:
         return Action.RESTART  # set aside: nothing of it counts
