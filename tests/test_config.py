@@ -110,6 +110,16 @@ def test_optional_bool_fields_take_the_flag_pair_and_the_value_form(argv, episod
     assert found == {name for name, v in (("episodic", "episodic"), ("overlap_updates", "overlap")) if v in " ".join(argv)}
 
 
+def test_integer_flags_take_a_whole_number_in_exponent_form():
+    """--steps 1e6, as papers and the reference's configs write step counts, was 'takes an integer, not 1e6'."""
+    _, cfg, _, found = parse_cli(_Run, ["--steps", "1e5", "--eval-freq=2.5e3", "--buffer-size", "1E6", "--lr", "3e-4"],
+                                 lambda run: Config())
+    assert (cfg.steps, cfg.eval_freq, cfg.buffer_size, cfg.lr) == (100_000, 2_500, 1_000_000, 3e-4)
+    assert {"steps", "eval_freq", "buffer_size", "lr"} <= found
+    with pytest.raises(SystemExit):  # not a whole number: tyro's own refusal, one line
+        parse_cli(_Run, ["--steps", "1.2345e2"], lambda run: Config())
+
+
 def test_bench_takes_no_overlap_updates_the_compile_pair_and_update_stream():
     from tdmpc.bench.cli import BenchArgs
     from tdmpc.runtime.args import parse_args

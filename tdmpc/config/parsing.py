@@ -16,7 +16,7 @@ import tyro
 from tdmpc.config.checks import validate
 from tdmpc.config.fields import FIELD_NAMES, SIZE_FIELDS, Config, field_types
 from tdmpc.errors import ConfigError
-from tdmpc.runtime.args import one_line_parse_errors, optional_bool_flags
+from tdmpc.runtime.args import normalized_argv, one_line_parse_errors
 from tdmpc.runtime.files import shipped_dir, write_text_atomic
 
 CPU_CONFIG = "cpu.json"  # what a machine without a GPU starts from when no --cfg is given
@@ -120,7 +120,7 @@ def parse_cli(run_args: type[T], argv: list[str], base_for: Callable[[T], Config
     then every Config field as a flat kebab-case flag over `base_for(run)`. Returns the run args, the
     config (validated unless not `checked`: the caller's own checks come first), the base, and the names of the
     Config fields given on the command line."""
-    argv = optional_bool_flags(argv, run_args, Config)
+    argv = normalized_argv(argv, run_args, Config)
     with one_line_parse_errors(prog or "python -m tdmpc.train"):
         run, _ = tyro.cli(run_args, args=argv, return_unknown_args=True, add_help=False, prog=prog)
     base = base_for(run)

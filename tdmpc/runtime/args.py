@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import decimal
 import io
 import re
 import sys
@@ -102,7 +103,7 @@ def parse_args(cls: type[T], argv: list[str] | None, prog: str, description: str
     import tyro
 
     with one_line_parse_errors(prog):
-        return tyro.cli(cls, args=optional_bool_flags(argv, cls), prog=prog, description=description)
+        return tyro.cli(cls, args=normalized_argv(argv, cls), prog=prog, description=description)
 
 
 def flag_names(argv: list[str]) -> list[str]:
@@ -111,23 +112,38 @@ def flag_names(argv: list[str]) -> list[str]:
     return [a.split("=", 1)[0].replace("_", "-") for a in argv if a.startswith("--")]
 
 
-def optional_bool_flags(argv: list[str] | None, *classes: type) -> list[str]:
-    """argv with `--name` and `--no-name` of the classes' Optional[bool] fields (None: decided later) written as
-    `--name True` and `--name False`: tyro gives such a field only the value form, `--name {None,True,False}`, where
-    a bool field gets the flag pair users type."""
+def normalized_argv(argv: list[str] | None, *classes: type) -> list[str]:
+    """argv as tyro takes it for the classes' fields, written the ways users type them: `--name` and `--no-name` of
+    an Optional[bool] field (None: decided later) as `--name True` / `--name False` (tyro gives such a field only
+    the value form, where a bool field gets the flag pair), and an integer field's whole number in exponent form
+    (`--steps 1e6`, as papers and the reference's configs write step counts) as its digits."""
     import dataclasses
     import typing
 
-    names = {f.name.replace("_", "-") for c in classes for f in dataclasses.fields(c)
-             if typing.get_type_hints(c)[f.name] == typing.Optional[bool]}
+    hints = {f.name.replace("_", "-"): typing.get_type_hints(c)[f.name] for c in classes for f in dataclasses.fields(c)}
+    names = {n for n, t in hints.items() if t == typing.Optional[bool]}
+    integers = {n for n, t in hints.items() if t in (int, typing.Optional[int])}
     args = list(sys.argv[1:] if argv is None else argv)
     out: list[str] = []
     for i, arg in enumerate(args):
         given_value = i + 1 < len(args) and args[i + 1] in ("None", "True", "False")
+        flag, eq, value = arg.partition("=")
         if arg.startswith("--no-") and arg[5:] in names:
             out += [f"--{arg[5:]}", "False"]
         elif arg.startswith("--") and arg[2:] in names and not given_value:
             out += [arg, "True"]
+        elif eq and flag.startswith("--") and flag[2:].replace("_", "-") in integers:
+            out.append(f"{flag}={_whole(value)}")
+        elif i > 0 and args[i - 1].startswith("--") and args[i - 1][2:].replace("_", "-") in integers:
+            out.append(_whole(arg))
         else:
             out.append(arg)
     return out
+
+
+def _whole(value: str) -> str:
+    """'1e6' -> '1000000'; anything else (a plain integer, a typo) as it is, for tyro to take or refuse."""
+    if not re.fullmatch(r"[+-]?\d+(\.\d+)?[eE][+]?\d{1,2}", value):
+        return value
+    number = decimal.Decimal(value)
+    return str(int(number)) if number == number.to_integral_value() else value
