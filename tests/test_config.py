@@ -66,6 +66,11 @@ def test_unknown_json_key_names_it_and_suggests():
 def test_wrong_json_type_is_an_error():
     with pytest.raises(ConfigError, match="'horizon'.*expected int"):
         from_dict({"horizon": "three"})
+    for value in (2.5, float("inf"), True):
+        with pytest.raises(ConfigError, match="'steps'.*expected int"):
+            from_dict({"steps": value})
+    steps = from_dict({"steps": 1e5}).steps  # a whole number in exponent form: JSON and Python read a float
+    assert steps == 100_000 and isinstance(steps, int)
 
 
 @pytest.mark.parametrize("overrides,field", [
