@@ -41,7 +41,7 @@ def _check_type(name: str, value: object) -> object:
             return int(value)  # numpy's integers too (fit(seed=np.int64(3)))
         if opt is int and isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) \
                 and float(value).is_integer():
-            return int(value)  # a whole number written 1e6 (JSON and Python read it as a float)
+            return int(float(value))  # a whole number written 1e6 (JSON and Python read it as a float)
         if opt is float and isinstance(value, numbers.Real) and not isinstance(value, bool):
             return float(value)
         if opt is str and isinstance(value, str):
