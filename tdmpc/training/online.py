@@ -37,6 +37,8 @@ from tdmpc.training.run_dir import RunDirLock, set_aside_damaged
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
+HDF5_RECORDS = 16_000  # bytes a replay buffer file holds beside its rows: HDF5's own records, about
+
 class OnlineTrainer(Trainer):
     """Steps N envs in lockstep: a tensor-native vector env (TensorVectorEnv) or a numpy one behind HostVectorEnv,
     one TensorStep per step. The step's bookkeeping (episode returns and lengths, non-finite rows) lives with the
@@ -212,7 +214,7 @@ class OnlineTrainer(Trainer):
         """Before the run: the space its checkpoints take once the replay buffer is full, beside the free space and
         what the run directory holds of them already (a resume). Two checkpoints are kept, each with its buffer, and
         a third buffer is written before the oldest is removed."""
-        ckpt, buffer = self.checkpoint_bytes(), (self.buffer.nbytes + 16_000 if self.cfg.save_buffer else 0)
+        ckpt, buffer = self.checkpoint_bytes(), (self.buffer.nbytes + HDF5_RECORDS if self.cfg.save_buffer else 0)
         peak = 2 * ckpt + 3 * buffer
         ckpt_dir = self.checkpoint_path.parent
         files = {(st.st_dev, st.st_ino): st.st_size for p in (ckpt_dir.glob("*") if ckpt_dir.is_dir() else ())
@@ -233,7 +235,7 @@ class OnlineTrainer(Trainer):
 
     def data_bytes(self) -> int:
         """The replay buffer file a checkpoint writes: its filled rows, and HDF5's own records."""
-        return self.buffer.saved_bytes + 16_000 if self.cfg.save_buffer else 0
+        return self.buffer.saved_bytes + HDF5_RECORDS if self.cfg.save_buffer else 0
 
     def buffer_on_device(self) -> bool:
         return self.buffer.storage.type == "cuda"
