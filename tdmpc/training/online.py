@@ -39,6 +39,7 @@ from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 HDF5_RECORDS = 16_000  # bytes a replay buffer file holds beside its rows: HDF5's own records, about
 
+
 class OnlineTrainer(Trainer):
     """Steps N envs in lockstep: a tensor-native vector env (TensorVectorEnv) or a numpy one behind HostVectorEnv,
     one TensorStep per step. The step's bookkeeping (episode returns and lengths, non-finite rows) lives with the
