@@ -340,6 +340,17 @@ def test_truncated_and_foreign_files(tmp_path):
     assert before == {p: digest(p) for p in before}
 
 
+def test_data_of_other_sizes_than_their_task_are_refused_in_one_line(tmp_path):
+    from tdmpc.config import Config
+    from tdmpc.offline.data import model_spec
+
+    path = tmp_path / "d.h5"
+    write(path, [make_episode(1, 4, obs_dim=4)], tasks=("Pendulum-v1",), obs_dim=4)
+    with pytest.raises(DatasetError, match=rf"^{path}: the data hold obs \(4,\) / continuous actions of dim 1, but "
+                                           rf"task 'Pendulum-v1' has obs \(3,\) / continuous actions of dim 1$"):
+        model_spec(Config(task="Pendulum-v1"), open_dataset(path))
+
+
 def test_expected_dims_name_the_file(tmp_path):
     path = tmp_path / "d.h5"
     write(path, [make_episode(1, 4)])

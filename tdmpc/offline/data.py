@@ -17,6 +17,7 @@ from tdmpc.offline.format import DatasetError, DatasetInfo, Schema, open_dataset
 from tdmpc.offline.sampler import DatasetSampler, InMemoryDataset, StreamingDataset
 from tdmpc.runtime.files import available_host_memory
 from tdmpc.envs import EnvSpec, make_env
+from tdmpc.model.checkpoint import describe_sizes
 from tdmpc.multitask import TaskSetup
 from tdmpc.tasks.sets import TaskInfo, expand, reference_info
 
@@ -65,11 +66,8 @@ def model_spec(cfg: Config, info: DatasetInfo) -> tuple[EnvSpec, TaskSetup | Non
         rows = ((schema.task_obs_dims[0],), schema.task_action_dims[0]) if _padded(schema) else \
             (schema.obs_shape, schema.action_dim)
         if (tuple(spec.obs_shape), spec.action_dim, spec.discrete) != (*rows, schema.discrete):
-            def actions(n: int, discrete: bool) -> str:
-                return f"{n} discrete actions" if discrete else f"action rows of {n}"
-            raise DatasetError(f"{info.files[0].path}: 'obs' rows {rows[0]} and "
-                               f"{actions(rows[1], schema.discrete)} do not fit task {task!r} (obs "
-                               f"{spec.obs_shape}, {actions(spec.action_dim, spec.discrete)})")
+            raise DatasetError(f"{info.files[0].path}: the data hold {describe_sizes(*rows, schema.discrete)}, but "
+                               f"task {task!r} has {describe_sizes(spec.obs_shape, spec.action_dim, spec.discrete)}")
         tasks = None
     else:
         missing = [t for t in wanted if t not in schema.tasks]
