@@ -115,8 +115,8 @@ if [ -f "$job_log" ]; then
 fi
 log_offset=$(stat -c %s "$job_log" 2>/dev/null || echo 0)  # Slurm's lines for this session come after it
 
-if [ -f "$run_dir/checkpoints/latest.pt" ]; then
-    mode="resuming"
+if [ -f "$run_dir/checkpoints/latest.pt" ] || [ -f "$run_dir/checkpoints/previous.pt" ]; then
+    mode="resuming"  # previous.pt alone: the trainer resumes from it (latest.pt gone with a session killed early)
     train_args=(--resume "$run_dir" "$@" "${sweep_args[@]}")
 else
     mode="starting"  # the trainer moves aside the files of an earlier session that left no checkpoint

@@ -324,10 +324,23 @@ def test_oom_in_update_writes_checkpoint_exits_1_and_resume_continues(tmp_path, 
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["updates"] == 49 and ck["train"]["pretrain_updates_left"] == 200 - 49
 
+    assert f"advice: resume with lower settings: python -m tdmpc.train --resume {run} with a lower --batch-size" in err
+
     monkeypatch.setattr(Agent, "update", original)
     assert train_main(["--resume", str(run)]) == 0
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["step"] == 400 and ck["train"]["finished"]
+    # a fit() run: its error names fit()'s resume and keywords (the command line cannot rebuild an env object)
+    import tdmpc
+    from tdmpc.errors import RunFailed
+
+    calls.clear()
+    monkeypatch.setattr(Agent, "update", update)
+    with pytest.raises(RunFailed) as e:
+        tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "fit", **{k: v for k, v in TINY.items() if k != "task"})
+    said = str(e.value)
+    assert f"resume with lower settings: tdmpc.fit(env=..., run_dir={str(tmp_path / 'fit')!r}, resume=True" in said
+    assert "--" not in said and said.count("checkpoint written") == 1, said
     # the 151 pretraining updates left run before the first resumed step, which then takes its own update: the
     # 200 + 200 of an uninterrupted run
     assert ck["train"]["updates"] == 49 + 151 + 200

@@ -123,6 +123,9 @@ def test_a_refused_resume_says_only_why(tmp_path, finished_run):
     r = run_train("--resume", run, "--cfg", "a4000.json")
     assert r.returncode == 0 and "resume: --cfg a4000.json ignored" in r.stderr and "already finished" in r.stderr
     assert "no such directory" in one_line_error(run_train("--resume", tmp_path / "nothing"))
+    (run / "checkpoints" / "latest.pt").rename(run / "checkpoints" / "previous.pt")  # latest.pt gone, previous.pt kept
+    line = one_line_error(run_train("--cfg", tiny_json(tmp_path), "--run-dir", run))
+    assert "already holds a run" in line and (run / "checkpoints" / "previous.pt").is_file(), line  # not set aside
 
 
 def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(tmp_path):

@@ -17,7 +17,7 @@ from gymnasium.wrappers import (AddRenderObservation, FlattenObservation, FrameS
 
 from tdmpc.envs.names import DEFAULT_EPISODE_STEPS, Task, custom_task_name, resolve_task
 from tdmpc.envs.wrappers import ActionRepeat, SeedAndRNGState
-from tdmpc.errors import TaskError
+from tdmpc.errors import EXIT_BAD_INPUT, TaskError
 
 OBS_TYPES = ("state", "rgb")
 PIXELS, FRAME_STACK = 64, 3  # rgb observations: the last 3 frames of 64x64, channels first
@@ -210,15 +210,15 @@ def importing_main_in_a_worker() -> bool:
 def _vector(fns: Sequence[Callable[[], gym.Env]], asynchronous: bool, seed: int | None) -> VectorEnvs:
     autoreset = gym.vector.AutoresetMode.SAME_STEP
     if asynchronous:
-        if importing_main_in_a_worker():
-            raise TaskError(f"envs started while an env process imported the main script: {GUARD_MAIN}")
+        if importing_main_in_a_worker():  # the script's own process says what to do: this one ends quietly
+            raise SystemExit(EXIT_BAD_INPUT)
         # Workers start from a fresh forkserver process, not from a fork of this one: a forked
         # EGL context (after any render here) hangs them, and forked torch threads can too.
         try:
             envs: VectorEnvs = gym.vector.AsyncVectorEnv(fns, autoreset_mode=autoreset, context="forkserver")
         except (EOFError, ConnectionError) as e:  # a worker died before it answered: its error is printed above
-            raise TaskError(f"the env processes of vectorization 'async' exited as they started ({type(e).__name__}; "
-                            f"their errors are above); {GUARD_MAIN}") from None
+            raise TaskError(f"the env processes of vectorization 'async' exited as they started ({type(e).__name__}): "
+                            f"{GUARD_MAIN} (an error of their own, if any, is printed above)") from None
     else:
         envs = gym.vector.SyncVectorEnv(fns, autoreset_mode=autoreset)
     envs.action_space.seed(seed)

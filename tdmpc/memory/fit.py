@@ -17,6 +17,7 @@ from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config
 from tdmpc.errors import ConfigError
 from tdmpc.memory.peak import ALLOCATOR_SLACK, SAFETY_MARGIN, MemoryEstimate, Target, detect_target, estimate, \
     parse_size
+from tdmpc.runtime.args import named
 from tdmpc.runtime.files import fmt_bytes
 
 if TYPE_CHECKING:
@@ -37,14 +38,6 @@ class Change:
     def describe(self) -> str:
         what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in self.values.items())
         return f"{what} (estimate {fmt_bytes(self.before)} -> {fmt_bytes(self.after)})"
-
-
-def _flag(name: str, value: object) -> str:
-    """A setting as a command-line flag (tyro's: booleans are --name / --no-name)."""
-    flag = name.replace("_", "-")
-    if isinstance(value, bool):
-        return f"--{flag}" if value else f"--no-{flag}"
-    return f"--{flag} {value}"
 
 
 Step = Callable[[Config, Target, bool], Optional[dict]]
@@ -150,10 +143,13 @@ class MemoryPlan:
             return f"even {flags} leaves {fmt_bytes(self.changes[-1].after)}: use a larger card"
         return f"lower: {flags} (or pass --fit-memory to apply these)"
 
+    def lowered(self) -> dict[str, Any]:
+        """The changes, each setting once with its final value."""
+        return {k: new for c in self.changes for k, (_, new) in c.values.items()}
+
     def flags(self) -> str:
-        """The changes as command-line flags, each setting once with its final value."""
-        final = {k: new for c in self.changes for k, (_, new) in c.values.items()}
-        return " ".join(_flag(k, v) for k, v in final.items())
+        """The changes as command-line flags."""
+        return " ".join(named(k, v) for k, v in self.lowered().items())
 
     def error(self) -> str:
         """One line for BadInput."""
@@ -328,9 +324,9 @@ def summary_line(p: MemoryPlan) -> str | None:
 def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
                          target: Target, buffer_on_device: bool, device: torch.device,
                          discrete: bool = False, tasks: TaskSetup | None = None,
-                         tensor_envs: bool = False) -> tuple[str, str]:
-    """After running out of device memory: the estimate beside torch's own peak, and the flags that take
-    the estimate 25% lower (what a resume may change)."""
+                         tensor_envs: bool = False) -> tuple[str, dict[str, Any]]:
+    """After running out of device memory: the estimate beside torch's own peak, and the settings that take
+    the estimate 25% lower (what a resume may change; empty where none would)."""
     where: Literal["device", "host"] = "device" if buffer_on_device else "host"
 
     def on(c: Config, t: Target) -> MemoryPlan:
@@ -345,7 +341,5 @@ def out_of_memory_report(cfg: Config, obs_shape: tuple[int, ...], action_dim: in
     else:
         actual = "actual peak not measurable here (no CUDA device)"
     lower = dataclasses.replace(target, capacity=int(0.75 * est.total / (1 - SAFETY_MARGIN)))
-    flags = on(p.cfg, lower).flags() \
-        or "--batch-size N --num-samples N"
     return (f"memory: estimate {fmt_bytes(est.total)} in all, {fmt_bytes(est.peak_allocated)} of tensors at the "
-            f"peak, on {target.label}; {actual}."), flags
+            f"peak, on {target.label}; {actual}."), on(p.cfg, lower).lowered()

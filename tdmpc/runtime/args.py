@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import decimal
 import io
+import os
 import re
+import shlex
 import sys
 from typing import Iterator, TypeVar
 
@@ -147,3 +149,15 @@ def _whole(value: str) -> str:
         return value
     number = decimal.Decimal(value)
     return str(int(number)) if number == number.to_integral_value() else value
+
+
+def named(field: str, value: object = None, from_python: bool = False) -> str:
+    """A setting as its user gives it: tdmpc.fit's keyword (`field=value`; the name alone for None) or the command
+    line's flag (`--field value`, shell-quoted; a switch for True and False, the name alone for None)."""
+    if from_python:
+        shown = str(value) if isinstance(value, os.PathLike) else value
+        return field if value is None else f"{field}={shown!r}"
+    flag = field.replace("_", "-")
+    if value is None or value is True:
+        return f"--{flag}"
+    return f"--no-{flag}" if value is False else f"--{flag} {shlex.quote(str(value))}"

@@ -8,6 +8,7 @@ import torch
 from tdmpc.config import Config
 from tdmpc.multitask import TaskSetup
 from tdmpc.runtime import distributed
+from tdmpc.runtime.args import named
 
 
 def run_notes(cfg: Config, tasks: TaskSetup | None, shard: distributed.Shard, from_python: bool) -> list[str]:
@@ -37,31 +38,33 @@ CONTINUOUS_ONLY = ("entropy_bonus", "min_std", "max_std", "log_std_min", "log_st
 DISCRETE_ONLY = ("min_prob", "uniform_prior_coef")
 
 
-def unused_setting_notes(cfg: Config, discrete: bool, given: frozenset[str]) -> list[str]:
+def unused_setting_notes(cfg: Config, discrete: bool, given: frozenset[str], from_python: bool = False) -> list[str]:
     """A line for settings given explicitly that this run never reads: said, not refused (a config shared between
-    tasks keeps them)."""
+    tasks keeps them); from_python: named as fit()'s keywords."""
     kind, unused = ("discrete", CONTINUOUS_ONLY) if discrete else ("continuous", DISCRETE_ONLY)
-    names = [f"--{n.replace('_', '-')}" for n in unused if n in given]
+    names = [named(n, None, from_python) for n in unused if n in given]
     notes = [f"note: {', '.join(names)} do{'es' if len(names) == 1 else ''} nothing with {kind} actions "
              f"({cfg.task}); docs/discrete.md"] if names else []
     if cfg.save_video and not cfg.eval_episodes:
-        notes.append("note: --save-video records evaluation episodes, and --eval-episodes 0 plays none")
+        notes.append(f"note: {named('save_video', None, from_python)} records evaluation episodes, and "
+                     f"{named('eval_episodes', 0, from_python)} plays none")
     return notes
 
 
-def cuda_only_notes(cfg: Config, device: torch.device | None, given: frozenset[str]) -> list[str]:
+def cuda_only_notes(cfg: Config, device: torch.device | None, given: frozenset[str],
+                    from_python: bool = False) -> list[str]:
     """A line for each CUDA-only setting given explicitly (flag or keyword) to a run where it does nothing (another
     device; --update-stream without overlapped updates): said, not refused, as a config shared between machines
-    keeps it on. cfg: the run's, its overlap_updates resolved."""
+    keeps it on. cfg: the run's, its overlap_updates resolved; from_python: named as fit()'s keywords."""
     if device is None:  # a dry run for a device not here, planned as asked
         return []
     notes = []
     if device.type != "cuda" and "cuda_graphs" in given and cfg.cuda_graphs:
-        notes.append(f"note: --cuda-graphs does nothing on the {device.type.upper()}: CUDA graphs replay CUDA "
-                     f"kernels, so plan() and update() run eagerly here")
+        notes.append(f"note: {named('cuda_graphs', None, from_python)} does nothing on the {device.type.upper()}: "
+                     f"CUDA graphs replay CUDA kernels, so plan() and update() run eagerly here")
     if "update_stream" in given and cfg.update_stream and (device.type != "cuda" or not cfg.overlap_updates):
         why = (f"on the {device.type.upper()}" if device.type != "cuda"
-               else "without --overlap-updates (off for this run)")
-        notes.append(f"note: --update-stream does nothing {why}: it runs overlapped CUDA updates on a stream of "
-                     f"their own, so updates run in order here")
+               else f"without {named('overlap_updates', None, from_python)} (off for this run)")
+        notes.append(f"note: {named('update_stream', None, from_python)} does nothing {why}: it runs overlapped "
+                     f"CUDA updates on a stream of their own, so updates run in order here")
     return notes

@@ -9,6 +9,7 @@ from typing import Any
 from tdmpc.config import SIZE_FIELDS, Config, NetworkSettings, changed_fields
 from tdmpc.envs.names import CUSTOM_PREFIX
 from tdmpc.errors import BadInput
+from tdmpc.runtime.args import named
 from tdmpc.training.run_dir import checkpoint_path
 
 
@@ -21,14 +22,16 @@ FIXED_ON_RESUME = ("task", "obs", "num_envs", "buffer_size", "horizon", "action_
 BUFFER_LAYOUT = ("num_envs", "buffer_size", "horizon")
 
 
-def resume_changes(base: Config, cfg: Config, resume: Path) -> dict[str, tuple[Any, Any]]:
+def resume_changes(base: Config, cfg: Config, resume: Path, from_python: bool = False) -> dict[str, tuple[Any, Any]]:
     """What a resume changes in its run's config (`base`), once what it may not change is refused (before
-    anything in the run directory is touched)."""
+    anything in the run directory is touched); from_python: said with fit()'s keywords."""
+    on_resume = "resume=True" if from_python else "--resume"
+    init_from = named("init_from", str(checkpoint_path(resume)), from_python)
     if bool(base.dataset) != bool(cfg.dataset):
         was, now = ("offline", "online") if base.dataset else ("online", "offline")
         unit = "updates" if base.dataset else "env steps"
-        raise BadInput(f"--dataset cannot turn an {was} run {now} on --resume (its steps count {unit}); start a "
-                       f"new run with --init-from {checkpoint_path(resume)} instead")
+        raise BadInput(f"{named('dataset', None, from_python)} cannot turn an {was} run {now} on {on_resume} (its "
+                       f"steps count {unit}); start a new run with {init_from} instead")
     changed = changed_fields(dataclasses.replace(base, run_dir=cfg.run_dir), cfg)
     old_sizes, new_sizes = base.sizes(), cfg.sizes()
     for name in set(SIZE_FIELDS) & set(changed):  # a size is what the preset makes it, not its field's None
@@ -41,8 +44,7 @@ def resume_changes(base: Config, cfg: Config, resume: Path) -> dict[str, tuple[A
         rebuilt = name == "task" and str(base.task).startswith(CUSTOM_PREFIX)
         if name in changed and not rebuilt:
             why = "its replay buffer is laid out for it" if name in BUFFER_LAYOUT else "its checkpoint is made for it"
-            keep = (f"; to keep its weights, start a new run with --init-from {checkpoint_path(resume)}"
-                    if name in BUFFER_LAYOUT else "")
-            raise BadInput(f"--{name.replace('_', '-')} cannot change on --resume: this run has "
+            keep = f"; to keep its weights, start a new run with {init_from}" if name in BUFFER_LAYOUT else ""
+            raise BadInput(f"{named(name, None, from_python)} cannot change on {on_resume}: this run has "
                            f"{changed[name][0]!r} ({why}){keep}")
     return changed

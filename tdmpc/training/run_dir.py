@@ -43,10 +43,10 @@ def has_checkpoint(run_dir: Path) -> bool:
     return checkpoint_path(run_dir).is_file() or previous_checkpoint_path(run_dir).is_file()
 
 
-def resume_checkpoint(run_dir: Path) -> Path:
+def resume_checkpoint(run_dir: Path, say: bool = True) -> Path:
     """The checkpoint a resume starts from: latest.pt, or, when that is damaged, previous.pt, with a line saying
-    what is lost (the damaged file is set aside once the run has restored: set_aside_on_resume). Neither usable:
-    a one-line CheckpointError."""
+    what is lost (unless not `say`: said already; the damaged file is set aside once the run has restored:
+    set_aside_on_resume). Neither usable: a one-line CheckpointError."""
     from tdmpc.model.checkpoint import load_file  # the checkpoint module imports the model
 
     latest, previous = checkpoint_path(run_dir), previous_checkpoint_path(run_dir)
@@ -60,8 +60,9 @@ def resume_checkpoint(run_dir: Path) -> Path:
     except (CheckpointError, KeyError, TypeError):
         raise CheckpointError(f"{damaged}; there is no older checkpoint to fall back to: copy one you have over "
                               f"{latest} and --resume, or start a new run with --init-from it") from None
-    say_once(f"resume: {damaged}. Resuming from {previous.name}, the checkpoint before it (step {step:,}): the steps "
-         f"after it run again")
+    if say:
+        say_once(f"resume: {damaged}. Resuming from {previous.name}, the checkpoint before it (step {step:,}): the "
+                 f"steps after it run again")
     return previous
 
 
@@ -91,13 +92,14 @@ def saved_config(run_dir: Path, from_checkpoint: bool = False, from_python: bool
     checkpoint holds (the damaged file is set aside once the run has restored: set_aside_on_resume); from_python:
     the way out named as fit()'s keyword."""
     path = run_dir / "config.json"
+    resume = f"fit(run_dir={str(run_dir)!r}, resume=True)" if from_python else f"--resume {run_dir}"
     if not run_dir.is_dir():
-        raise ConfigError(f"--resume {run_dir}: no such directory")
+        raise ConfigError(f"{resume}: no such directory")
     if not has_checkpoint(run_dir):
         if holder := RunDirLock.held(run_dir):
-            raise RunDirError(f"--resume {run_dir}: the run directory is in use by {holder}, a run with no checkpoint "
+            raise RunDirError(f"{resume}: the run directory is in use by {holder}, a run with no checkpoint "
                               f"yet; one process writes a run at a time (wait for it, or stop it)")
-        raise ConfigError(f"--resume {run_dir}: no run to continue there (no checkpoints/latest.pt)")
+        raise ConfigError(f"{resume}: no run to continue there (no checkpoints/latest.pt or previous.pt)")
     if from_checkpoint:
         return _config_from_checkpoint(run_dir)
     way_out = (f"fit(run_dir={str(run_dir)!r}, resume=True, config_from_checkpoint=True)" if from_python
@@ -290,7 +292,7 @@ def remove_stale_temp_files(run_dir: Path) -> list[Path]:
 def check_fresh(run_dir: Path, from_python: bool = False) -> None:
     """A fresh start never takes over a directory that holds a run. from_python: tdmpc.fit's, whose keywords the
     message names."""
-    if checkpoint_path(run_dir).exists():
+    if has_checkpoint(run_dir):  # previous.pt alone too: a resume goes on from it
         how = ("resume=True, or choose another run_dir" if from_python
                else f"--resume {shlex.quote(str(run_dir))} or choose another --run-dir")
         raise RunDirError(f"run directory {run_dir} already holds a run; continue it with {how}")

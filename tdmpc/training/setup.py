@@ -33,14 +33,15 @@ from tdmpc.buffer import ReplayBuffer
 from tdmpc.config import Config, from_dict, validate
 from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_envs
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
-from tdmpc.envs.make import GUARD_MAIN, importing_main_in_a_worker
+from tdmpc.envs.make import importing_main_in_a_worker
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env, tensor_task_spec
-from tdmpc.errors import EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
+from tdmpc.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
 from tdmpc.model.checkpoint import check_dims_match, load_file
 from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.planners.make import planner_factory
 from tdmpc.offline.writer import DatasetWriter, EpisodeRecorder, task_action_start
 from tdmpc.runtime import distributed
+from tdmpc.runtime.args import named
 from tdmpc.runtime.device import cap_cuda_memory, resolve_device, set_threads, threads_error
 from tdmpc.runtime.files import available_host_memory
 from tdmpc.model.world_model import ModelDims
@@ -53,8 +54,8 @@ from tdmpc.training.offline import OfflineTrainer
 from tdmpc.training.online import OnlineTrainer
 from tdmpc.training.notes import cuda_only_notes, run_notes, unused_setting_notes
 from tdmpc.training.resume import resume_changes
-from tdmpc.training.run_dir import (RunDirLock, check_fresh, checkpoint_path, default_run_dir, remove_stale_temp_files,
-                                    resume_checkpoint, saved_config, saved_step, say_once, set_aside_unfinished)
+from tdmpc.training.run_dir import (RunDirLock, check_fresh, default_run_dir, remove_stale_temp_files, resume_checkpoint,
+                                    saved_config, saved_step, say_once, set_aside_unfinished)
 from tdmpc.training.trainer import Callback, RunSetup, Trainer
 
 
@@ -62,7 +63,7 @@ from tdmpc.training.trainer import Callback, RunSetup, Trainer
 class RunRequest:
     """A run as asked for, by flags or keywords."""
 
-    cfg: Config  # validated; task-dependent fields may still be None
+    cfg: Config  # as given (prepare() checks it); task-dependent fields may still be None
     resume: Path | None = None  # the run directory to continue
     no_buffer: bool = False  # resume without the saved replay buffer (it refills by acting)
     init_from: str | None = None  # start from these weights
@@ -85,7 +86,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
     the change would), then the config's own checks."""
     # Data files as absolute paths, so that the saved config resumes from any directory
     req = dataclasses.replace(req, cfg=_absolute_paths(req.cfg), base=req.base and _absolute_paths(req.base))
-    changes = resume_changes(req.base, req.cfg, req.resume) if req.resume and req.base else {}
+    changes = resume_changes(req.base, req.cfg, req.resume, req.from_python) if req.resume and req.base else {}
     cfg, init_from, init_note, checkpoint = validate(req.cfg), req.init_from, "", None
     planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
     if cfg.dataset and "num_envs" in req.given:
@@ -96,7 +97,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
     shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
     if shard.world > 1 and not cfg.dataset:
         raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
-    resuming: list[str] = []  # said with the run's other lines once it is built: a resume refused on the way says none
+    resuming: list[str] = []  # said once the run directory is locked (build): a resume refused before says none
     if req.resume is not None:
         init_from = None
         checkpoint = resume_checkpoint(req.resume)
@@ -104,9 +105,9 @@ def prepare(req: RunRequest) -> RunSetup | None:
         done = saved.get("train", {})
         step, steps_flag = saved_step(done), "steps=" if req.from_python else "--steps "
         if done.get("finished") and step >= cfg.steps:
-            names = [n if req.from_python else f"--{n.replace('_', '-')}" for n in changes]
+            names = [named(n, None, req.from_python) for n in changes]
             if req.init_from:
-                names.append(f"--init-from {req.init_from}")
+                names.append(named("init_from", req.init_from, req.from_python))
             unused = f" ({', '.join(names)} not applied: nothing was changed)" if names else ""
             for line in req.notes:  # where the config came from (--cfg ignored)
                 if line:
@@ -122,7 +123,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
             by = "fit()'s keywords" if req.from_python else "the command line"
             resuming.append(f"resume: {name} changed from {old!r} to {new!r} by {by}")
         if req.init_from:
-            resuming.append(f"resume: --init-from {req.init_from} ignored; the run's own checkpoint applies")
+            resuming.append(f"resume: {named('init_from', req.init_from, req.from_python)} ignored; the run's own "
+                            f"checkpoint applies")
         ranks = saved.get("ranks")  # data-parallel processes of the session that wrote it (older files: not said)
         old_batch = (req.base or cfg).batch_size
         if ranks is not None and ranks * old_batch != shard.world * cfg.batch_size:
@@ -161,7 +163,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
                                             run_dir=os.path.abspath(run_dir), overlap_updates=overlap))
 
     filled = for_run(cfg)
-    off_cuda = cuda_only_notes(filled, device, req.given) + unused_setting_notes(filled, spec.discrete, req.given)
+    off_cuda = (cuda_only_notes(filled, device, req.given, req.from_python)
+                + unused_setting_notes(filled, spec.discrete, req.given, req.from_python))
     plan = memory.assess_run(filled, spec.obs_shape, spec.action_dim, spec.episodic, device, req.gpu_mem,
                              req.fit_memory, resuming=req.resume is not None, tasks=tasks, discrete=spec.discrete,
                              tensor_envs=tensor)
@@ -175,13 +178,15 @@ def prepare(req: RunRequest) -> RunSetup | None:
     if req.on_eval is not None and not filled.eval_episodes:
         said.append("note: on_eval is never called: eval_episodes=0 plays no evaluation")
     if req.dry_run and shard.main:
+        for line in resuming:
+            print(line, file=sys.stderr)
         print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
                                     spec.discrete))
         if host_error:
             print(f"host memory: DOES NOT FIT this machine: {host_error}")
         if many_threads:
             print(f"threads: TOO MANY for this machine: {many_threads}")
-        for line in (*resuming, *req.notes, *off_cuda, init_note, *said):  # where the config came from, as a run says it
+        for line in (*req.notes, *off_cuda, init_note, *said):  # where the config came from, as a run says it
             if line:
                 print(line, file=sys.stderr)
     if not plan.fits:
@@ -194,15 +199,15 @@ def prepare(req: RunRequest) -> RunSetup | None:
         return None
     assert device is not None
     cap = cap_cuda_memory(device, memory.parse_size(req.gpu_mem)) if req.gpu_mem and device.type == "cuda" else None
-    notes = [n for n in (*resuming, *req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap,
-                         init_note, *said) if n]
+    notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note, *said)
+             if n]
     user_env = req.env
     if isinstance(user_env, gym.Env) and (filled.eval_episodes or filled.num_envs > 1):
         _check_copyable(user_env)
     eval_source: EnvSource = (lambda: copy.deepcopy(user_env)) if isinstance(user_env, gym.Env) else source
     return RunSetup(filled, spec, tasks, run_dir, device, memory.buffer_storage(plan, device), shard, checkpoint,
                     init_from, source, source if tensor else eval_source, notes, tensor, init_task_set,
-                    req.from_python)
+                    req.from_python, tuple(resuming))
 
 
 def overlap_default(device: torch.device | None, tensor_envs: bool, cfg: Config) -> bool:
@@ -276,6 +281,8 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
     lock = RunDirLock(s.run_dir)  # one writer per run directory, before anything is written
     if s.shard.main:
         lock.acquire()
+        for line in s.resuming:  # the run is this process's now: what its resume continues, before what it restores
+            print(line, file=sys.stderr)
         for stale in remove_stale_temp_files(s.run_dir):
             print(f"removed {stale}, left by a write that was killed", file=sys.stderr)
         if not s.resume:
@@ -404,8 +411,8 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     A stop signal also writes a checkpoint, then goes on as the signal would: Ctrl-C (SIGINT) raises
     KeyboardInterrupt, SIGTERM or SIGUSR1 (a scheduler's) exits with tdmpc.train's requeue code, 3. A run that
     stops on an error it reports (out of memory, ...) raises RunFailed."""
-    if importing_main_in_a_worker():  # an unguarded script, imported again by an env's process: no second run
-        raise BadInput(f"tdmpc.fit() called while an env process imported the main script: {GUARD_MAIN}")
+    if importing_main_in_a_worker():  # an unguarded script, imported again by an env's process: no second run,
+        raise SystemExit(EXIT_BAD_INPUT)  # and no second report: the script's own process says what to do
     if cfg is not None and not isinstance(cfg, Config):
         raise BadInput(f"fit(cfg=...) takes a tdmpc Config (or pass its fields as keywords), not a "
                        f"{type(cfg).__name__}")
@@ -439,13 +446,13 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
                                          if cfg is None and not resumed else None,)))
     if trainer is None:  # a resumed run that had already reached its steps
         assert resumed is not None
-        return resumed, Agent.from_checkpoint(checkpoint_path(resumed), device=config.device)
+        return resumed, Agent.from_checkpoint(resume_checkpoint(resumed, say=False), device=config.device)
     code = run(trainer)
     if code == EXIT_REQUEUE and trainer.stop_signal == signal.SIGINT:
         raise KeyboardInterrupt
     if code == EXIT_REQUEUE and trainer.stop_signal is not None:
         raise SystemExit(EXIT_REQUEUE)
     if code not in (EXIT_OK, EXIT_REQUEUE):
-        raise RunFailed(f"the run in {trainer.run_dir} stopped: {trainer.error_message or 'see the error above'}; "
-                        f"its last checkpoint is kept")
+        raise RunFailed(f"the run in {trainer.run_dir} stopped: "
+                        + (trainer.error_message or "see the error above; its last checkpoint is kept"))
     return trainer.run_dir, trainer.agent

@@ -30,6 +30,7 @@ from tdmpc.errors import (DISK_FULL, EXIT_ERROR, EXIT_OK, EXIT_REQUEUE, DiskErro
                           in_command)
 from tdmpc.model.checkpoint import load_file
 from tdmpc.runtime import distributed
+from tdmpc.runtime.args import named
 from tdmpc.runtime.distributed import Shard
 from tdmpc.runtime.faults import kill_point
 from tdmpc.runtime.files import ensure_space, fmt_bytes, free_bytes, keep_previous, saved_size, tensor_bytes
@@ -64,6 +65,7 @@ class RunSetup:
     tensor_envs: bool = False  # the envs speak torch tensors (tdmpc.envs.tensor), not numpy
     init_task_set: tuple[str, ...] = ()  # --task-set as given: a reference multi-task init_from's task names
     from_python: bool = False  # tdmpc.fit's run: messages name its keywords and its resume call, not flags
+    resuming: tuple[str, ...] = ()  # what a resume continues and changes, said once the run directory is locked
 
     @property
     def resume(self) -> bool:
@@ -211,12 +213,8 @@ class Trainer(StopSignals):
             self.restore_stop_handlers()
 
     def named(self, field: str, value: object = None) -> str:
-        """A setting as this run's user gives it: fit()'s keyword, or the command line's flag (a switch for True;
-        the name alone for None)."""
-        if self.from_python:
-            return field if value is None else f"{field}={value!r}"
-        flag = field.replace("_", "-")
-        return f"--no-{flag}" if value is False else f"--{flag}" + ("" if value is None or value is True else f" {value}")
+        """A setting as this run's user gives it: fit()'s keyword, or the command line's flag."""
+        return named(field, value, self.from_python)
 
     def resume_with(self, **settings: object) -> str:
         """How to continue this run, with these settings changed: fit()'s call, or the command (torchrun's for
@@ -421,14 +419,16 @@ class Trainer(StopSignals):
             saved = f"no checkpoint could be written ({type(e).__name__}: {e}); the last one in " \
                     f"{self.checkpoint_path.parent} stays"
         target = memory.detect_target(self.cfg, self.device)
-        estimate, flags = memory.out_of_memory_report(
+        estimate, lowered = memory.out_of_memory_report(
             self.cfg, self.spec.obs_shape, self.spec.action_dim, bool(self.cfg.episodic), target,
             self.buffer_on_device(), self.device, self.spec.discrete, self.tasks, self.tensor_envs)
-        self.error_message = f"out of device memory in {self.phase} at step {c.step:,} ({what}); {saved}"
-        self.logger.message(f"error: {self.error_message}.\n"
-                            f"{estimate}\nadvice: resume with lower settings: "
-                            f"{distributed.command(f'--resume {self.quoted_run_dir} {flags}', self.shard.world)} "
-                            f"(--dry-run shows the breakdown)")
+        advice = (self.resume_with(**lowered) if lowered else
+                  f"{self.resume_with()} with a lower {self.named('batch_size')} and {self.named('num_samples')}")
+        self.error_message = (f"out of device memory in {self.phase} at step {c.step:,} ({what}); {saved}; resume "
+                              f"with lower settings: {advice}")
+        self.logger.message(f"error: out of device memory in {self.phase} at step {c.step:,} ({what}); {saved}.\n"
+                            f"{estimate}\nadvice: resume with lower settings: {advice}"
+                            + ("" if self.from_python else " (--dry-run shows the breakdown)"))
         return EXIT_ERROR
 
     def buffer_on_device(self) -> bool:
