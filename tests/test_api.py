@@ -258,6 +258,19 @@ def test_a_finished_run_whose_latest_checkpoint_is_gone_returns_the_agent_of_the
     assert agent.cfg.task == "Pendulum-v1"
 
 
+def test_fit_plans_for_a_card_and_names_its_own_keywords_when_it_does_not_fit(tmp_path):
+    """fit() had no gpu_mem or fit_memory, and its refusal advised --fit-memory."""
+    from tdmpc.config import load_json
+
+    with pytest.raises(tdmpc.errors.BadInput) as e:
+        tdmpc.fit(env="Pendulum-v1", cfg=load_json("a4000.json"), run_dir=tmp_path / "run", gpu_mem="800MB",
+                  device="cpu")
+    said = str(e.value)
+    assert "exceeds the budget" in said and "a card of 800MB" in said and "lower: cuda_graphs=False, " in said, said
+    assert "(or pass fit_memory=True to apply these)" in said and "--" not in said, said
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_factory_and_what_an_env_declares(tmp_path):
     _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
     assert agent.cfg.episodic is True and agent.dims.episodic

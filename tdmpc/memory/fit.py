@@ -130,33 +130,36 @@ class MemoryPlan:
                 f"estimate {fmt_bytes(e.total)}, budget {fmt_bytes(t.budget)} (the card less a "
                 f"{SAFETY_MARGIN:.0%} safety margin), headroom {1 - e.total / t.capacity:.0%}; replay buffer {where}")
 
-    def advice(self) -> str:
-        """What to lower ('' when nothing needs to change)."""
+    def advice(self, from_python: bool = False) -> str:
+        """What to lower ('' when nothing needs to change); from_python: named as tdmpc.fit's keywords."""
+        def name(field: str, value: object = None) -> str:
+            return named(field, value, from_python)
+
         if not self.changes:
-            return "" if self.fits else ("no setting that --fit-memory lowers is left: use a smaller --model-size, "
-                                         "a shorter --horizon or a larger card")
+            return "" if self.fits else (f"no setting that {name('fit_memory')} lowers is left: use a smaller "
+                                         f"{name('model_size')}, a shorter {name('horizon')} or a larger card")
         if self.applied:
             done = "fit-memory changed: " + "; ".join(c.describe() for c in self.changes)
-            return done if self.fits else done + "; still too large: use a smaller --model-size or a larger card"
-        flags = self.flags()
+            return done if self.fits else done + f"; still too large: use a smaller {name('model_size')} or a larger card"
+        flags = self.flags(from_python)
         if not self.reachable:
             return f"even {flags} leaves {fmt_bytes(self.changes[-1].after)}: use a larger card"
-        return f"lower: {flags} (or pass --fit-memory to apply these)"
+        return f"lower: {flags} (or pass {name('fit_memory', True)} to apply these)"
 
     def lowered(self) -> dict[str, Any]:
         """The changes, each setting once with its final value."""
         return {k: new for c in self.changes for k, (_, new) in c.values.items()}
 
-    def flags(self) -> str:
-        """The changes as command-line flags."""
-        return " ".join(named(k, v) for k, v in self.lowered().items())
+    def flags(self, from_python: bool = False) -> str:
+        """The changes as command-line flags (or tdmpc.fit's keywords)."""
+        return (", " if from_python else " ").join(named(k, v, from_python) for k, v in self.lowered().items())
 
-    def error(self) -> str:
+    def error(self, from_python: bool = False) -> str:
         """One line for BadInput."""
         t = self.target
         host = " even with the replay buffer in host memory" if self.auto_host or not self.buffer_on_device else ""
         return (f"estimated peak memory {fmt_bytes(self.estimate.total)} exceeds the budget {fmt_bytes(t.budget)} of "
-                f"{t.label}{host}; {self.advice()}")
+                f"{t.label}{host}; {self.advice(from_python)}")
 
     def host_error(self, available: int) -> str | None:
         """One line when what the run keeps in host memory (all of it without CUDA, else a host-stored replay

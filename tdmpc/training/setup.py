@@ -190,7 +190,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
             if line:
                 print(line, file=sys.stderr)
     if not plan.fits:
-        raise BadInput(plan.error())
+        raise BadInput(plan.error(req.from_python))
     if host_error and not req.dry_run:
         raise BadInput(host_error)
     if many_threads and not req.dry_run:
@@ -394,7 +394,7 @@ def trainer_for(cfg: Config, run_dir: Path, device: torch.device, resume: bool =
 def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str | Path | None = None,
         resume: bool = False, init_from: str | Path | None = None, on_log: Callback | None = None,
         on_eval: Callback | None = None, config_from_checkpoint: bool = False, no_buffer: bool = False,
-        **overrides: Any) -> tuple[Path, Agent]:
+        gpu_mem: str | None = None, fit_memory: bool = False, **overrides: Any) -> tuple[Path, Agent]:
     """Train an agent and return (run_dir, agent).
 
     env: a task name ('walker-walk', 'Pendulum-v1'), a gymnasium env, or a zero-argument function making
@@ -405,6 +405,8 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     resume=True continues the run in run_dir, from its config.json (cfg= is not read then; keywords override it) or,
     with config_from_checkpoint=True, the config its checkpoint holds (when config.json is damaged or missing);
     no_buffer=True resumes without the saved replay buffer (a damaged one: it refills by acting).
+    gpu_mem ('16GiB') plans memory for a card of that size and, on a larger one, caps the allocator at it;
+    fit_memory=True lowers the settings that do not fit it (as tdmpc.train's --gpu-mem and --fit-memory).
     on_log / on_eval get each train.csv / eval.csv row as a dict;
     returning False stops the run (a checkpoint is written, so it can be resumed) and fit returns.
 
@@ -437,7 +439,7 @@ def fit(env: EnvSource | None = None, *, cfg: Config | None = None, run_dir: str
     base = (saved_config(resumed, config_from_checkpoint, from_python=True) if resumed
             else cfg or base_config(TrainArgs()))
     config = from_dict(overrides, source="fit() keywords", base=base)
-    trainer = open_run(RunRequest(config, resume=resumed, no_buffer=no_buffer,
+    trainer = open_run(RunRequest(config, resume=resumed, no_buffer=no_buffer, gpu_mem=gpu_mem, fit_memory=fit_memory,
                                   init_from=str(init_from) if init_from else None,
                                   given=frozenset(overrides), base=base if resume else None,
                                   env=None if isinstance(env, str) else env, on_log=on_log, on_eval=on_eval,
