@@ -87,7 +87,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
     # Data files as absolute paths, so that the saved config resumes from any directory
     req = dataclasses.replace(req, cfg=_absolute_paths(req.cfg), base=req.base and _absolute_paths(req.base))
     changes = resume_changes(req.base, req.cfg, req.resume, req.from_python) if req.resume and req.base else {}
-    cfg, init_from, init_note, checkpoint = validate(req.cfg), req.init_from, "", None
+    cfg, init_from, init_note = validate(req.cfg), req.init_from, ""
     planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
     if cfg.dataset and "num_envs" in req.given:
         raise BadInput("--num-envs sets the envs an online run steps; an offline run (--dataset) steps none")
@@ -97,41 +97,13 @@ def prepare(req: RunRequest) -> RunSetup | None:
     shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
     if shard.world > 1 and not cfg.dataset:
         raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
-    resuming: list[str] = []  # said once the run directory is locked (build): a resume refused before says none
+    checkpoint: Path | None = None
+    resuming: list[str] = []  # the resume's lines: said once the run directory is locked (build)
     if req.resume is not None:
-        init_from = None
-        checkpoint = resume_checkpoint(req.resume)
-        saved = load_file(checkpoint, mmap=True)
-        done = saved.get("train", {})
-        step, steps_flag = saved_step(done), "steps=" if req.from_python else "--steps "
-        if done.get("finished") and step >= cfg.steps:
-            names = [named(n, None, req.from_python) for n in changes]
-            if req.init_from:
-                names.append(named("init_from", req.init_from, req.from_python))
-            unused = f" ({', '.join(names)} not applied: nothing was changed)" if names else ""
-            for line in req.notes:  # where the config came from (--cfg ignored)
-                if line:
-                    say_once(line)
-            say_once(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend "
-                     f"it{unused}")
+        state = _resume_state(req, cfg, changes, shard)
+        if state is None:
             return None
-        if cfg.steps < step:  # it would end at once, evaluated and marked finished with a lower steps saved
-            own = changes["steps"][0] if "steps" in changes else cfg.steps
-            raise BadInput(f"{steps_flag}{cfg.steps}: the run in {req.resume} is already at step {step:,}; give more "
-                           f"to continue it, or leave it out (the run's own: {own:,}); nothing was changed")
-        for name, (old, new) in changes.items():
-            by = "fit()'s keywords" if req.from_python else "the command line"
-            resuming.append(f"resume: {name} changed from {old!r} to {new!r} by {by}")
-        if req.init_from:
-            resuming.append(f"resume: {named('init_from', req.init_from, req.from_python)} ignored; the run's own "
-                            f"checkpoint applies")
-        ranks = saved.get("ranks")  # data-parallel processes of the session that wrote it (older files: not said)
-        old_batch = (req.base or cfg).batch_size
-        if ranks is not None and ranks * old_batch != shard.world * cfg.batch_size:
-            resuming.append(f"resume: this run trained on {ranks} data-parallel process{'es' if ranks > 1 else ''} "
-                            f"(global batch {ranks * old_batch}); it continues on {shard.world} (global batch "
-                            f"{shard.world * cfg.batch_size}): --batch-size is per process")
-        resuming.append(f"resume: continuing {req.resume} from step {saved_step(done):,} ({checkpoint.name})")
+        (checkpoint, resuming), init_from = state, None
     init_task_set = cfg.task_set if "task_set" in req.given else ()
     if init_from:
         cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
@@ -178,8 +150,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     if req.on_eval is not None and not filled.eval_episodes:
         said.append("note: on_eval is never called: eval_episodes=0 plays no evaluation")
     if req.dry_run and shard.main:
-        for line in resuming:
-            print(line, file=sys.stderr)
+        if resuming:
+            print("\n".join(resuming), file=sys.stderr)
         print(memory.dry_run_report(dataclasses.replace(plan, cfg=filled), spec.obs_shape, spec.action_dim, device,
                                     spec.discrete))
         if host_error:
@@ -213,6 +185,45 @@ def prepare(req: RunRequest) -> RunSetup | None:
 def overlap_default(device: torch.device | None, tensor_envs: bool, cfg: Config) -> bool:
     """overlap_updates when unset: where a GPU's updates can run beside the host's env step."""
     return device is not None and device.type == "cuda" and not tensor_envs and not cfg.dataset
+
+
+def _resume_state(req: RunRequest, cfg: Config, changes: dict[str, tuple[Any, Any]],
+                  shard: distributed.Shard) -> tuple[Path, list[str]] | None:
+    """The checkpoint a resume starts from and the lines that say what it continues and changes; None for a run
+    that already reached its steps (said, nothing changed). Fewer steps than done: refused."""
+    assert req.resume is not None
+    checkpoint, resuming = resume_checkpoint(req.resume), []
+    saved = load_file(checkpoint, mmap=True)
+    done = saved.get("train", {})
+    step, steps_flag = saved_step(done), "steps=" if req.from_python else "--steps "
+    if done.get("finished") and step >= cfg.steps:
+        names = [named(n, None, req.from_python) for n in changes]
+        if req.init_from:
+            names.append(named("init_from", req.init_from, req.from_python))
+        unused = f" ({', '.join(names)} not applied: nothing was changed)" if names else ""
+        for line in req.notes:  # where the config came from (--cfg ignored)
+            if line:
+                say_once(line)
+        say_once(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend it{unused}")
+        return None
+    if cfg.steps < step:  # it would end at once, evaluated and marked finished with a lower steps saved
+        own = changes["steps"][0] if "steps" in changes else cfg.steps
+        raise BadInput(f"{steps_flag}{cfg.steps}: the run in {req.resume} is already at step {step:,}; give more "
+                       f"to continue it, or leave it out (the run's own: {own:,}); nothing was changed")
+    for name, (old, new) in changes.items():
+        by = "fit()'s keywords" if req.from_python else "the command line"
+        resuming.append(f"resume: {name} changed from {old!r} to {new!r} by {by}")
+    if req.init_from:
+        resuming.append(f"resume: {named('init_from', req.init_from, req.from_python)} ignored; the run's own "
+                        f"checkpoint applies")
+    ranks = saved.get("ranks")  # data-parallel processes of the session that wrote it (older files: not said)
+    old_batch = (req.base or cfg).batch_size
+    if ranks is not None and ranks * old_batch != shard.world * cfg.batch_size:
+        resuming.append(f"resume: this run trained on {ranks} data-parallel process{'es' if ranks > 1 else ''} "
+                        f"(global batch {ranks * old_batch}); it continues on {shard.world} (global batch "
+                        f"{shard.world * cfg.batch_size}): --batch-size is per process")
+    resuming.append(f"resume: continuing {req.resume} from step {step:,} ({checkpoint.name})")
+    return checkpoint, resuming
 
 
 def _absolute_paths(cfg: Config) -> Config:
