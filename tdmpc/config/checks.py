@@ -92,7 +92,7 @@ def validate(cfg: Config) -> Config:
     latent = cfg.sizes()["latent_dim"]
     gymnasium = [t for t in expand(cfg.task) if gymnasium_form(t)] if cfg.obs == "rgb" else []
     if gymnasium:  # said before the pixel encoder's sizes, which would not help
-        raise bad("obs", f"'rgb' is supported for DMC tasks only; use --obs state for {gymnasium[0]!r}")
+        raise bad("obs", f"'rgb' is supported for DMC tasks only; {gymnasium[0]!r} takes 'state'")
     if cfg.obs == "rgb" and latent != 16 * cfg.num_channels:  # the pixel encoder's output is the latent
         fits = f"--num-channels {latent // 16}" if latent % 16 == 0 else "a latent_dim that is a multiple of 16"
         raise bad("num_channels", f"{cfg.num_channels} gives pixel observations a latent of 16 x {cfg.num_channels} = "
