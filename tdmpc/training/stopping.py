@@ -6,6 +6,7 @@ from __future__ import annotations
 import atexit
 import shlex
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ class StopSignals:
     looping: bool
     run_ended: bool
     old_handlers: dict[int, Any] | None
+    old_unraisable_hook: Any = None
 
     @property
     def checkpoint_path(self) -> Path:
@@ -48,6 +50,7 @@ class StopSignals:
         signal: 130 for Ctrl-C), instead of a false 'interrupted again', or no word at all."""
         if self.old_handlers is None:
             self.old_handlers = {s: signal.signal(s, self._on_signal) for s in STOP_SIGNALS}
+            self.old_unraisable_hook, sys.unraisablehook = sys.unraisablehook, self._on_unraisable
 
     def restore_stop_handlers(self) -> None:
         """The handlers from before run(). In a command, which exits once run() returns, SIGTERM and SIGUSR1 (and
@@ -63,6 +66,7 @@ class StopSignals:
             kept = in_command() and self.looping and (s != signal.SIGINT or self.stop_signal is not None)
             signal.signal(s, _after_the_run if kept else h)
         self.old_handlers = None
+        sys.unraisablehook, self.old_unraisable_hook = self.old_unraisable_hook, None
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         if self.run_ended:  # the stop's checkpoint is written, or the run finished: nothing left to stop
@@ -77,6 +81,14 @@ class StopSignals:
         if self.stop_signal is None:  # a later signal of another kind (a forwarded SIGTERM) changes nothing
             self.stop_reason = f"signal {signal.Signals(signum).name}"
             self.stop_signal = signum
+
+    def _on_unraisable(self, unraisable: Any) -> None:
+        """Python prints an exception it drops (one a signal handler raised inside a weakref callback or a __del__)
+        as 'Exception ignored in ... Traceback': a second Ctrl-C's is raised again at the loop's next safe point
+        (check_aborted), so it says nothing here; any other goes to the hook from before."""
+        if self.aborted_by is not None and isinstance(unraisable.exc_value, (Interrupted, KeyboardInterrupt)):
+            return
+        self.old_unraisable_hook(unraisable)
 
     def check_aborted(self, checkpoint_written: bool = False) -> None:
         """Raise a second Ctrl-C's stop again at the loop's safe points. Python runs a signal handler between any
