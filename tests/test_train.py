@@ -126,6 +126,38 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line_and_the_run_resumes(tmp_pat
         assert "removed" in r.stderr or not list((run / "checkpoints").glob(".*.tmp"))
 
 
+def test_a_stop_signal_before_the_loop_that_python_drops_in_a_finalizer_still_stops_the_command(tmp_path, capsys):
+    """Before its loop a command stops at once on a signal, by an exception from the handler; raised inside a
+    __del__, Python printed it ('Exception ignored ... Traceback') and dropped it, and the run trained on."""
+    from tdmpc.errors import run_cli
+    from tdmpc.training.stopping import StopSignals
+
+    class Run(StopSignals):
+        run_dir, stop_reason, stop_signal, interrupts, aborted_by = tmp_path, None, None, 0, None
+        looping = run_ended = False
+        old_handlers = None
+
+    class SignalledWhileCollected:
+        def __del__(self) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler runs inside this finalizer
+
+    run, dropped = Run(), []
+
+    def command() -> int:
+        run.install_stop_handlers()
+        try:
+            SignalledWhileCollected()
+            run.check_aborted()  # what Trainer.run() does before its loop
+            return 0
+        finally:
+            run.restore_stop_handlers()
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(sys, "unraisablehook", dropped.append)
+        assert run_cli(command) == 128 + signal.SIGTERM
+    assert not dropped and "stopped by SIGTERM before training started" in capsys.readouterr().err
+
+
 def _stopped_and_resumed(run: Path, steps: int, stop_at: int, edit_checkpoint=None, **over):
     """A run stopped (as by a signal) past `stop_at`, its checkpoint edited if asked, and the resumed trainer."""
     cfg = validate(Config(**{**TINY, "steps": steps, "eval_freq": 10_000, "save_every": 10_000, **over}))

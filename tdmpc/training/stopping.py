@@ -72,6 +72,7 @@ class StopSignals:
         if self.run_ended:  # the stop's checkpoint is written, or the run finished: nothing left to stop
             return
         if not self.looping:  # a command's run before its loop: nothing trained yet, so stop at once
+            self.aborted_by = signum  # raised again as the loop would start, if Python drops it (check_aborted)
             raise self._stopped_at_once(signum)
         if signum == signal.SIGINT:
             self.interrupts += 1
@@ -84,17 +85,19 @@ class StopSignals:
 
     def _on_unraisable(self, unraisable: Any) -> None:
         """Python prints an exception it drops (one a signal handler raised inside a weakref callback or a __del__)
-        as 'Exception ignored in ... Traceback': a second Ctrl-C's is raised again at the loop's next safe point
-        (check_aborted), so it says nothing here; any other goes to the hook from before."""
+        as 'Exception ignored in ... Traceback': a stop at once (a second Ctrl-C, a signal before the loop) is raised
+        again at the next safe point (check_aborted), so it says nothing here; any other goes to the hook from
+        before."""
         if self.aborted_by is not None and isinstance(unraisable.exc_value, (Interrupted, KeyboardInterrupt)):
             return
         self.old_unraisable_hook(unraisable)
 
     def check_aborted(self, checkpoint_written: bool = False) -> None:
-        """Raise a second Ctrl-C's stop again at the loop's safe points. Python runs a signal handler between any
-        two bytecodes, so its exception can land in a weakref callback or a __del__, where Python prints and
-        drops it: the run would carry on, write the stop's checkpoint and exit 3 as if Ctrl-C came once.
-        checkpoint_written: the stop's checkpoint was written meanwhile (the line says so)."""
+        """Raise a stop at once again at a safe point (the loop's, and as it starts). Python runs a signal handler
+        between any two bytecodes, so its exception can land in a weakref callback or a __del__, where Python
+        drops it: the run would carry on, write the stop's checkpoint and exit 3 as if Ctrl-C came once, or train
+        through a signal that came before its loop. checkpoint_written: the stop's checkpoint was written
+        meanwhile (the line says so)."""
         if self.aborted_by is not None:
             raise self._stopped_at_once(self.aborted_by, checkpoint_written)
 

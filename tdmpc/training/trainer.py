@@ -171,6 +171,7 @@ class Trainer(StopSignals):
         """Train to cfg.steps. Returns an exit code: 0 finished; 3 stopped by a signal or a callback (checkpoint
         written), the final evaluation's interruption included; 1 out of device memory or non-finite data from an
         env (checkpoint written, error_message says which)."""
+        self.check_aborted()  # a stop signal before the loop whose exception Python dropped (StopSignals)
         self.looping = True
         self.install_stop_handlers()
         kill_point("startup")
