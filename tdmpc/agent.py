@@ -190,8 +190,8 @@ class Agent:
         else:
             length = episode_length(ck.cfg.task, ck.cfg.action_repeat)
         if isinstance(threads := ck.cfg.threads, int) and "threads" in overrides:  # checked by read_checkpoint
-            set_threads(threads)
-        agent = cls(ck.cfg, ck.dims, length, resolve_device(device))
+            set_threads(threads, from_python=True)
+        agent = cls(ck.cfg, ck.dims, length, resolve_device(device, from_python=True))
         agent.load_state_dict(ck.state, str(path))
         agent.imported_from_reference = ck.imported
         return agent

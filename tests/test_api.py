@@ -275,6 +275,29 @@ def test_fit_plans_for_a_card_and_names_its_own_keywords_when_it_does_not_fit(tm
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("keywords, said", [
+    ({"obs": "rgb", "env": "cartpole-swingup", "num_channels": 8},
+     "latent_dim is 16: use num_channels=1, or a model size with latent_dim 128 (model_size=5)"),
+    ({"buffer_size": 3, "num_envs": 2}, "(num_envs, per task)"),
+    ({"device": "cuda"}, "CUDA is not available here; use device='cpu'"),
+    ({"threads": 4096}, "threads=4096: this process may use"),
+    ({"gpu_mem": "lots"}, "gpu_mem: cannot read the memory size 'lots'"),
+    ({"gpu_mem": "0GB"}, "gpu_mem='0GB': must be more than 0"),
+    ({"dataset": []}, "dataset names no file: give one or more dataset files, or leave dataset out"),
+])
+def test_fit_s_refusals_name_its_keywords_not_the_command_line_s_flags(tmp_path, keywords, said):
+    """The config's own checks, the device, threads and --gpu-mem spoke of flags (--num-channels 8, use --device
+    cpu) to a fit() user, who has none."""
+    import torch
+
+    if keywords.get("device") == "cuda" and torch.cuda.is_available():
+        pytest.skip("CUDA is here: the refusal needs a machine without it")
+    with pytest.raises((tdmpc.errors.BadInput, tdmpc.errors.ConfigError, tdmpc.errors.DeviceError)) as e:
+        tdmpc.fit(**{"env": "Pendulum-v1", "run_dir": tmp_path / "run", **TINY, **keywords})
+    assert said in str(e.value) and "--" not in str(e.value), str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_factory_and_what_an_env_declares(tmp_path):
     _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
     assert agent.cfg.episodic is True and agent.dims.episodic

@@ -411,18 +411,24 @@ def test_estimate_matches_cuda_peak(model_size, dog):
     assert abs(est.peak_allocated / measured - 1) <= 0.10, (est.peak_allocated, measured, est.table())
 
 
-@pytest.mark.parametrize("cfg_name, advice", [("cpu.json", "the cores are busy"), ("a4000.json", "use --cfg cpu.json")])
-def test_slow_run_warning_advises_by_config_size(cfg_name, advice, monkeypatch):
-    """The advice to switch to cpu.json is given only where the config is bigger than cpu.json."""
+@pytest.mark.parametrize("cfg_name, from_python, advice", [
+    ("cpu.json", False, "the cores are busy"), ("cpu.json", True, "fewer steps end sooner"),
+    ("a4000.json", False, "use --cfg cpu.json"), ("a4000.json", True, "use cfg=tdmpc.config.load_json('cpu.json')")])
+def test_slow_run_warning_advises_by_config_size(cfg_name, from_python, advice, monkeypatch):
+    """The advice to switch to cpu.json is given only where the config is bigger than cpu.json, in the words of
+    the run's user (a fit() run has no --cfg)."""
     from types import SimpleNamespace
 
+    from tdmpc.runtime.args import named
     from tdmpc.training.speed import warn_if_slow as _warn_if_slow
     monkeypatch.setattr(speed_probe, "hours_left", lambda agent, steps, tasks: (1.0, 1.0, 50.0))
     said: list[str] = []
     trainer = SimpleNamespace(counters=SimpleNamespace(step=0), cfg=load_json(cfg_name), agent=None,
-                              env_tasks=None, logger=SimpleNamespace(message=said.append))
+                              env_tasks=None, logger=SimpleNamespace(message=said.append), from_python=from_python,
+                              named=lambda field, value=None: named(field, value, from_python))
     _warn_if_slow(trainer)
-    assert len(said) == 1 and "about 50 hours" in said[0] and advice in said[0]
+    assert len(said) == 1 and "about 50 hours" in said[0] and advice in said[0], said
+    assert ("--" in said[0]) != from_python, said
 
 
 def test_the_speed_probe_leaves_the_agent_as_it_was():

@@ -27,7 +27,7 @@ from tdmpc.bench.timing import OVERRIDES, bench_model, bench_plain, machine_info
 from tdmpc.config import MODEL_SIZES, Config
 from tdmpc.errors import BadInput, run_cli
 from tdmpc.runtime.args import parse_args
-from tdmpc.memory.fit import gpu_mem_bytes
+from tdmpc.memory.peak import gpu_mem_bytes
 from tdmpc.model import fused
 from tdmpc.runtime.device import resolve_device, resolve_dtype, set_matmul_precision, set_threads
 from tdmpc.runtime.files import json_text, write_text_atomic
@@ -249,9 +249,8 @@ def _main(args: BenchArgs) -> int:
     if args.update_stream:
         OVERRIDES["update_stream"] = True
     if args.gpu_mem and device.type == "cuda":
-        from tdmpc.memory import parse_size
         from tdmpc.runtime.device import cap_cuda_memory
-        print(cap_cuda_memory(device, parse_size(args.gpu_mem)), file=sys.stderr)
+        print(cap_cuda_memory(device, gpu_mem_bytes(args.gpu_mem)), file=sys.stderr)
     fused.extension_available()
     # The fp32 peak in the matmul precision the agents will set (TF32 on CUDA by default), not torch's default.
     fp32_matmuls = set_matmul_precision(args.matmul_precision, device)

@@ -13,11 +13,13 @@ from typing import Literal
 
 from tdmpc.config.fields import MODEL_SIZES, Config, field_types
 from tdmpc.errors import ConfigError
+from tdmpc.runtime.args import named
 from tdmpc.tasks.sets import expand, gymnasium_form
 
 
-def validate(cfg: Config) -> Config:
-    """Check every field; raise ConfigError with one line naming the first bad field."""
+def validate(cfg: Config, from_python: bool = False) -> Config:
+    """Check every field; raise ConfigError with one line naming the first bad field (its advice names tdmpc.fit's
+    keywords with from_python, else the command line's flags)."""
 
     def bad(name: str, why: str) -> ConfigError:
         return ConfigError(f"config field '{name}' = {getattr(cfg, name)!r}: {why}")
@@ -94,14 +96,17 @@ def validate(cfg: Config) -> Config:
     if gymnasium:  # said before the pixel encoder's sizes, which would not help
         raise bad("obs", f"'rgb' is supported for DMC tasks only; {gymnasium[0]!r} takes 'state'")
     if cfg.obs == "rgb" and latent != 16 * cfg.num_channels:  # the pixel encoder's output is the latent
-        fits = f"--num-channels {latent // 16}" if latent % 16 == 0 else "a latent_dim that is a multiple of 16"
+        fits = (named("num_channels", latent // 16, from_python) if latent % 16 == 0
+                else "a latent_dim that is a multiple of 16")
+        size5 = named("model_size", 5, from_python)
         raise bad("num_channels", f"{cfg.num_channels} gives pixel observations a latent of 16 x {cfg.num_channels} = "
                                   f"{16 * cfg.num_channels}, but latent_dim is {latent}: use {fits}, or a model "
-                                  f"size with latent_dim {16 * cfg.num_channels} (--model-size 5)")
+                                  f"size with latent_dim {16 * cfg.num_channels} ({size5})")
     envs = cfg.num_envs * max(1, len(expand(cfg.task)))
     if cfg.buffer_size < envs * (cfg.horizon + 2):
         raise bad("buffer_size", f"too small to hold a sub-trajectory of horizon {cfg.horizon} for each of "
-                                 f"{envs:,} env(s) (--num-envs, per task): at least {envs * (cfg.horizon + 2):,}")
+                                 f"{envs:,} env(s) ({named('num_envs', None, from_python)}, per task): at least "
+                                 f"{envs * (cfg.horizon + 2):,}")
     seed_floor = envs * (cfg.action_repeat or 1) * cfg.horizon  # the first update samples a sub-trajectory
     if cfg.seed_steps is not None and cfg.seed_steps < seed_floor and not cfg.dataset:
         raise bad("seed_steps", f"too few for {envs} env(s) to each hold a sub-trajectory of horizon {cfg.horizon} "

@@ -6,7 +6,6 @@ The estimate itself is tdmpc.memory.peak; this module decides what to do with it
 from __future__ import annotations
 
 import dataclasses
-import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
@@ -14,9 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Optional
 import torch
 
 from tdmpc.config import MODEL_SIZES, SIZE_FIELDS, Config
-from tdmpc.errors import ConfigError
-from tdmpc.memory.peak import ALLOCATOR_SLACK, SAFETY_MARGIN, MemoryEstimate, Target, detect_target, estimate, \
-    parse_size
+from tdmpc.memory.peak import ALLOCATOR_SLACK, SAFETY_MARGIN, MemoryEstimate, Target, detect_target, estimate
 from tdmpc.runtime.args import named
 from tdmpc.runtime.files import fmt_bytes
 
@@ -108,11 +105,15 @@ class MemoryPlan:
     reachable: bool  # the ladder (or nothing) reaches a fit
     chunked_from: int | None = None  # plan_chunk_envs unset and chosen: the estimate with all envs at once
     runs_on: str | None = None  # a card of --gpu-mem planned for a run on this other device ('cpu'): said so
+    from_python: bool = False  # tdmpc.fit's run: its messages name fit's keywords, not the command line's flags
+
+    def _name(self, field: str, value: object = None) -> str:
+        return named(field, value, self.from_python)
 
     def _off_card(self) -> str:
         """What is true for a run that is not on the card planned for (a CPU run given --gpu-mem)."""
         return (f"this run is on the {self.runs_on.upper() if self.runs_on == 'cpu' else self.runs_on}: all of it is "
-                f"host memory, and --gpu-mem caps nothing")
+                f"host memory, and {self._name('gpu_mem')} caps nothing")
 
     @property
     def fits(self) -> bool:
@@ -122,7 +123,7 @@ class MemoryPlan:
         t, e = self.target, self.estimate
         if t.capacity is None:
             return ("verdict: no CUDA device here, so no GPU budget; the estimate above is host memory. "
-                    "Plan for a card with --gpu-mem 16GB")
+                    f"Plan for a card with {self._name('gpu_mem', '16GB')}")
         where = "on the device" if self.buffer_on_device else "in pinned host memory"
         if self.runs_on:
             where = f"{where.replace('the device', 'the card')}, for a run on one ({self._off_card()})"
@@ -130,18 +131,16 @@ class MemoryPlan:
                 f"estimate {fmt_bytes(e.total)}, budget {fmt_bytes(t.budget)} (the card less a "
                 f"{SAFETY_MARGIN:.0%} safety margin), headroom {1 - e.total / t.capacity:.0%}; replay buffer {where}")
 
-    def advice(self, from_python: bool = False) -> str:
-        """What to lower ('' when nothing needs to change); from_python: named as tdmpc.fit's keywords."""
-        def name(field: str, value: object = None) -> str:
-            return named(field, value, from_python)
-
+    def advice(self) -> str:
+        """What to lower ('' when nothing needs to change)."""
+        name = self._name
         if not self.changes:
             return "" if self.fits else (f"no setting that {name('fit_memory')} lowers is left: use a smaller "
                                          f"{name('model_size')}, a shorter {name('horizon')} or a larger card")
         if self.applied:
             done = "fit-memory changed: " + "; ".join(c.describe() for c in self.changes)
             return done if self.fits else done + f"; still too large: use a smaller {name('model_size')} or a larger card"
-        flags = self.flags(from_python)
+        flags = self.flags()
         if not self.reachable:
             return f"even {flags} leaves {fmt_bytes(self.changes[-1].after)}: use a larger card"
         return f"lower: {flags} (or pass {name('fit_memory', True)} to apply these)"
@@ -150,16 +149,16 @@ class MemoryPlan:
         """The changes, each setting once with its final value."""
         return {k: new for c in self.changes for k, (_, new) in c.values.items()}
 
-    def flags(self, from_python: bool = False) -> str:
+    def flags(self) -> str:
         """The changes as command-line flags (or tdmpc.fit's keywords)."""
-        return (", " if from_python else " ").join(named(k, v, from_python) for k, v in self.lowered().items())
+        return (", " if self.from_python else " ").join(self._name(k, v) for k, v in self.lowered().items())
 
-    def error(self, from_python: bool = False) -> str:
+    def error(self) -> str:
         """One line for BadInput."""
         t = self.target
         host = " even with the replay buffer in host memory" if self.auto_host or not self.buffer_on_device else ""
         return (f"estimated peak memory {fmt_bytes(self.estimate.total)} exceeds the budget {fmt_bytes(t.budget)} of "
-                f"{t.label}{host}; {self.advice(from_python)}")
+                f"{t.label}{host}; {self.advice()}")
 
     def host_error(self, available: int) -> str | None:
         """One line when what the run keeps in host memory (all of it without CUDA, else a host-stored replay
@@ -172,7 +171,7 @@ class MemoryPlan:
         rows = max(0, int((available - (need - per_row * self.cfg.buffer_size)) / max(per_row, 1e-9)))
         return (f"the run needs about {fmt_bytes(need)} of host memory ({fmt_bytes(buffer)} of it the replay buffer "
                 f"of {self.cfg.buffer_size:,} transitions), and {fmt_bytes(available)} is available here: lower "
-                f"--buffer-size (about {rows:,} transitions fit)")
+                f"{self._name('buffer_size')} (about {rows:,} transitions fit)")
 
     def chunk_line(self) -> str:
         """What choosing plan_chunk_envs did ('' when it was given or not needed)."""
@@ -260,34 +259,18 @@ def _chunk_planning(cfg: Config, given: MemoryEstimate, est: Callable[[Config], 
 def assess_run(cfg: Config, obs_shape: tuple[int, ...], action_dim: int, episodic: bool,
                device: torch.device | None, gpu_mem: str | None = None, fit: bool = False,
                resuming: bool = False, tasks: TaskSetup | None = None, discrete: bool = False,
-               tensor_envs: bool = False) -> MemoryPlan:
+               tensor_envs: bool = False, from_python: bool = False) -> MemoryPlan:
     """The estimate for this run on this device (or a card of `gpu_mem`), with the replay buffer's place
-    decided; with fit=True, lowered settings (each change printed). `plan.cfg` is the config to run."""
-    if gpu_mem is not None:
-        gpu_mem_bytes(gpu_mem)
-    target = detect_target(cfg, device, gpu_mem)
+    decided; with fit=True, lowered settings (each change printed). `plan.cfg` is the config to run; from_python:
+    its messages name tdmpc.fit's keywords."""
+    target = detect_target(cfg, device, gpu_mem, from_python)
     log = lambda line: print(line, file=sys.stderr)  # noqa: E731
     plan = assess(cfg, obs_shape, action_dim, episodic, target, fit=fit, resuming=resuming, log=log, tasks=tasks,
                   discrete=discrete, tensor_envs=tensor_envs)
     if target.cuda and device is not None and device.type != "cuda":
         plan.runs_on = device.type
+    plan.from_python = from_python
     return plan
-
-
-def gpu_mem_bytes(text: str) -> int:
-    """--gpu-mem's size in bytes; a one-line ConfigError for one that cannot be read or is not more than 0."""
-    zero = ConfigError(f"--gpu-mem {text}: must be more than 0 (the memory of the card to plan for: 16GB, 16000MB "
-                       f"or 8GiB)")
-    try:
-        size = parse_size(text)
-    except ValueError as e:
-        number = re.match(r"\s*(\d+(?:\.\d*)?)", text)
-        if number and float(number.group(1)) == 0:
-            raise zero from None
-        raise ConfigError(f"--gpu-mem: {e}") from None
-    if size <= 0:
-        raise zero
-    return size
 
 
 def buffer_storage(p: MemoryPlan, device: torch.device) -> torch.device:

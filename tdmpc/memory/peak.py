@@ -49,6 +49,8 @@ from tdmpc.config import Config
 from tdmpc.buffer import ReplayBuffer
 from tdmpc.planners.make import make_planner
 from tdmpc.config.planner import MPPIConfig
+from tdmpc.errors import ConfigError
+from tdmpc.runtime.args import named
 from tdmpc.runtime.compile import compile_enabled
 from tdmpc.runtime.device import resolve_dtype
 from tdmpc.runtime.files import MiB, fmt_bytes
@@ -99,6 +101,23 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * SIZE_UNITS[m.group(2).lower()])
 
 
+def gpu_mem_bytes(text: str, from_python: bool = False) -> int:
+    """--gpu-mem's size in bytes (tdmpc.fit's gpu_mem= with from_python); a one-line ConfigError for one that cannot
+    be read or is not more than 0."""
+    zero = ConfigError(f"{named('gpu_mem', text, from_python)}: must be more than 0 (the memory of the card to plan "
+                       f"for: 16GB, 16000MB or 8GiB)")
+    try:
+        size = parse_size(text)
+    except ValueError as e:
+        number = re.match(r"\s*(\d+(?:\.\d*)?)", text)
+        if number and float(number.group(1)) == 0:
+            raise zero from None
+        raise ConfigError(f"{named('gpu_mem', None, from_python)}: {e}") from None
+    if size <= 0:
+        raise zero
+    return size
+
+
 def cuda_target(cfg: Config, capacity: int, label: str, device: torch.device | None = None) -> Target:
     """A CUDA card. 'auto' precision is bf16 there (Ampere and later; pass --precision fp32 for older cards)."""
     if device is not None and device.type == "cuda":
@@ -129,12 +148,13 @@ def update_dtype(cfg: Config) -> torch.dtype:
     return torch.float32 if cfg.train_precision == "mixed" else resolve_dtype(cfg.train_precision, torch.device("cpu"))
 
 
-def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None = None) -> Target:
+def detect_target(cfg: Config, device: torch.device | None, gpu_mem: str | None = None,
+                  from_python: bool = False) -> Target:
     """--gpu-mem wins; else the CUDA device's total memory; else host memory (no budget)."""
     if gpu_mem is not None:
         label = (f"{torch.cuda.get_device_name(device)} planned as {gpu_mem}"
                  if device is not None and device.type == "cuda" else f"a card of {gpu_mem}")
-        return cuda_target(cfg, parse_size(gpu_mem), label, device)
+        return cuda_target(cfg, gpu_mem_bytes(gpu_mem, from_python), label, device)
     if device is not None and device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return cuda_target(cfg, props.total_memory, props.name, device)

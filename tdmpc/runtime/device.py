@@ -11,6 +11,7 @@ from typing import Iterator
 import torch
 
 from tdmpc.errors import BadInput, DeviceError
+from tdmpc.runtime.args import named
 
 _cuda_code_path = False
 
@@ -33,13 +34,16 @@ def cuda_code_path() -> Iterator[None]:
         _cuda_code_path = saved
 
 
-def resolve_device(name: str) -> torch.device:
+def resolve_device(name: str, from_python: bool = False) -> torch.device:
+    """'auto' (CUDA when there is one), 'cpu', 'cuda' or 'cuda:N' as a torch.device; one requested that is not here
+    is a DeviceError naming the way out (tdmpc.fit's keyword with from_python, else the flag)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError(f"device '{name}' requested but CUDA is not available here; use --device cpu")
+            raise DeviceError(f"device '{name}' requested but CUDA is not available here; use "
+                              f"{named('device', 'cpu', from_python)}")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise DeviceError(f"device '{name}' requested but only {torch.cuda.device_count()} GPU(s) are visible")
     return device
@@ -85,34 +89,37 @@ def usable_cpus() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def threads_error(requested: int | None) -> str | None:
+def threads_error(requested: int | None, from_python: bool = False) -> str | None:
     """Why --threads `requested` cannot be, or would run badly here, or None: fewer than 1, or more threads than
     the CPUs this process may use.
     OpenMP's threads spin while they wait for each other, so with fewer CPUs than threads every parallel region
     waits on threads that are not running (on 2 cores, --threads 999 had not finished a training run's first
     step in 5 minutes)."""
     if requested is not None and requested < 1:
-        return f"--threads must be >= 1, got {requested}"
+        return f"{named('threads', None, from_python)} must be >= 1, got {requested}"
     cpus = usable_cpus()
     if requested is not None and requested > cpus:
-        return (f"--threads {requested}: this process may use {cpus} CPU{'s' * (cpus != 1)}; more threads than CPUs "
-                f"wait on each other (OpenMP's threads spin), which slows every step: give at most {cpus}")
+        return (f"{named('threads', requested, from_python)}: this process may use {cpus} CPU{'s' * (cpus != 1)}; "
+                f"more threads than CPUs wait on each other (OpenMP's threads spin), which slows every step: give at "
+                f"most {cpus}")
     return None
 
 
-def set_threads(requested: int | None) -> int:
+def set_threads(requested: int | None, from_python: bool = False) -> int:
     """Set torch's CPU threads: `requested` (at most the CPUs this process may use, threads_error); else
     OMP_NUM_THREADS when set (Slurm jobs set it), capped at those CPUs with a line; else those CPUs less the ones
     other processes keep busy (OpenMP threads spin, so two processes each using every core run several times
-    slower than with their share each), saying so when that is fewer. Returns the count."""
-    if error := threads_error(requested):
+    slower than with their share each), saying so when that is fewer. Returns the count. from_python: messages
+    name tdmpc.fit's keyword, not the flag."""
+    if error := threads_error(requested, from_python):
         raise BadInput(error)
     cpus = usable_cpus()
     if requested is None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         requested = max(1, int(os.environ["OMP_NUM_THREADS"]))
         if requested > cpus:
             print(f"threads: {cpus}, the CPUs this process may use, not OMP_NUM_THREADS={requested} (more threads "
-                  f"than CPUs wait on each other); pass --threads N to choose", file=sys.stderr)
+                  f"than CPUs wait on each other); pass {'threads=N' if from_python else '--threads N'} to choose",
+                  file=sys.stderr)
             requested = cpus
     if requested is None:
         machine = os.cpu_count() or cpus
@@ -126,7 +133,7 @@ def set_threads(requested: int | None) -> int:
     return requested
 
 
-def cap_cuda_memory(device: torch.device, capacity: int) -> str:
+def cap_cuda_memory(device: torch.device, capacity: int, from_python: bool = False) -> str:
     """Cap this process's CUDA caching allocator at `capacity` bytes (torch.cuda.set_per_process_memory_fraction),
     so that a config which would not fit a smaller card runs out of memory here as it would there. The CUDA
     context (a few hundred MiB) is outside the allocator's count. Returns the line saying what was set."""
@@ -135,4 +142,4 @@ def cap_cuda_memory(device: torch.device, capacity: int) -> str:
     fraction = min(1.0, capacity / total)
     torch.cuda.set_per_process_memory_fraction(fraction, index)
     return (f"memory: allocator capped at {capacity / 2**30:.1f} GiB of this card's {total / 2**30:.1f} GiB "
-            f"(fraction {fraction:.3f}, --gpu-mem)")
+            f"(fraction {fraction:.3f}, {named('gpu_mem', None, from_python)})")

@@ -19,7 +19,8 @@ from tdmpc.model.world_model import ModelDims, WorldModel
 from tdmpc.tasks.sets import expand, task_set_name
 
 
-def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str]) -> tuple[Config, str]:
+def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str],
+                                 from_python: bool = False) -> tuple[Config, str]:
     """The architecture fields the user did not give (`given`: the fields set on the command line) come
     from the checkpoint, so a released model fine-tunes without spelling out its sizes. Sizes that were
     given and contradict the checkpoint are refused here ('architecture differs'), before anything is built.
@@ -37,12 +38,12 @@ def architecture_from_checkpoint(cfg: Config, path: str | Path, given: set[str])
     sizes = {**cfg.sizes(), **{k: v for k, v in take.items() if k in SIZE_FIELDS}}
     preset = next((n for n, p in MODEL_SIZES.items() if p == sizes), None)
     model_size = cfg.model_size if "model_size" in given else preset
-    new = validate(dataclasses.replace(cfg, **{**take, **sizes, "model_size": model_size}))
+    new = validate(dataclasses.replace(cfg, **{**take, **sizes, "model_size": model_size}), from_python)
     unused = {"task_set", "episodic"} | ({"enc_dim", "num_enc_layers"} if dims.pixels else {"num_channels"})
     diffs = [f"{k}: checkpoint {v}, config {getattr(new, k)}" for k, v in theirs.items()
              if k in given and k not in unused and getattr(new, k) != v]
     if diffs:  # the run would refuse the weights: said now, --dry-run included
-        raise _architecture_differs(path, diffs)
+        raise _architecture_differs(path, diffs, from_python)
     shown = {k: take[k] for k in (*SIZE_FIELDS, "episodic") if k in take}
     shown.update({k: v for k, v in take.items() if k not in shown and v != getattr(cfg, k)})
     if "task_set" in shown:
@@ -88,9 +89,10 @@ def init_weights(model: WorldModel, path: str | Path, obs_shape: tuple[int, ...]
     return f"initialised weights from {origin}: {path}{added}"
 
 
-def _architecture_differs(path: str | Path, diffs: list[str]) -> CheckpointError:
+def _architecture_differs(path: str | Path, diffs: list[str], from_python: bool = False) -> CheckpointError:
+    what = "keywords and init_from" if from_python else "flags and --init-from"
     return CheckpointError(f"{path}: architecture differs from this config ({', '.join(diffs[:4])}); drop those "
-                           f"flags and --init-from takes the checkpoint's architecture")
+                           f"{what} takes the checkpoint's architecture")
 
 
 def _architecture(dims: ModelDims) -> dict:

@@ -17,7 +17,7 @@ def run_notes(cfg: Config, tasks: TaskSetup | None, shard: distributed.Shard, fr
     notes = []
     if shard.world > 1:
         notes.append(f"data-parallel: {shard.world} processes, global batch {shard.world * cfg.batch_size} "
-                     f"(--batch-size {cfg.batch_size} per process)")
+                     f"({named('batch_size', cfg.batch_size, from_python)} per process)")
     if ending := [i.name for i in tasks.infos if i.episodic and i.name in tasks.tasks] if tasks else []:
         notes.append(f"note: {', '.join(ending)} can terminate, but a multi-task model has no termination head (as "
                      f"the reference's): TD targets stop at those endings, planning does not foresee them")
@@ -26,7 +26,8 @@ def run_notes(cfg: Config, tasks: TaskSetup | None, shard: distributed.Shard, fr
     end = -(-cfg.steps // per) * per
     if not cfg.dataset and end < (cfg.seed_steps or 0):
         notes.append(f"note: the run ends at step {end:,}, within its {cfg.seed_steps:,} seed steps: it acts at "
-                     f"random and makes no update (raise --steps or lower --seed-steps)")
+                     f"random and makes no update (raise {named('steps', None, from_python)} or lower "
+                     f"{named('seed_steps', None, from_python)})")
     elif end != cfg.steps:
         notes.append(f"note: the run ends at step {end:,}, the first whole step of its {envs} envs x action "
                      f"repeat {cfg.action_repeat or 1} at or after {'steps=' if from_python else '--steps '}"

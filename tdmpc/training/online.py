@@ -366,5 +366,5 @@ class OnlineTrainer(Trainer):
         if self.recorder is not None:
             self.recorder.writer.close()
             if not self.recorder.writer.path.exists():  # else a later --dataset finds no file, unexplained
-                print(f"note: no episode finished, so --save-data wrote nothing to {self.recorder.writer.path}",
-                      file=sys.stderr)
+                print(f"note: no episode finished, so {self.named('save_data')} wrote nothing to "
+                      f"{self.recorder.writer.path}", file=sys.stderr)

@@ -87,16 +87,21 @@ def prepare(req: RunRequest) -> RunSetup | None:
     # Data files as absolute paths, so that the saved config resumes from any directory
     req = dataclasses.replace(req, cfg=_absolute_paths(req.cfg), base=req.base and _absolute_paths(req.base))
     changes = resume_changes(req.base, req.cfg, req.resume, req.from_python) if req.resume and req.base else {}
-    cfg, init_from, init_note = validate(req.cfg), req.init_from, ""
+    cfg, init_from, init_note = validate(req.cfg, req.from_python), req.init_from, ""
     planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
+    def name(field: str) -> str:
+        return named(field, None, req.from_python)
+
     if cfg.dataset and "num_envs" in req.given:
-        raise BadInput("--num-envs sets the envs an online run steps; an offline run (--dataset) steps none")
+        raise BadInput(f"{name('num_envs')} sets the envs an online run steps; an offline run ({name('dataset')}) "
+                       f"steps none")
     if "dataset" in req.given and not cfg.dataset:
-        raise BadInput("--dataset names no file: give one or more dataset files, or leave --dataset out to train "
-                       "online")
+        raise BadInput(f"{name('dataset')} names no file: give one or more dataset files, or leave "
+                       f"{name('dataset')} out to train online")
     shard = distributed.from_environment(cfg.device)  # torchrun / srun ranks, or a single process
     if shard.world > 1 and not cfg.dataset:
-        raise ConfigError("data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass --dataset")
+        raise ConfigError(f"data-parallel training (torchrun, slurm/train_multi.sh) is offline only: pass "
+                          f"{name('dataset')}")
     checkpoint: Path | None = None
     resuming: list[str] = []  # the resume's lines: said once the run directory is locked (build)
     if req.resume is not None:
@@ -106,9 +111,9 @@ def prepare(req: RunRequest) -> RunSetup | None:
         (checkpoint, resuming), init_from = state, None
     init_task_set = cfg.task_set if "task_set" in req.given else ()
     if init_from:
-        cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given))
+        cfg, init_note = architecture_from_checkpoint(cfg, init_from, set(req.given), req.from_python)
     try:
-        device: torch.device | None = resolve_device(distributed.device_for(shard, cfg.device))
+        device: torch.device | None = resolve_device(distributed.device_for(shard, cfg.device), req.from_python)
     except DeviceError:
         if not req.dry_run:
             raise
@@ -132,20 +137,21 @@ def prepare(req: RunRequest) -> RunSetup | None:
     def for_run(c: Config) -> Config:
         overlap = c.overlap_updates if c.overlap_updates is not None else overlap_default(device, tensor, c)
         return validate(dataclasses.replace(c.for_task(spec, len(tasks.tasks) if tasks else 1),
-                                            run_dir=os.path.abspath(run_dir), overlap_updates=overlap))
+                                            run_dir=os.path.abspath(run_dir), overlap_updates=overlap),
+                        req.from_python)
 
     filled = for_run(cfg)
     off_cuda = (cuda_only_notes(filled, device, req.given, req.from_python)
                 + unused_setting_notes(filled, spec.discrete, req.given, req.from_python))
     plan = memory.assess_run(filled, spec.obs_shape, spec.action_dim, spec.episodic, device, req.gpu_mem,
                              req.fit_memory, resuming=req.resume is not None, tasks=tasks, discrete=spec.discrete,
-                             tensor_envs=tensor)
+                             tensor_envs=tensor, from_python=req.from_python)
     if plan.applied and plan.changes:  # task-derived fields (updates per round) follow the lowered settings
         filled = for_run(dataclasses.replace(cfg, **{k: new for ch in plan.changes for k, (_, new) in ch.values.items()}))
     if plan.chunked_from is not None:
         filled = dataclasses.replace(filled, plan_chunk_envs=plan.cfg.plan_chunk_envs)
     host_error = dataclasses.replace(plan, cfg=filled).host_error(available_host_memory())
-    many_threads = threads_error(filled.threads)
+    many_threads = threads_error(filled.threads, req.from_python)
     said = run_notes(filled, tasks, shard, req.from_python)
     if req.on_eval is not None and not filled.eval_episodes:
         said.append("note: on_eval is never called: eval_episodes=0 plays no evaluation")
@@ -162,7 +168,7 @@ def prepare(req: RunRequest) -> RunSetup | None:
             if line:
                 print(line, file=sys.stderr)
     if not plan.fits:
-        raise BadInput(plan.error(req.from_python))
+        raise BadInput(plan.error())
     if host_error and not req.dry_run:
         raise BadInput(host_error)
     if many_threads and not req.dry_run:
@@ -170,7 +176,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     if req.dry_run:
         return None
     assert device is not None
-    cap = cap_cuda_memory(device, memory.parse_size(req.gpu_mem)) if req.gpu_mem and device.type == "cuda" else None
+    cap = (cap_cuda_memory(device, plan.target.capacity, req.from_python)
+           if req.gpu_mem and plan.target.capacity and device.type == "cuda" else None)
     notes = [n for n in (*req.notes, *off_cuda, memory.summary_line(plan), plan.chunk_line(), cap, init_note, *said)
              if n]
     user_env = req.env
@@ -330,7 +337,7 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
             trainer = OnlineTrainer(s, agent, envs, buffer, recorder, lock, no_buffer, on_log, on_eval)
             if s.shard.main:
                 trainer.warn_if_disk_short()
-        set_threads(cfg.threads)
+        set_threads(cfg.threads, s.from_python)
         return trainer
     except BaseException:
         for part in (envs, data):

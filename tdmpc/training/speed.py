@@ -54,9 +54,12 @@ def warn_if_slow(trainer: OnlineTrainer, limit_hours: float = 3.0) -> None:
         cpu = load_json(CPU_CONFIG)
         if all((getattr(cfg, f) or 0) <= getattr(cpu, f) for f in ("model_size", "num_samples", "iterations", "batch_size")):
             advice = (f"The config is no bigger than {CPU_CONFIG}: the cores are busy (load average "
-                      f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores) or slow; fewer --steps end sooner")
+                      f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores) or slow; fewer {trainer.named('steps')} "
+                      f"end sooner")
         else:
-            advice = f"This config is sized for a GPU; for CPU training use --cfg {CPU_CONFIG}"
+            cpu_config = (f"cfg=tdmpc.config.load_json({CPU_CONFIG!r})" if trainer.from_python
+                          else f"--cfg {CPU_CONFIG}")
+            advice = f"This config is sized for a GPU; for CPU training use {cpu_config}"
         trainer.logger.message(
             f"warning: on this CPU one plan takes {plan_s * 1e3:.0f} ms and one update {update_s * 1e3:.0f} ms, "
             f"so {cfg.steps - c.step:,} env steps would take about {hours:.0f} hours. {advice}")

@@ -133,7 +133,8 @@ class Trainer(StopSignals):
                 save_json(cfg, self.run_dir / "config.json")
             except OSError as e:
                 raise RunDirError(f"cannot write {self.run_dir / 'config.json'}: {e.strerror or e} "
-                                  f"({fmt_bytes(free_bytes(self.run_dir), decimal=True)} free); choose another --run-dir") from None
+                                  f"({fmt_bytes(free_bytes(self.run_dir), decimal=True)} free); choose another "
+                                  f"{self.named('run_dir')}") from None
         self.logger = RunLogger(self.run_dir, cfg, cfg.steps, self.counters.step, writes=self.shard.main)
         if setup.resume and self.shard.main:
             self.logger.train_csv.truncate_after(self.counters.step)
