@@ -146,3 +146,29 @@ def test_bench_tensor_envs_times_both_paths_and_counts_their_transfers(tmp_path)
         assert r["seeding_env_steps_per_s"] > 0 and r["acting_env_steps_per_s"] > 0
     assert rows["tensor"]["task"] == "phys2d/Pendulum-v0" and out["steps_timed"] == 2
     assert rows["tensor"]["host_waits_per_vector_step"] <= rows["numpy"]["host_waits_per_vector_step"]
+
+
+def test_a_cpu_that_emulates_bf16_times_no_bf16(monkeypatch, tmp_path, capsys):
+    """On an AVX2 CPU (no AVX512-BF16, no AMX) bf16 matmuls are emulated: the bf16 peak's 2048^3 matmul took 60 s
+    a call, so bench --quick ran for over 20 minutes in its first step. There it times fp32 alone, and says so."""
+    import json
+
+    from tdmpc.bench import cli
+
+    monkeypatch.setattr(cli, "bf16_emulated", lambda device: True)
+    peaks: list[torch.dtype] = []
+    monkeypatch.setattr(cli, "matmul_peak", lambda device, dtype, reps: peaks.append(dtype) or {"peak": 100.0})
+    updates: list[tuple[str, ...]] = []
+
+    def bench_model(size, device, envs, reps, peaks, train_precisions):
+        updates.append(train_precisions)
+        return {"model_size": size, "dtype": "float32", "plan": {},
+                "update": {p: {"ms": 1.0, "gflop": 0.1, "fraction_of_peak": 0.5} for p in train_precisions}}
+
+    monkeypatch.setattr(cli, "bench_model", bench_model)
+    out = tmp_path / "bench.json"
+    code = cli.main(["--quick", "--sizes", "1", "--envs", "1", "--e2e-steps", "0", "--rss-steps", "0",
+                     "--offline-updates", "0", "--no-compare-plain", "--threads", "1", "--out", str(out)])
+    assert code == 0 and peaks == [torch.float32] and updates == [("fp32",)]
+    assert "bf16 not timed: this CPU has no AVX512-BF16 or AMX" in capsys.readouterr().out
+    assert "skipped" in json.loads(out.read_text())["peak"]["bf16"]

@@ -23,7 +23,8 @@ from tdmpc.bench.gpu_profile import profile_kernels
 from tdmpc.bench.kernel_counts import write_kernel_counts
 from tdmpc.bench.triton_code import require_triton
 from tdmpc.bench.offline import bench_offline
-from tdmpc.bench.timing import OVERRIDES, bench_model, bench_plain, machine_info, matmul_peak
+from tdmpc.bench.timing import BF16_SKIPPED, OVERRIDES, bench_model, bench_plain, bf16_emulated, machine_info, \
+    matmul_peak
 from tdmpc.config import MODEL_SIZES, Config
 from tdmpc.errors import BadInput, run_cli
 from tdmpc.runtime.args import parse_args
@@ -115,8 +116,9 @@ def print_table(r: dict) -> None:
     """The results for people: one line per call timed, then the ratios, the end-to-end rates and memory."""
     print(f"\n{r['machine']['cpu']} ({r['machine']['cores']} cores) | {r['machine'].get('gpu', 'no GPU')} | "
           f"torch {r['machine']['torch']} | device {r['machine']['device']}")
+    bf16 = r["peak"]["bf16"]
     print(f"matmul peak: fp32 ({r.get('fp32_matmul_precision', 'highest')}) {r['peak']['fp32']['peak']:.0f} GFLOP/s, "
-          f"bf16 {r['peak']['bf16']['peak']:.0f} GFLOP/s")
+          + (f"bf16 {bf16['peak']:.0f} GFLOP/s" if "peak" in bf16 else f"bf16 not timed: {bf16['skipped']}"))
     print(f"{'call':<38}{'ms':>10}{'actions/s':>12}{'GFLOP':>9}{'% peak':>9}")
     for m in r["models"]:
         tag = f"size {m['model_size']} ({m['dtype']})"
@@ -254,14 +256,17 @@ def _main(args: BenchArgs) -> int:
     fused.extension_available()
     # The fp32 peak in the matmul precision the agents will set (TF32 on CUDA by default), not torch's default.
     fp32_matmuls = set_matmul_precision(args.matmul_precision, device)
-    peaks = {"fp32": matmul_peak(device, torch.float32, reps), "bf16": matmul_peak(device, torch.bfloat16, reps)}
+    emulated = bf16_emulated(device)  # bf16 timed only where it is not emulated (hours there, and never run)
+    peaks = {"fp32": matmul_peak(device, torch.float32, reps),
+             "bf16": {"skipped": BF16_SKIPPED} if emulated else matmul_peak(device, torch.bfloat16, reps)}
     result: dict = {"machine": machine_info(device), "quick": args.quick, "peak": peaks, "overrides": OVERRIDES,
                     "combo_kernels": args.combo_kernels,
                     "fp32_matmul_precision": fp32_matmuls,
                     "planning_dtype": str(resolve_dtype("auto", device)).replace("torch.", ""), "models": []}
     for size in args.sizes:
         print(f"benchmarking model size {size}...", file=sys.stderr)
-        result["models"].append(bench_model(size, device, args.envs, reps, peaks))
+        result["models"].append(bench_model(size, device, args.envs, reps, peaks,
+                                            train_precisions=("fp32",) if emulated else ("fp32", "mixed", "bf16")))
         if args.profile and device.type == "cuda":
             result["models"][-1]["gpu_kernels"] = profile_kernels(size, device)
     if args.compare_plain:

@@ -21,6 +21,7 @@ from tdmpc.config import Config, validate
 from tdmpc.model import fused
 from tdmpc.model.world_model import ModelDims
 from tdmpc.runtime import cuda_graphs
+from tdmpc.runtime.device import cpu_has_fast_bf16
 
 OBS_DIM, ACTION_DIM = 24, 6  # walker-walk, the anchors' dims
 BATCH = 256  # the reference batch of an update
@@ -90,6 +91,17 @@ def fraction_of_peak(flops: dict[str, int], seconds: float, peaks: dict) -> floa
     return sum(n / (peaks[kind]["peak"] * 1e9) for kind, n in flops.items()) / seconds
 
 
+BF16_SKIPPED = ("this CPU has no AVX512-BF16 or AMX, so bf16 is emulated (hundreds of times slower than fp32) and "
+                "training here never uses it (--precision auto plans in fp32); its peak and the mixed and bf16 "
+                "updates are left out")
+
+
+def bf16_emulated(device: torch.device) -> bool:
+    """A CPU without AVX512-BF16 or AMX emulates bf16 matmuls: on a 2-core AVX2 EPYC 0.3-1.3 GFLOP/s against ~100
+    in fp32 (one 2048^3 matmul took 60 s), so the bench leaves bf16 out there rather than take hours on it."""
+    return device.type == "cpu" and not cpu_has_fast_bf16()
+
+
 def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int) -> dict:
     """GFLOP/s of (M x K) @ (K x N) at the shapes planning and updates use; peak = the best."""
     shapes = [(512, 518, 1024), (512, 512, 512), (16384, 512, 512), (768, 518, 512), (2048, 2048, 2048)]
@@ -122,8 +134,9 @@ def random_batch(agent: Agent, B: int = BATCH) -> Batch:
 
 
 def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: int, peaks: dict,
-                precision: Literal["auto", "fp32", "bf16"] = "auto") -> dict:
-    """plan() in the planning dtype; update() in both training precisions (fp32 is the default)."""
+                precision: Literal["auto", "fp32", "bf16"] = "auto",
+                train_precisions: tuple[str, ...] = ("fp32", "mixed", "bf16")) -> dict:
+    """plan() in the planning dtype; update() in each of train_precisions (fp32 is the default)."""
     agent = make_agent(size, device, precision)
     # FLOPs are counted on an eager twin: a graph replay dispatches no ops, and a compiled function first called
     # under the counting mode would not compile (dynamo leaves frames under a dispatch mode to eager).
@@ -137,7 +150,7 @@ def bench_model(size: int, device: torch.device, envs: tuple[int, ...], reps: in
         t = timeit(fn, device, max(2, reps // max(1, n // 8)))
         res["plan"][n] = {"ms": t * 1e3, "actions_per_s": n / t, "gflop": sum(flops.values()) / 1e9,
                           "fraction_of_peak": fraction_of_peak(flops, t, peaks)}
-    for train_precision in ("fp32", "mixed", "bf16"):
+    for train_precision in train_precisions:
         if train_precision != agent.cfg.train_precision:
             agent = make_agent(size, device, precision, train_precision=train_precision)
             eager = make_agent(size, device, precision, train_precision=train_precision, compile=False,
