@@ -98,7 +98,8 @@ BF16_SKIPPED = ("this CPU has no AVX512-BF16 or AMX, so bf16 is emulated (hundre
 
 def bf16_emulated(device: torch.device) -> bool:
     """A CPU without AVX512-BF16 or AMX emulates bf16 matmuls: on a 2-core AVX2 EPYC 0.3-1.3 GFLOP/s against ~100
-    in fp32 (one 2048^3 matmul took 60 s), so the bench leaves bf16 out there rather than take hours on it."""
+    in fp32 (one 2048^3 matmul took 61 s: results/bf16-emulated), so the bench leaves bf16 out there rather than
+    take hours on it."""
     return device.type == "cpu" and not cpu_has_fast_bf16()
 
 
