@@ -298,6 +298,25 @@ def test_fit_s_refusals_name_its_keywords_not_the_command_line_s_flags(tmp_path,
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("command", ["evaluate", "collect"])
+def test_the_commands_name_their_device_flag_and_python_its_keyword(command, tmp_path, capsys):
+    """Agent.from_checkpoint (Python) says use device='cpu'; evaluate and collect, which load through it, say the
+    flag, before the checkpoint is read."""
+    import importlib
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: the refusal needs a machine without it")
+    main = importlib.import_module(f"tdmpc.cli.{command}").main
+    extra = ["--out", str(tmp_path / "data.h5")] if command == "collect" else []
+    assert main(["--checkpoint", str(tmp_path / "no.pt"), "--device", "cuda", *extra]) == 2
+    assert capsys.readouterr().err.strip() == ("error: device 'cuda' requested but CUDA is not available here; use "
+                                               "--device cpu")
+    with pytest.raises(tdmpc.errors.DeviceError, match="use device='cpu'"):
+        tdmpc.Agent.from_checkpoint(REFERENCE, task="walker-walk", device="cuda")
+
+
 def test_a_factory_and_what_an_env_declares(tmp_path):
     _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
     assert agent.cfg.episodic is True and agent.dims.episodic

@@ -24,7 +24,7 @@ from tdmpc.runtime.args import parse_args
 from tdmpc.model.checkpoint import checkpoint_path, reference_task_set
 from tdmpc.offline.format import DatasetError, open_h5, read_file
 from tdmpc.offline.writer import DatasetWriter, task_action_start
-from tdmpc.runtime.device import set_threads
+from tdmpc.runtime.device import resolve_device, set_threads
 from tdmpc.envs import make_env, make_envs
 from tdmpc.envs.names import resolve_task
 from tdmpc.tasks.sets import chosen_task, reference_info
@@ -72,6 +72,7 @@ def collect(args: CollectArgs) -> int:
             raise BadInput(f"--{flag} must be >= {least}, got {value}")
     if args.seed is not None and args.seed >= 2**62:
         raise BadInput(f"--seed must be < 2**62 (torch seeds with it), got {args.seed}")
+    resolve_device(args.device)  # a device not here: said in the flag's words (Agent.from_checkpoint's are Python's)
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc,
                                   **reference_task_set(checkpoint_path(args.checkpoint), args.task_set))
     cfg, dims = agent.cfg, agent.dims

@@ -19,7 +19,7 @@ from tdmpc.episodes import check_video_path, eval_seed, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, run_cli
 from tdmpc.runtime.args import parse_args
 from tdmpc.model.checkpoint import check_dims_match, checkpoint_path, load_file, reference_task_set
-from tdmpc.runtime.device import set_threads, threads_error
+from tdmpc.runtime.device import resolve_device, set_threads, threads_error
 from tdmpc.runtime.files import file_in_the_way, json_text, read_only_folder, write_text_atomic
 from tdmpc.tasks.sets import chosen_task
 from tdmpc.training.run_dir import saved_step
@@ -88,6 +88,7 @@ def evaluate(args: EvalArgs) -> int:
         raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
     if error := threads_error(args.threads):  # before the checkpoint is read
         raise BadInput(error)
+    resolve_device(args.device)  # a device not here: said in the flag's words (Agent.from_checkpoint's are Python's)
     if args.seed is not None and not 0 <= args.seed < 2**62:
         raise BadInput(f"--seed must be >= 0 and < 2**62 (gymnasium and torch seed with it), got {args.seed}")
     if args.video is not None:
