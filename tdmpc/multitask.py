@@ -96,7 +96,8 @@ def task_setup(cfg: Config) -> TaskSetup | None:
     infos = tuple(_info(t, cfg.action_repeat) for t in task_set)
     repeats = {_repeat(t, cfg.action_repeat) for t in tasks}
     if len(repeats) > 1:
-        raise ConfigError(f"the tasks {', '.join(tasks)} have different default action repeats; set --action-repeat")
+        raise ConfigError(f"config field 'action_repeat' = None: the tasks {', '.join(tasks)} have different default "
+                          f"action repeats ({', '.join(map(str, sorted(repeats)))}); set one for all")
     return TaskSetup(tuple(tasks), tuple(task_set), infos, repeats.pop())
 
 

@@ -505,7 +505,7 @@ def test_resume_messages_name_fits_keywords_and_fewer_steps_than_done_change_not
     tdmpc.fit(run_dir=a, resume=True, config_from_checkpoint=True)
     capsys.readouterr()
     tdmpc.fit(run_dir=a, resume=True)
-    assert "already finished at step 300; pass steps=N to extend it" in capsys.readouterr().err
+    assert "already finished at step 300; pass steps above it to extend it" in capsys.readouterr().err
 
 
 def test_wandb_gets_a_unique_id_per_run_kept_on_resume_its_options_and_videos(tmp_path, monkeypatch):

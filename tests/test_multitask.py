@@ -18,7 +18,7 @@ import torch
 from tdmpc.agent import Agent
 from tdmpc.tasks.sets import TASK_SETS
 
-from helpers import import_or_skip
+from helpers import cli, import_or_skip
 
 import_or_skip("dm_control")
 
@@ -66,8 +66,8 @@ def test_one_model_trains_on_two_tasks_with_a_row_per_task_and_resumes(tmp_path)
     assert torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 560
 
 
-def test_the_reference_mt30_model_evaluates_on_a_task_of_its_set(tmp_path):
-    r = run("tdmpc.evaluate", "--checkpoint", MT30, "--task", "pendulum-spin", "--episodes", "1", "--no-mpc",
+def test_the_reference_mt30_model_evaluates_on_a_task_of_its_set(capsys, tmp_path):
+    r = cli(capsys, "tdmpc.evaluate", "--checkpoint", MT30, "--task", "pendulum-spin", "--episodes", "1", "--no-mpc",
             "--device", "cpu", "--report", tmp_path / "report.json")
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "report.json").read_text())
@@ -80,8 +80,8 @@ def test_the_reference_mt30_model_evaluates_on_a_task_of_its_set(tmp_path):
                                 "one task to evaluate with --task, one of mt30"),
     ("walker-fly", "task 'walker-fly' is not in this model's task set (mt30: walker-stand"),
 ])
-def test_evaluating_a_multitask_model_without_a_task_of_its_set_is_one_line(tmp_path, task, needle):
-    r = run("tdmpc.evaluate", "--checkpoint", MT30, *(["--task", task] if task else []), "--episodes", "1",
+def test_evaluating_a_multitask_model_without_a_task_of_its_set_is_one_line(capsys, tmp_path, task, needle):
+    r = cli(capsys, "tdmpc.evaluate", "--checkpoint", MT30, *(["--task", task] if task else []), "--episodes", "1",
             "--device", "cpu", "--report", tmp_path / "report.json")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
@@ -116,8 +116,8 @@ def test_a_reference_multitask_model_of_another_size_than_mt30_or_mt80_takes_its
     assert r.returncode == 0, r.stderr
 
 
-def test_a_task_that_can_terminate_in_a_multitask_run_is_named():
-    r = run("tdmpc.train", "--task", "Pendulum-v1,MountainCarContinuous-v0", "--dry-run", "--threads", "1")
+def test_a_task_that_can_terminate_in_a_multitask_run_is_named(capsys):
+    r = cli(capsys, "tdmpc.train", "--task", "Pendulum-v1,MountainCarContinuous-v0", "--dry-run", "--threads", "1")
     assert r.returncode == 0 and ("note: MountainCarContinuous-v0 can terminate, but a multi-task model has no "
                                   "termination head") in r.stderr and "Pendulum-v1 can" not in r.stderr, r.stderr
 
@@ -178,7 +178,7 @@ def test_all_thirty_mt30_tasks_act_in_one_batched_call():
     envs.close()
 
 
-def test_the_memory_estimate_counts_the_embedding_and_every_tasks_envs(tmp_path):
+def test_the_memory_estimate_counts_the_embedding_and_every_tasks_envs(capsys, tmp_path):
     from tdmpc import memory
     from tdmpc.config import Config
     from tdmpc.multitask import task_setup
@@ -196,8 +196,8 @@ def test_the_memory_estimate_counts_the_embedding_and_every_tasks_envs(tmp_path)
     # the out-of-memory report's estimate is the run's (it left the tasks out: one task's envs, no embedding)
     said, _ = memory.out_of_memory_report(cfg, (24,), 6, False, target, True, torch.device("cpu"), tasks=tasks)
     assert f"estimate {memory.fmt_bytes(est.total)} in all" in said
-    r = run("tdmpc.train", "--task", "mt30", "--cfg", "a4000.json", "--dry-run", "--gpu-mem", "16GB", "--run-dir",
-            tmp_path / "r")
+    r = cli(capsys, "tdmpc.train", "--task", "mt30", "--cfg", "a4000.json", "--dry-run", "--gpu-mem", "16GB",
+            "--run-dir", tmp_path / "r")
     assert r.returncode == 0, r.stderr
     assert "dry run: mt30 (obs (24,) state, action dim 6)" in r.stdout and "train 30 env(s)" in r.stdout
 
@@ -210,11 +210,24 @@ def test_a_task_lists_default_run_dir_has_no_commas():
     assert path.parts[:3] == ("runs", "cheetah-run+finger-spin", "seed3")
 
 
-def test_an_episodic_multitask_run_is_one_line_before_anything_is_built(tmp_path):
+def test_an_episodic_multitask_run_is_one_line_before_anything_is_built(capsys, tmp_path):
     """It passed validation and died building the model: a traceback, exit 1 (a user's audit, 2026-11-29)."""
-    r = run("tdmpc.train", "--task", "walker-walk,cheetah-run", "--episodic", "--steps", "200", "--run-dir",
+    r = cli(capsys, "tdmpc.train", "--task", "walker-walk,cheetah-run", "--episodic", "--steps", "200", "--run-dir",
             tmp_path / "run", *SMALL, *TINY_MODEL)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == ["error: config field 'episodic': multi-task models are for tasks without "
                                              "terminations (as the reference's); train episodic tasks one at a time"]
     assert not (tmp_path / "run").exists()
+
+
+def test_tasks_of_different_default_action_repeats_name_the_field_and_the_repeats():
+    from tdmpc.config import Config
+    from tdmpc.errors import ConfigError
+    from tdmpc.multitask import task_setup
+
+    with pytest.raises(ConfigError) as e:
+        task_setup(Config(task="walker-walk,Pendulum-v1", device="cpu"))
+    assert str(e.value) == ("config field 'action_repeat' = None: the tasks walker-walk, Pendulum-v1 have different "
+                            "default action repeats (1, 2); set one for all")
+    tasks = task_setup(Config(task="walker-walk,Pendulum-v1", action_repeat=2, device="cpu"))
+    assert tasks is not None and tasks.action_repeat == 2

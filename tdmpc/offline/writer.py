@@ -138,7 +138,7 @@ class DatasetWriter:
             others = sorted({str(w or "a writer not recorded") for w, _, _ in between if w != self.writer})
             raise DatasetError(f"{self.path}: after this run's checkpoint it holds episodes of this run followed by "
                                f"another writer's ({'; '.join(others)}); a resume would have to drop those. Move "
-                               f"them out, or resume with --save-data naming another file")
+                               f"them out, or resume with config field 'save_data' naming another file")
         if own_from >= self.episodes:
             return
         segments = [[w, f, min(c, own_from - f)] for w, f, c in self.segments if f < own_from]

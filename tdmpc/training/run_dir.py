@@ -24,6 +24,7 @@ from typing import IO
 
 from tdmpc.config import AS_BEFORE_ADDED, Config, from_dict, read_json
 from tdmpc.errors import CheckpointError, ConfigError, RunDirError
+from tdmpc.runtime.args import named
 from tdmpc.runtime.files import make_dirs, write_text_atomic
 
 
@@ -205,7 +206,8 @@ class RunDirLock:
         self.file: IO[str] | None = None
         self.created: Path | None = None  # the topmost directory acquire() made, removed by abandon()
 
-    def acquire(self) -> None:
+    def acquire(self, from_python: bool = False) -> None:
+        """from_python: tdmpc.fit's, whose message names its run_dir keyword, not the flag."""
         import fcntl
 
         for attempt in range(self.TRIES):
@@ -227,7 +229,8 @@ class RunDirLock:
                     time.sleep(0.05 * (attempt + 1))
                     continue
                 raise RunDirError(f"the run directory {self.path.parent} is in use by {holder}; one process writes a "
-                                  f"run at a time (wait for it, stop it, or choose another --run-dir)") from None
+                                  f"run at a time (wait for it, stop it, or choose another "
+                                  f"{named('run_dir', None, from_python)})") from None
             if _same_file(f, self.path):
                 break
             f.close()  # the directory was moved away (set aside) between open() and flock(): lock the new one

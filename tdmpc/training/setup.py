@@ -202,7 +202,7 @@ def _resume_state(req: RunRequest, cfg: Config, changes: dict[str, tuple[Any, An
     checkpoint, resuming = resume_checkpoint(req.resume), []
     saved = load_file(checkpoint, mmap=True)
     done = saved.get("train", {})
-    step, steps_flag = saved_step(done), "steps=" if req.from_python else "--steps "
+    step = saved_step(done)
     if done.get("finished") and step >= cfg.steps:
         names = [named(n, None, req.from_python) for n in changes]
         if req.init_from:
@@ -211,12 +211,14 @@ def _resume_state(req: RunRequest, cfg: Config, changes: dict[str, tuple[Any, An
         for line in req.notes:  # where the config came from (--cfg ignored)
             if line:
                 say_once(line)
-        say_once(f"run in {req.resume} already finished at step {step:,}; pass {steps_flag}N to extend it{unused}")
+        more = named("steps", None, req.from_python)
+        say_once(f"run in {req.resume} already finished at step {step:,}; pass {more} above it to extend it{unused}")
         return None
     if cfg.steps < step:  # it would end at once, evaluated and marked finished with a lower steps saved
         own = changes["steps"][0] if "steps" in changes else cfg.steps
-        raise BadInput(f"{steps_flag}{cfg.steps}: the run in {req.resume} is already at step {step:,}; give more "
-                       f"to continue it, or leave it out (the run's own: {own:,}); nothing was changed")
+        raise BadInput(f"{named('steps', cfg.steps, req.from_python)}: the run in {req.resume} is already at step "
+                       f"{step:,}; give more to continue it, or leave it out (the run's own: {own:,}); nothing was "
+                       f"changed")
     for name, (old, new) in changes.items():
         by = "fit()'s keywords" if req.from_python else "the command line"
         resuming.append(f"resume: {name} changed from {old!r} to {new!r} by {by}")
@@ -298,7 +300,7 @@ def build(s: RunSetup, no_buffer: bool = False, on_log: Callback | None = None,
     cfg = s.cfg
     lock = RunDirLock(s.run_dir)  # one writer per run directory, before anything is written
     if s.shard.main:
-        lock.acquire()
+        lock.acquire(s.from_python)
         for line in s.resuming:  # the run is this process's now: what its resume continues, before what it restores
             print(line, file=sys.stderr)
         for stale in remove_stale_temp_files(s.run_dir):
