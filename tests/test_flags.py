@@ -14,7 +14,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.model.world_model import ModelDims
 
-from helpers import one_line_error, read_csv, run_module, run_train, tiny_json
+from helpers import cli, one_line_error, read_csv, run_module, run_train, tiny_json
 
 SMALL = dict(model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2, num_samples=32,
              num_elites=4, num_pi_trajs=4, iterations=2, horizon=3, batch_size=8, precision="fp32", device="cpu")
@@ -135,25 +135,25 @@ def test_no_save_buffer_writes_checkpoints_without_the_replay_buffer(tmp_path, t
     assert not list((tmp_path / "run" / "checkpoints").glob("buffer_*.h5"))
 
 
-def test_config_from_checkpoint_resumes_a_run_whose_config_json_is_gone(tmp_path, tiny_run):
+def test_config_from_checkpoint_resumes_a_run_whose_config_json_is_gone(capsys, tmp_path, tiny_run):
     import shutil
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
     (run / "config.json").unlink()
-    r = run_train("--resume", str(run), "--no-config-from-checkpoint", "--steps", "800")
+    r = cli(capsys, "tdmpc.train", "--resume", str(run), "--no-config-from-checkpoint", "--steps", "800")
     assert r.returncode == 2 and "config.json" in r.stderr, r.stderr
     r = run_train("--resume", str(run), "--config-from-checkpoint", "--steps", "800")
     assert r.returncode == 0, r.stderr
     assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 800
 
 
-def test_resume_takes_the_runs_latest_checkpoint_file_for_its_directory(tmp_path, tiny_run):
+def test_resume_takes_the_runs_latest_checkpoint_file_for_its_directory(capsys, tmp_path, tiny_run):
     import shutil
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns(".lock"))
-    r = run_train("--resume", str(run / "checkpoints" / "previous.pt"), "--steps", "800")
+    r = cli(capsys, "tdmpc.train", "--resume", str(run / "checkpoints" / "previous.pt"), "--steps", "800")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--init-from" in r.stderr, r.stderr
     r = run_train("--resume", str(run / "checkpoints" / "latest.pt"), "--steps", "800")
     assert r.returncode == 0, r.stderr
@@ -162,13 +162,13 @@ def test_resume_takes_the_runs_latest_checkpoint_file_for_its_directory(tmp_path
 
 
 @pytest.mark.parametrize("flag", ["--no-buffer", "--config-from-checkpoint"])
-def test_resume_flags_without_a_resume_are_one_line(tmp_path, flag):
-    r = run_train(flag, "--dry-run", "--threads", "1")
+def test_resume_flags_without_a_resume_are_one_line(capsys, tmp_path, flag):
+    r = cli(capsys, "tdmpc.train", flag, "--dry-run", "--threads", "1")
     assert f"{flag} applies to a resume" in one_line_error(r)
 
 
-def test_a_resume_cannot_turn_an_online_run_offline(tiny_run):
-    r = run_train("--resume", str(tiny_run), "--dataset", "data.h5", "--steps", "900")
+def test_a_resume_cannot_turn_an_online_run_offline(capsys, tiny_run):
+    r = cli(capsys, "tdmpc.train", "--resume", str(tiny_run), "--dataset", "data.h5", "--steps", "900")
     assert "--dataset cannot turn an online run offline on --resume" in one_line_error(r)
 
 
@@ -185,12 +185,12 @@ def test_updates_per_round_sets_the_updates_each_round_runs(tmp_path):
     assert counts == {1: 220, 3: 660}, counts
 
 
-def test_evaluate_no_mpc_acts_with_the_policy_prior(tmp_path, tiny_run):
+def test_evaluate_no_mpc_acts_with_the_policy_prior(capsys, tmp_path, tiny_run):
     out = {}
     for flag in ("--mpc", "--no-mpc"):
         report = tmp_path / f"{flag}.json"
-        r = run_module("tdmpc.evaluate", "--checkpoint", str(tiny_run / "checkpoints" / "latest.pt"), "--episodes",
-                       "1", "--device", "cpu", "--threads", "1", flag, "--report", str(report))
+        r = cli(capsys, "tdmpc.evaluate", "--checkpoint", str(tiny_run / "checkpoints" / "latest.pt"), "--episodes",
+                "1", "--device", "cpu", "--threads", "1", flag, "--report", str(report))
         assert r.returncode == 0, r.stderr
         out[flag] = json.loads(report.read_text())
     assert out["--mpc"]["mpc"] is True and out["--no-mpc"]["mpc"] is False
@@ -212,29 +212,29 @@ def test_plot_title_and_group(tmp_path, tiny_run, monkeypatch):
     assert drawn == [(1, "My title"), (2, None)]  # the two seeds as one curve, or one curve each
 
 
-def test_dataset_convert_records_the_action_repeat_and_obs_type_it_is_given(tmp_path, tiny_run):
+def test_dataset_convert_records_the_action_repeat_and_obs_type_it_is_given(capsys, tmp_path, tiny_run):
     import h5py
 
     buffer = sorted((tiny_run / "checkpoints").glob("buffer_*.h5"))[-1]
     for name, flags, repeat in (("default.h5", [], 1), ("given.h5", ["--action-repeat", "3", "--obs-type", "state"], 3)):
-        r = run_module("tdmpc.dataset", "convert", str(buffer), "--task", "Pendulum-v1", "--out", str(tmp_path / name),
-                       *flags)
+        r = cli(capsys, "tdmpc.dataset", "convert", str(buffer), "--task", "Pendulum-v1", "--out", str(tmp_path / name),
+                *flags)
         assert r.returncode == 0, r.stderr
         with h5py.File(tmp_path / name) as f:
             assert (int(f.attrs["action_repeat"]), f.attrs["obs_type"]) == (repeat, "state")
-    r = run_module("tdmpc.dataset", "convert", str(buffer), "--task", "Pendulum-v1", "--out", str(tmp_path / "x.h5"),
-                   "--obs-type", "rgb")
+    r = cli(capsys, "tdmpc.dataset", "convert", str(buffer), "--task", "Pendulum-v1", "--out", str(tmp_path / "x.h5"),
+            "--obs-type", "rgb")
     assert r.returncode == 2 and "obs='rgb' is supported for DMC tasks only" in r.stderr
 
 
-def test_to_minari_writes_the_id_author_and_code_permalink_it_is_given(tmp_path, tiny_run, monkeypatch):
+def test_to_minari_writes_the_id_author_and_code_permalink_it_is_given(capsys, tmp_path, tiny_run, monkeypatch):
     from helpers import import_or_skip
 
     minari = import_or_skip("minari")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
     buffer = sorted((tiny_run / "checkpoints").glob("buffer_*.h5"))[-1]
     data = tmp_path / "d.h5"
-    assert run_module("tdmpc.dataset", "convert", str(buffer), "--task", "Pendulum-v1", "--out", str(data)).returncode == 0
+    assert cli(capsys, "tdmpc.dataset", "convert", buffer, "--task", "Pendulum-v1", "--out", data).returncode == 0
     r = run_module("tdmpc.dataset", "to-minari", str(data), "--dataset-id", "tdmpc/flags-v0", "--author", "Ada",
                    "--author-email", "ada@example.org", "--code-permalink", "https://example.org/code",
                    env={**os.environ, "MINARI_DATASETS_PATH": str(tmp_path / "minari")})

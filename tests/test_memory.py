@@ -25,7 +25,7 @@ from tdmpc.envs import make_env
 from tdmpc.cli.train import main as train_main
 from tdmpc.model.world_model import ModelDims
 
-from helpers import TINY as TINY_RUN, run_train
+from helpers import TINY as TINY_RUN, cli
 
 TINY = {**TINY_RUN, "eval_freq": 10000, "eval_episodes": 0, "save_every": 10000, "steps": 400}
 CPU_FP32 = memory.Target("cpu", None, False, torch.float32, torch.float32)
@@ -232,9 +232,9 @@ def test_the_agent_plans_in_the_chunks_the_config_names():
     assert agent.planner(8).chunk_envs == 3 and len(agent.planner(8)._chunks()) == 3
 
 
-def test_dry_run_prints_breakdown_and_verdict(tmp_path):
+def test_dry_run_prints_breakdown_and_verdict(capsys, tmp_path):
     run = tmp_path / "run"
-    r = run_train("--cfg", "a4000.json", "--dry-run", "--run-dir", run)
+    r = cli(capsys, "tdmpc.train", "--cfg", "a4000.json", "--dry-run", "--run-dir", run)
     assert r.returncode == 0, r.stderr
     for part in ("parameters", "gradients", "Adam states", "target Qs", "update activations", "planner buffers",
                  "replay buffer", "CUDA graph pools", "allocator slack", "CUDA context", "total", "verdict:"):
@@ -243,12 +243,12 @@ def test_dry_run_prints_breakdown_and_verdict(tmp_path):
         assert "no CUDA device here" in r.stdout
     assert not (run / "checkpoints").exists()
 
-    r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "16GB", "--run-dir", run)
+    r = cli(capsys, "tdmpc.train", "--cfg", "a4000.json", "--dry-run", "--gpu-mem", "16GB", "--run-dir", run)
     assert r.returncode == 0, r.stderr
     assert "verdict: FITS" in r.stdout and "headroom" in r.stdout and "budget" in r.stdout
     assert not (run / "checkpoints").exists()
     if not torch.cuda.is_available():  # without --cfg, the dry run says which config it starts from, as a run does
-        r = run_train("--task", "Pendulum-v1", "--dry-run", "--run-dir", run)
+        r = cli(capsys, "tdmpc.train", "--task", "Pendulum-v1", "--dry-run", "--run-dir", run)
         assert r.returncode == 0 and "starting from the CPU default, configs/cpu.json" in r.stderr, r.stderr
 
 
@@ -277,8 +277,9 @@ def test_the_estimate_builds_its_meta_model_without_importing_dynamo_or_sympy():
     assert r.stdout.strip() == "[]", r.stdout
 
 
-def test_too_small_a_card_says_what_to_lower_and_exits_2(tmp_path):
-    r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "800MB", "--run-dir", tmp_path / "r")
+def test_too_small_a_card_says_what_to_lower_and_exits_2(capsys, tmp_path):
+    r = cli(capsys, "tdmpc.train", "--cfg", "a4000.json", "--dry-run", "--gpu-mem", "800MB", "--run-dir",
+            tmp_path / "r")
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: estimated peak memory"), r.stderr
@@ -286,16 +287,17 @@ def test_too_small_a_card_says_what_to_lower_and_exits_2(tmp_path):
     assert "DOES NOT FIT" in r.stdout
 
 
-def test_bad_gpu_mem_is_one_line_and_exit_2(tmp_path):
-    r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "lots", "--run-dir", tmp_path / "r")
+def test_bad_gpu_mem_is_one_line_and_exit_2(capsys, tmp_path):
+    r = cli(capsys, "tdmpc.train", "--cfg", "a4000.json", "--dry-run", "--gpu-mem", "lots", "--run-dir", tmp_path / "r")
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: --gpu-mem: cannot read the memory size 'lots'; write e.g. "
                                              "16GB, 16000MB or 8GiB"]
 
 
-def test_fit_memory_logs_each_change_and_fits(tmp_path):
-    r = run_train("--cfg", "a4000.json", "--dry-run", "--gpu-mem", "800MB", "--fit-memory", "--run-dir",
-                  tmp_path / "r")
+def test_fit_memory_logs_each_change_and_fits(capsys, tmp_path):
+    r = cli(capsys, "tdmpc.train", "--cfg", "a4000.json", "--dry-run", "--gpu-mem", "800MB", "--fit-memory",
+            "--run-dir",
+            tmp_path / "r")
     assert r.returncode == 0, r.stderr
     changes = [ln for ln in r.stderr.splitlines() if ln.startswith("fit-memory: ")]
     assert changes and "cuda_graphs True -> False" in changes[0], r.stderr

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import one_line_error, read_csv, run_module, run_train, tiny_json
+from helpers import cli, one_line_error, read_csv, run_module, run_train, tiny_json
 from tdmpc.offline.format import open_dataset, read_episodes
 
 OFFLINE = ["--eval-episodes", "1", "--log-every", "50", "--save-every", "100", "--eval-freq", "100"]
@@ -109,10 +109,10 @@ def test_offline_training_updates_evaluates_and_resumes(online, tmp_path, stream
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["updates"] == 300
 
 
-def test_a_resume_cannot_turn_an_online_run_that_kept_its_episodes_offline(online):
+def test_a_resume_cannot_turn_an_online_run_that_kept_its_episodes_offline(capsys, online):
     """Said as the resume's refusal, not as a clash of --dataset with the run's own --save-data."""
     run, data = online
-    r = run_train("--resume", run, "--dataset", data, "--steps", 900)
+    r = cli(capsys, "tdmpc.train", "--resume", run, "--dataset", data, "--steps", 900)
     assert "--dataset cannot turn an online run offline on --resume" in one_line_error(r)
 
 
@@ -142,7 +142,7 @@ def test_collect_appends_a_trained_agents_episodes(online, tmp_path):
     ("truncated", "truncated"),
     ("missing", "'terminated'"),
 ])
-def test_bad_data_is_one_line_naming_the_file_and_field(online, tmp_path, kind, needle):
+def test_bad_data_is_one_line_naming_the_file_and_field(capsys, online, tmp_path, kind, needle):
     import h5py
 
     _, data = online
@@ -163,8 +163,8 @@ def test_bad_data_is_one_line_naming_the_file_and_field(online, tmp_path, kind, 
         with h5py.File(bad, "r+") as f:
             del f["terminated"]
     before = bad.read_bytes()
-    r = run_train("--dataset", bad, "--task", task, "--cfg", tiny_json(tmp_path), "--steps", 10, "--run-dir",
-                  tmp_path / "run")
+    r = cli(capsys, "tdmpc.train", "--dataset", bad, "--task", task, "--cfg", tiny_json(tmp_path), "--steps", 10,
+            "--run-dir", tmp_path / "run")
     line = one_line_error(r)
     assert needle in line and str(bad) in line, line
     assert bad.read_bytes() == before and not (tmp_path / "run" / "checkpoints").exists()
@@ -223,14 +223,14 @@ def test_a_collect_stopped_before_its_first_batch_says_nothing_was_written(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_refused_collect_leaves_nothing(tmp_path):
+def test_a_refused_collect_leaves_nothing(capsys, tmp_path):
     """An --out that is not a dataset is refused in one line, and left as it was with nothing beside it (a
     .notjson.json.lock stayed)."""
     reference = Path(__file__).parent / "fixtures" / "reference-ms1" / "reference_checkpoint.pt"
     out = tmp_path / "notjson.json"
     out.write_text('{"mine": 1}')
-    r = run_module("tdmpc.collect", "--checkpoint", reference, "--task", "walker-walk", "--episodes", 1,
-                   "--no-mpc", "--out", out, "--threads", 1)
+    r = cli(capsys, "tdmpc.collect", "--checkpoint", reference, "--task", "walker-walk", "--episodes", 1,
+            "--no-mpc", "--out", out, "--threads", 1)
     assert f"{out}: not an HDF5 file" in one_line_error(r)
     assert [p.name for p in tmp_path.iterdir()] == ["notjson.json"] and out.read_text() == '{"mine": 1}'
 
@@ -279,11 +279,11 @@ def test_episodes_collected_from_a_multi_task_model_train_a_model_of_their_task(
     (["tdmpc.collect", "--checkpoint", "{mt30}", "--episodes", "1", "--out", "{tmp}/c.h5"],
      "is a multi-task model: choose the one task to collect with --task, one of mt30"),
 ])
-def test_bad_input_to_the_data_commands_is_one_line(online, tmp_path, command, needle):
+def test_bad_input_to_the_data_commands_is_one_line(capsys, online, tmp_path, command, needle):
     run, data = online
     paths = {"run": run, "data": data, "tmp": tmp_path, "buffer": run / "checkpoints" / "buffer_0000000600.h5",
              "mt30": Path(__file__).parent / "fixtures" / "reference-mt30-ms1" / "reference_checkpoint.pt"}
-    r = run_module(*(part.format(**paths) for part in command))
+    r = cli(capsys, *(part.format(**paths) for part in command))
     assert needle in one_line_error(r)
     assert not (tmp_path / "c.h5").exists() and not (tmp_path / "run").exists()
 

@@ -4,10 +4,8 @@ again, with others like them."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 
@@ -15,7 +13,7 @@ import numpy as np
 import torch
 import pytest
 
-from helpers import TINY, one_line_error, read_csv, run_module, run_train, tiny_json
+from helpers import TINY, cli, one_line_error, read_csv, run_module, run_train, tiny_json
 
 # Envs with faults, as a user's module (their names: probe_envs:<Name>-v0).
 PROBE_ENVS = textwrap.dedent('''
@@ -98,16 +96,16 @@ def small(tmp_path, **over):
                                           (["--lr", "inf"], "'lr'"),
                                           (["--temperature", "nan"], "'temperature'"),
                                           (["--num-samples", "8", "--num-elites", "32"], "'num_elites'")])
-def test_bad_values_are_one_line_naming_the_field(tmp_path, flags, field):
-    r = run_train("--cfg", tiny_json(tmp_path), "--run-dir", tmp_path / "run", *flags)
+def test_bad_values_are_one_line_naming_the_field(capsys, tmp_path, flags, field):
+    r = cli(capsys, "tdmpc.train", "--cfg", tiny_json(tmp_path), "--run-dir", tmp_path / "run", *flags)
     assert field in one_line_error(r)
     assert not (tmp_path / "run").exists()
 
 
-def test_a_config_file_names_the_field_it_set(tmp_path):
+def test_a_config_file_names_the_field_it_set(capsys, tmp_path):
     cfg = tmp_path / "c.json"
     cfg.write_text(json.dumps({**TINY, "num_samples": 8, "num_elites": 32}))
-    assert "'num_elites'" in one_line_error(run_train("--cfg", cfg, "--run-dir", tmp_path / "run"))
+    assert "'num_elites'" in one_line_error(cli(capsys, "tdmpc.train", "--cfg", cfg, "--run-dir", tmp_path / "run"))
 
 
 def test_an_observation_of_another_shape_than_declared_is_one_line(tmp_path, probe_envs):
@@ -179,22 +177,22 @@ def _files(run):
                                                ("--mlp-dim", 64, "32"), ("--buffer-size", 4000, "5000"),
                                                ("--task", "MountainCarContinuous-v0", "'Pendulum-v1'"),
                                                ("--obs", "rgb", "'state'")])  # not first a pixel setting's error
-def test_a_resume_that_cannot_keep_a_flag_refuses_it_and_touches_nothing(finished, tmp_path, flag, value, old):
+def test_a_resume_that_cannot_keep_a_flag_refuses_it_and_touches_nothing(capsys, finished, tmp_path, flag, value, old):
     before = _files(finished)
-    line = one_line_error(run_train("--resume", finished, "--steps", 400, flag, value))
+    line = one_line_error(cli(capsys, "tdmpc.train", "--resume", finished, "--steps", 400, flag, value))
     assert f"{flag} cannot change on --resume: this run has {old}" in line, line
     assert _files(finished) == before  # no buffer set aside as damaged, no config.json rewritten
     assert not list(finished.rglob("*.damaged*"))
 
 
-def test_a_resume_with_nothing_to_do_changes_nothing(finished):
+def test_a_resume_with_nothing_to_do_changes_nothing(capsys, finished):
     before = _files(finished)
-    r = run_train("--resume", finished)
+    r = cli(capsys, "tdmpc.train", "--resume", finished)
     assert r.returncode == 0 and "already finished at step 300" in r.stderr, r.stderr
-    r = run_train("--resume", finished, "--eval-freq", 50)  # said as not applied, not as changed
+    r = cli(capsys, "tdmpc.train", "--resume", finished, "--eval-freq", 50)  # said as not applied, not as changed
     assert r.returncode == 0 and "(--eval-freq not applied: nothing was changed)" in r.stderr, r.stderr
     ckpt = finished / "checkpoints" / "latest.pt"
-    r = run_train("--auto-resume", finished, "--init-from", ckpt)
+    r = cli(capsys, "tdmpc.train", "--auto-resume", finished, "--init-from", ckpt)
     assert r.returncode == 0 and f"(--init-from {ckpt} not applied: nothing was changed)" in r.stderr, r.stderr
     assert "changed from" not in r.stderr, r.stderr
     assert _files(finished) == before
@@ -354,18 +352,6 @@ def test_bench_processes_time_n_training_loops_from_one_barrier_with_their_share
 
 # --- found by the probe of 2026-11-26: user paths and values checked before any work ---------------------
 
-def cli(capsys, module: str, *args) -> subprocess.CompletedProcess:
-    """A command's main() run in this process, reported as run_module reports a subprocess: each refusal below
-    comes before any work, so no interpreter and torch start (seconds each) is needed to see it."""
-    main = importlib.import_module(module).main
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:  # tyro's parse errors
-        code = e.code
-    out = capsys.readouterr()
-    return subprocess.CompletedProcess([module, *map(str, args)], code, out.out, out.err)
-
 def test_settings_a_run_never_reads_and_steps_past_its_end_are_said(capsys):
     r = cli(capsys, "tdmpc.train", "--task", "CartPole-v1", "--entropy-bonus", "squashed", "--min-std", 0.3,
             "--dry-run", "--threads", 1)
@@ -391,7 +377,7 @@ def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_k
                           (["--seed", -1], "--seed must be >= 0"), (["--seed", 10**20], "< 2**62"),
                           (["--report", tmp_path], "is a folder")):
         line = one_line_error(cli(capsys, "tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 1, "--threads", 1,
-                                         *flags))
+                                  *flags))
         assert needle in line, line
     assert kept.read_text() == "mine"
     r = run_module("tdmpc.evaluate", "--checkpoint", ckpt, "--episodes", 1, "--threads", 1, "--no-mpc",
@@ -498,9 +484,10 @@ def test_plot_counts_a_run_named_twice_once_and_an_unevaluated_run_is_one_line(f
     shutil.copytree(finished, never)
     (never / "eval.csv").unlink()
     assert f"{never}: no evaluation yet (no eval.csv" in one_line_error(cli(capsys, "tdmpc.plot", never, "--out",
-                                                                             tmp_path / "p.png"))
+                                                                            tmp_path / "p.png"))
     missing = tmp_path / "missing"
-    assert f"{missing} does not exist" in one_line_error(cli(capsys, "tdmpc.plot", missing, "--out", tmp_path / "p.png"))
+    assert f"{missing} does not exist" in one_line_error(cli(capsys, "tdmpc.plot", missing, "--out",
+                                                             tmp_path / "p.png"))
     header = tmp_path / "header"  # stopped before its first evaluation's row
     shutil.copytree(finished, header)
     (header / "eval.csv").write_text((finished / "eval.csv").read_text().splitlines()[0] + "\n")
@@ -608,7 +595,7 @@ def test_help_reads_a_field_docstring_of_several_lines_as_one_paragraph_and_no_b
 def test_reproduce_checks_the_train_flags_after_the_double_dash_before_any_run(tmp_path, capsys):
     for extra, needle in ((["--bogus"], "Unrecognized option: --bogus"), (["--lr", "-1"], "'lr'")):
         line = one_line_error(cli(capsys, "tdmpc.reproduce", "--tasks", "Pendulum-v1", "--seeds", 1, "--runs-root",
-                                         tmp_path / "runs", "--", *extra))
+                                  tmp_path / "runs", "--", *extra))
         assert needle in line, line
     assert not (tmp_path / "runs").exists()
 
@@ -653,7 +640,8 @@ def test_config_files_that_repeat_a_key_hold_null_or_name_a_folder_and_numpy_num
 
 def test_wandb_without_its_package_is_one_line_before_the_run_directory(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb raises ImportError
-    line = one_line_error(cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--run-dir", tmp_path / "run", "--wandb"))
+    line = one_line_error(cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--run-dir", tmp_path / "run",
+                              "--wandb"))
     assert "needs the wandb package" in line and not (tmp_path / "run").exists()
 
 

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from tdmpc.config import MODEL_SIZES, Config
 from tdmpc.model.checkpoint import read_checkpoint
 from tdmpc.training.init_from import architecture_from_checkpoint
 from tdmpc.model.world_model import ModelDims, WorldModel
+from helpers import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "tests" / "fixtures" / "reference-ms1"
@@ -272,11 +272,6 @@ def test_a_size_flag_that_contradicts_the_checkpoint_is_refused_before_anything_
 SMALL_PLAN = ["--num-samples", "32", "--num-elites", "4", "--num-pi-trajs", "2", "--iterations", "1"]
 
 
-def cli(module: str, *args, timeout: int = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
-
-
 def evaluate_args(path, tmp_path, task="walker-walk"):
     # the policy prior acts (--no-mpc): even small plans cost tens of ms on a busy 2-core CPU, x 500 steps
     return ["--checkpoint", path, *(["--task", task] if task else []), "--episodes", 1, "--no-mpc",
@@ -298,8 +293,8 @@ def assert_one_line_error(r: subprocess.CompletedProcess, *needles: str) -> None
         assert needle in lines[0], lines[0]
 
 
-def test_evaluate_a_reference_checkpoint(tmp_path):
-    r = cli("tdmpc.evaluate", *evaluate_args(REF, tmp_path))
+def test_evaluate_a_reference_checkpoint(capsys, tmp_path):
+    r = cli(capsys, "tdmpc.evaluate", *evaluate_args(REF, tmp_path))
     assert r.returncode == 0, r.stderr
     assert "walker-walk (imported reference TD-MPC2 checkpoint): return" in r.stdout
     rep = json.loads((tmp_path / "report.json").read_text())
@@ -308,19 +303,19 @@ def test_evaluate_a_reference_checkpoint(tmp_path):
     assert rep["dims"]["obs_shape"] == [24] and rep["dims"]["mlp_dim"] == 384
 
 
-def test_evaluate_planning_overrides_reach_the_config(tmp_path):
+def test_evaluate_planning_overrides_reach_the_config(capsys, tmp_path):
     planning = [a for a in evaluate_args(REF, tmp_path) if a != "--no-mpc"]  # refused before any episode
-    r = cli("tdmpc.evaluate", *planning, "--num-samples", 32, "--num-pi-trajs", 2, "--num-elites", 40)
+    r = cli(capsys, "tdmpc.evaluate", *planning, "--num-samples", 32, "--num-pi-trajs", 2, "--num-elites", 40)
     assert_one_line_error(r, "'num_elites' = 40", "num_samples - num_pi_trajs (32 - 2 = 30)")
 
 
-def test_evaluate_a_reference_checkpoint_needs_a_task(tmp_path):
-    r = cli("tdmpc.evaluate", *evaluate_args(REF, tmp_path, task=None))
+def test_evaluate_a_reference_checkpoint_needs_a_task(capsys, tmp_path):
+    r = cli(capsys, "tdmpc.evaluate", *evaluate_args(REF, tmp_path, task=None))
     assert_one_line_error(r, "does not name its task", "--task")
 
 
-def test_fine_tune_from_a_reference_checkpoint_saves_our_format(tmp_path):
-    r = cli("tdmpc.train", *train_args(REF, tmp_path))
+def test_fine_tune_from_a_reference_checkpoint_saves_our_format(capsys, tmp_path):
+    r = cli(capsys, "tdmpc.train", *train_args(REF, tmp_path))
     assert r.returncode == 0, r.stderr
     assert "init-from: architecture from the checkpoint (model size 1): enc_dim 256, mlp_dim 384, latent_dim 128, " \
            "num_enc_layers 2, num_q 2, episodic False" in r.stderr
@@ -337,8 +332,8 @@ def test_fine_tune_from_a_reference_checkpoint_saves_our_format(tmp_path):
     assert read_checkpoint(tmp_path / "run" / "checkpoints" / "latest.pt", {}).imported is False
 
 
-def test_fine_tune_with_a_conflicting_size_flag_fails(tmp_path):
-    r = cli("tdmpc.train", *train_args(REF, tmp_path), "--mlp-dim", 512)
+def test_fine_tune_with_a_conflicting_size_flag_fails(capsys, tmp_path):
+    r = cli(capsys, "tdmpc.train", *train_args(REF, tmp_path), "--mlp-dim", 512)
     assert_one_line_error(r, "architecture differs", "mlp_dim: checkpoint 384, config 512")
     assert not (tmp_path / "run").exists()
 
@@ -379,13 +374,13 @@ BAD = ["text", "random-bytes", "truncated", "missing-keys", "unexpected-keys", "
 
 @pytest.mark.parametrize("kind", BAD)
 @pytest.mark.parametrize("command", ["evaluate", "train"])
-def test_bad_checkpoint_is_one_line_and_exit_2(tmp_path, command, kind):
+def test_bad_checkpoint_is_one_line_and_exit_2(capsys, tmp_path, command, kind):
     path, task, needles = _bad_checkpoint(kind, tmp_path)
     if command == "evaluate":
-        r = cli("tdmpc.evaluate", *evaluate_args(path, tmp_path, task))
+        r = cli(capsys, "tdmpc.evaluate", *evaluate_args(path, tmp_path, task))
         assert not (tmp_path / "report.json").exists()
     else:
-        r = cli("tdmpc.train", *train_args(path, tmp_path, task))
+        r = cli(capsys, "tdmpc.train", *train_args(path, tmp_path, task))
         assert not (tmp_path / "run").exists()  # nothing written before the input is known good
     assert_one_line_error(r, *needles)
     assert not (tmp_path / "code-ran").exists()

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY as TINY_RUN, one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json
+import tdmpc
+from tdmpc.errors import RunDirError
+from helpers import TINY as TINY_RUN, cli, one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json
 
 PY = sys.executable
 
@@ -107,7 +109,7 @@ def test_two_trainers_or_two_resumes_of_one_run_never_both_run(tmp_path):
     assert steps == sorted(set(steps))  # no step logged twice
 
 
-def test_a_refused_resume_says_only_why(tmp_path, finished_run):
+def test_a_refused_resume_says_only_why(capsys, tmp_path, finished_run):
     """A resume refused once the run's directory is locked (a live run) or its task rebuilt printed "resume:
     continuing ... from step N" first; and a finished run named the flags it did not apply but not --cfg."""
     from tdmpc.training.run_dir import RunDirLock
@@ -116,19 +118,22 @@ def test_a_refused_resume_says_only_why(tmp_path, finished_run):
     lock = RunDirLock(run)
     lock.acquire()
     try:
-        r = run_train("--resume", run, "--steps", 400, "--eval-episodes", 1)
+        r = cli(capsys, "tdmpc.train", "--resume", run, "--steps", 400, "--eval-episodes", 1)
+        with pytest.raises(RunDirError, match=r"or choose another run_dir\)$"):  # fit()'s words, not the flag's
+            tdmpc.fit(run_dir=run, resume=True, steps=400)
     finally:
         lock.release()
     assert f"is in use by pid {os.getpid()}" in one_line_error(r) and "resume:" not in r.stderr, r.stderr
-    r = run_train("--resume", run, "--cfg", "a4000.json")
+    assert "or choose another --run-dir)" in r.stderr
+    r = cli(capsys, "tdmpc.train", "--resume", run, "--cfg", "a4000.json")
     assert r.returncode == 0 and "resume: --cfg a4000.json ignored" in r.stderr and "already finished" in r.stderr
-    assert "no such directory" in one_line_error(run_train("--resume", tmp_path / "nothing"))
+    assert "no such directory" in one_line_error(cli(capsys, "tdmpc.train", "--resume", tmp_path / "nothing"))
     (run / "checkpoints" / "latest.pt").rename(run / "checkpoints" / "previous.pt")  # latest.pt gone, previous.pt kept
-    line = one_line_error(run_train("--cfg", tiny_json(tmp_path), "--run-dir", run))
+    line = one_line_error(cli(capsys, "tdmpc.train", "--cfg", tiny_json(tmp_path), "--run-dir", run))
     assert "already holds a run" in line and (run / "checkpoints" / "previous.pt").is_file(), line  # not set aside
 
 
-def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(tmp_path):
+def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(capsys, tmp_path):
     """Not 'no run to continue there': the run is going, it has only not written a checkpoint yet."""
     from tdmpc.training.run_dir import RunDirLock
 
@@ -137,7 +142,7 @@ def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(tmp
     lock.acquire()
     try:
         (run / "config.json").write_text("{}")
-        line = one_line_error(run_train("--resume", run))
+        line = one_line_error(cli(capsys, "tdmpc.train", "--resume", run))
     finally:
         lock.release()
     assert f"is in use by pid {os.getpid()}" in line and "no checkpoint yet" in line, line
@@ -217,7 +222,7 @@ def test_a_damaged_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, ki
 
 @pytest.mark.parametrize("kind", ["truncated", pytest.param("random", marks=pytest.mark.slow),
                                   pytest.param("missing", marks=pytest.mark.slow), "nan"])  # (CI: all)
-def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path, finished_run, kind):
+def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(capsys, tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
     (buffer,) = (run / "checkpoints").glob("buffer_*.h5")
     latest = (run / "checkpoints" / "latest.pt").read_bytes()
@@ -228,7 +233,7 @@ def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path,
             f["reward"][0, 5] = np.nan
     else:
         damage(buffer, kind)
-    r = run_train("--resume", run, "--steps", 400)
+    r = cli(capsys, "tdmpc.train", "--resume", run, "--steps", 400)
     line = one_line_error(r)
     assert str(buffer) in line and f"--resume {run} --no-buffer" in line
     assert ("non-finite values in 'reward' (env 0, row 5)" in line) if kind == "nan" else True
@@ -245,16 +250,16 @@ def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(tmp_path,
 @pytest.mark.parametrize("kind", [pytest.param("empty", marks=pytest.mark.slow), "truncated",
                                   pytest.param("random", marks=pytest.mark.slow),
                                   pytest.param("list", marks=pytest.mark.slow), "missing", "healthy"])  # (CI: all)
-def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(tmp_path, finished_run, kind):
+def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(capsys, tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
     if kind != "healthy":
         damage(run / "config.json", kind)
-        r = run_train("--resume", run, "--steps", 400)
+        r = cli(capsys, "tdmpc.train", "--resume", run, "--steps", 400)
         line = one_line_error(r)
         assert "config.json" in line and f"--resume {run} --config-from-checkpoint" in line
     if kind == "truncated":  # a resume with nothing to do (the run is finished) leaves the damaged file where it is
         before = (run / "config.json").read_bytes()
-        r = run_train("--resume", run, "--config-from-checkpoint")
+        r = cli(capsys, "tdmpc.train", "--resume", run, "--config-from-checkpoint")
         assert r.returncode == 0 and "already finished" in r.stderr, r.stderr
         assert (run / "config.json").read_bytes() == before and not (run / "config.json.damaged").exists()
     r = run_train("--resume", run, "--steps", 400, "--config-from-checkpoint")
@@ -407,18 +412,19 @@ def test_a_short_disk_is_said_before_the_run(tmp_path, small_disk):
     assert "warning:" in r.stderr and "checkpoints with the full replay buffer need about" in r.stderr
 
 
-def test_a_read_only_disk_is_one_line_and_evaluate_says_it_before_its_episodes(tmp_path, small_disk, finished_run):
+def test_a_read_only_disk_is_one_line_and_evaluate_says_it_before_its_episodes(capsys, tmp_path, small_disk,
+                                                                                finished_run):
     run = copy_run(finished_run, small_disk / "run")
     subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
-    r = run_train("--resume", run, "--steps", 400)
+    r = cli(capsys, "tdmpc.train", "--resume", run, "--steps", 400)
     assert "Read-only file system" in one_line_error(r)
-    r = run_module("tdmpc.evaluate", "--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", 1, "--no-mpc",
-                   "--device", "cpu")
+    r = cli(capsys, "tdmpc.evaluate", "--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", 1, "--no-mpc",
+            "--device", "cpu")
     line = one_line_error(r)  # the default report's place, beside the checkpoint, checked before any episode
     assert f"{run / 'checkpoints'} is read-only: pass --report PATH" in line and "return" not in r.stdout
 
 
-def test_evaluate_leaves_a_folder_nobody_may_write_alone_even_as_root(tmp_path, finished_run):
+def test_evaluate_leaves_a_folder_nobody_may_write_alone_even_as_root(capsys, tmp_path, finished_run):
     """Shared checkpoints in a read-only folder (the reference's fixtures): the default report does not go there,
     and an explicit --report there is refused too, both before any episode."""
     folder = tmp_path / "shared"
@@ -426,11 +432,11 @@ def test_evaluate_leaves_a_folder_nobody_may_write_alone_even_as_root(tmp_path, 
     shutil.copy(finished_run / "checkpoints" / "latest.pt", folder / "model.pt")
     folder.chmod(0o555)
     try:
-        r = run_module("tdmpc.evaluate", "--checkpoint", folder / "model.pt", "--episodes", 1, "--no-mpc",
-                       "--threads", 1, "--device", "cpu")
+        r = cli(capsys, "tdmpc.evaluate", "--checkpoint", folder / "model.pt", "--episodes", 1, "--no-mpc",
+                "--threads", 1, "--device", "cpu")
         assert f"{folder} is read-only: pass --report PATH" in one_line_error(r)
-        r = run_module("tdmpc.evaluate", "--checkpoint", folder / "model.pt", "--episodes", 1, "--no-mpc",
-                       "--threads", 1, "--device", "cpu", "--report", folder / "sub" / "r.json")
+        r = cli(capsys, "tdmpc.evaluate", "--checkpoint", folder / "model.pt", "--episodes", 1, "--no-mpc",
+                "--threads", 1, "--device", "cpu", "--report", folder / "sub" / "r.json")
         assert f"--report {folder / 'sub' / 'r.json'}: {folder} is read-only" in one_line_error(r)
         assert sorted(p.name for p in folder.iterdir()) == ["model.pt"]
     finally:
@@ -591,11 +597,12 @@ def test_evaluate_with_a_seed_repeats_exactly(finished_run, tmp_path):
 
 # --- 8. the small ones -------------------------------------------------------------------------------
 
-def test_seed_steps_0_and_a_resume_that_changes_num_envs_are_one_line(tmp_path, finished_run):
-    assert "'seed_steps'" in one_line_error(run_train("--cfg", tiny_json(tmp_path), "--seed-steps", 0,
-                                                      "--run-dir", tmp_path / "r"))
+def test_seed_steps_0_and_a_resume_that_changes_num_envs_are_one_line(capsys, tmp_path, finished_run):
+    assert "'seed_steps'" in one_line_error(cli(capsys, "tdmpc.train", "--cfg", tiny_json(tmp_path), "--seed-steps", 0,
+                                                "--run-dir", tmp_path / "r"))
     run = copy_run(finished_run, tmp_path / "run")
-    assert "--num-envs cannot change on --resume" in one_line_error(run_train("--resume", run, "--num-envs", 2))
+    line = one_line_error(cli(capsys, "tdmpc.train", "--resume", run, "--num-envs", 2))
+    assert "--num-envs cannot change on --resume" in line, line
 
 
 def test_the_progress_bar_redraws_during_pretraining_and_a_resumed_eta_counts_this_session(tmp_path):

@@ -16,7 +16,7 @@ from tdmpc.config import Config, validate
 from tdmpc.runtime.device import resolve_device
 from tdmpc.training.setup import trainer_for as Trainer
 
-from helpers import TINY, import_or_skip, one_line_error, read_csv, run_train, tiny_json  # noqa: E402
+from helpers import TINY, cli, import_or_skip, one_line_error, read_csv, run_module, run_train, tiny_json  # noqa: E402
 
 
 def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
@@ -228,18 +228,17 @@ def _stop_after(trainer, at_step):
     (["--resume", "/nonexistent/run"], "no such directory"),
     (["--init-from", "/nonexistent/x.pt", "--task", "Pendulum-v1", "--steps", "10"], "does not exist"),
 ])
-def test_bad_input_is_one_line_and_exit_2(tmp_path, args, needle):
-    r = run_train(*args, "--run-dir", tmp_path / "r", timeout=120)
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, args, needle):
+    r = cli(capsys, "tdmpc.train", *args, "--run-dir", tmp_path / "r")
     assert r.returncode == 2, r.stderr
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], r.stderr
 
 
-def test_unknown_json_key_suggests(tmp_path):
+def test_unknown_json_key_suggests(tmp_path):  # the command's own process: its exit code, and nothing else said
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"batchsize": 3}))
-    r = run_train("--cfg", bad)
-    assert r.returncode == 2 and "did you mean 'batch_size'" in r.stderr
+    assert "did you mean 'batch_size'" in one_line_error(run_train("--cfg", bad))
 
 
 @pytest.fixture(scope="module")
@@ -251,12 +250,7 @@ def trained_checkpoint(tmp_path_factory):
     return run / "checkpoints" / "latest.pt"
 
 
-def run_eval(*args):
-    return subprocess.run([sys.executable, "-m", "tdmpc.evaluate", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
-
-
-def test_evaluate_bad_checkpoints(tmp_path, trained_checkpoint):
+def test_evaluate_bad_checkpoints(capsys, tmp_path, trained_checkpoint):
     truncated = tmp_path / "truncated.pt"
     data = trained_checkpoint.read_bytes()
     truncated.write_bytes(data[: len(data) // 2])
@@ -268,23 +262,25 @@ def test_evaluate_bad_checkpoints(tmp_path, trained_checkpoint):
         (garbage, "cannot load"),
     ]
     for path, needle in cases:
-        r = run_eval("--checkpoint", path, "--episodes", "1")
+        r = cli(capsys, "tdmpc.evaluate", "--checkpoint", path, "--episodes", "1")
         assert r.returncode == 2, (path, r.stderr)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], r.stderr
 
 
-def test_checkpoint_from_a_different_model_size_is_rejected(tmp_path, trained_checkpoint):
-    r = run_train("--init-from", trained_checkpoint, "--task", "Pendulum-v1", "--model-size", "1",
-                  "--run-dir", tmp_path / "r", "--steps", "10", "--device", "cpu")
+def test_checkpoint_from_a_different_model_size_is_rejected(capsys, tmp_path, trained_checkpoint):
+    r = cli(capsys, "tdmpc.train", "--init-from", trained_checkpoint, "--task", "Pendulum-v1", "--model-size", "1",
+            "--run-dir", tmp_path / "r", "--steps", "10", "--device", "cpu")
     assert r.returncode == 2
     assert "architecture differs" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    r = run_train("--init-from", trained_checkpoint, "--task", "Pendulum-v1", "--model-size", "1", "--dry-run")
+    r = cli(capsys, "tdmpc.train", "--init-from", trained_checkpoint, "--task", "Pendulum-v1", "--model-size", "1",
+            "--dry-run")
     assert "architecture differs" in one_line_error(r)  # the dry run says what the run would refuse
 
 
-def test_evaluate_on_a_task_with_other_dims_is_rejected(trained_checkpoint):
-    r = run_eval("--checkpoint", trained_checkpoint, "--task", "MountainCarContinuous-v0", "--episodes", "1")
+def test_evaluate_on_a_task_with_other_dims_is_rejected(capsys, trained_checkpoint):
+    r = cli(capsys, "tdmpc.evaluate", "--checkpoint", trained_checkpoint, "--task", "MountainCarContinuous-v0",
+            "--episodes", "1")
     assert r.returncode == 2 and "continuous actions of dim" in r.stderr
 
 
@@ -308,8 +304,8 @@ def test_evaluate_records_a_video_through_mujoco_offscreen_rendering(tmp_path):
     r = run_train("--cfg", cfg, "--run-dir", run)
     assert r.returncode == 0, r.stderr
     video = tmp_path / "episode.mp4"
-    r = run_eval("--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", "1", "--no-mpc", "--video", video,
-                 "--report", tmp_path / "report.json")
+    r = run_module("tdmpc.evaluate", "--checkpoint", run / "checkpoints" / "latest.pt", "--episodes", "1", "--no-mpc",
+                   "--video", video, "--report", tmp_path / "report.json")
     assert r.returncode == 0, r.stderr
     frames = imageio.imread(video)
     assert frames.shape[0] == 501 and frames.shape[1:] == (240, 320, 3)  # reset frame + 500 agent steps
