@@ -234,7 +234,7 @@ def test_an_env_object_that_cannot_be_copied_is_refused_before_the_run_starts(tm
                                                     r"pickle '_thread.lock' object\).*env=lambda: Corridor\(...\)"):
         tdmpc.fit(env=env, run_dir=tmp_path / "run", **TINY)
     assert not (tmp_path / "run").exists()
-    tdmpc.fit(env=env, run_dir=tmp_path / "run", **{**TINY, "eval_episodes": 0, "steps": 200})  # no copy needed
+    tdmpc.fit(env=env, run_dir=tmp_path / "run", **{**TINY, "eval_episodes": 0, "steps": 20})  # no copy needed
 
 
 @pytest.mark.slow  # env processes of their own: CI's slow step keeps the default suite under 8 minutes
@@ -256,7 +256,7 @@ def test_an_unguarded_script_with_async_envs_says_to_guard_it(tmp_path):
 
 def test_a_finished_run_whose_latest_checkpoint_is_gone_returns_the_agent_of_the_one_before(tmp_path):
     """fit(resume=True) said the run had finished (from previous.pt), then loaded latest.pt: CheckpointError."""
-    run_dir, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", **TINY)
+    run_dir, _ = tdmpc.fit(env="Pendulum-v1", run_dir=tmp_path / "run", **{**TINY, "steps": 20, "eval_episodes": 0})
     (run_dir / "checkpoints" / "latest.pt").rename(run_dir / "checkpoints" / "previous.pt")
     _, agent = tdmpc.fit(run_dir=run_dir, resume=True)
     assert agent.cfg.task == "Pendulum-v1"
@@ -318,9 +318,10 @@ def test_the_commands_name_their_device_flag_and_python_its_keyword(command, tmp
 
 
 def test_a_factory_and_what_an_env_declares(tmp_path):
-    _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **TINY)
+    short = {**TINY, "steps": 20, "eval_episodes": 0}  # what the run is built as, not what it learns
+    _, agent = tdmpc.fit(env=DeclaredCorridor, run_dir=tmp_path / "run", **short)
     assert agent.cfg.episodic is True and agent.dims.episodic
-    _, agent = tdmpc.fit(env=lambda: Corridor(), run_dir=tmp_path / "run2", episodic=True, **TINY)
+    _, agent = tdmpc.fit(env=lambda: Corridor(), run_dir=tmp_path / "run2", episodic=True, **short)
     assert agent.cfg.episodic is True  # a setting, whatever the env says
 
 

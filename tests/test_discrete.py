@@ -401,6 +401,7 @@ def test_a_continuous_checkpoint_on_a_discrete_task_and_the_reverse_are_refused(
     assert "continuous actions of dim 2" in line and "2 discrete actions" in line and not (tmp_path / "dry").exists()
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_resume_of_a_discrete_run_restores_its_buffer_and_weights_exactly(tmp_path):
     cfg = validate(Config(**{**CARTPOLE, "seed_steps": 200, "steps": 400, "eval_freq": 10_000, "save_every": 10_000}))
     run = tmp_path / "run"

@@ -433,6 +433,7 @@ def test_a_simulator_that_is_not_installed_is_one_line_naming_the_extra(tmp_path
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_lunarlander_trains_and_evaluates_with_box2d_installed(tmp_path):
     """The Box2D extra installed (CI installs it): LunarLander-v3's 8-dim observations and 4 discrete actions train
     (random seeding, updates, planning over the discrete default horizon) and evaluate to eval.csv."""

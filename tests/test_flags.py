@@ -244,7 +244,7 @@ def test_to_minari_writes_the_id_author_and_code_permalink_it_is_given(capsys, t
         ("tdmpc/flags-v0", {"Ada"}, {"ada@example.org"}, "https://example.org/code")
 
 
-def test_collect_no_mpc_plays_the_policy_priors_mean(tmp_path, tiny_run):
+def test_collect_no_mpc_plays_the_policy_priors_mean(capsys, tmp_path, tiny_run):
     """collect --no-mpc: every stored action is the prior's mean at the stored observation (no planning, no noise);
     with --mpc (the default) the planner's actions are not."""
     import h5py
@@ -255,8 +255,8 @@ def test_collect_no_mpc_plays_the_policy_priors_mean(tmp_path, tiny_run):
     prior = tdmpc.Agent.from_checkpoint(checkpoint, device="cpu", mpc=False)
     for flag in ("--no-mpc", "--mpc"):
         out = tmp_path / f"{flag}.h5"
-        r = run_module("tdmpc.collect", "--checkpoint", str(checkpoint), "--out", str(out), "--episodes", "1",
-                       "--device", "cpu", "--threads", "1", flag)
+        r = cli(capsys, "tdmpc.collect", "--checkpoint", checkpoint, "--out", out, "--episodes", 1, "--device", "cpu",
+                "--threads", 1, flag)
         assert r.returncode == 0, r.stderr
         with h5py.File(out) as f:
             obs, action = f["obs"][:50], f["action"][:50]

@@ -122,6 +122,7 @@ def test_a_task_that_can_terminate_in_a_multitask_run_is_named(capsys):
                                   "termination head") in r.stderr and "Pendulum-v1 can" not in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_fine_tuning_mt30_keeps_its_task_set_and_a_new_task_gets_a_new_row(tmp_path):
     original = torch.load(MT30, weights_only=True)["model"]
     for task, rows_after in (("cartpole-swingup", 30), ("Pendulum-v1", 31)):

@@ -46,8 +46,9 @@ def test_save_data_keeps_every_finished_episode_as_the_buffer_holds_it(online, t
 
 
 def test_save_data_says_when_no_episode_finished(tmp_path):
-    r = run_train("--cfg", tiny_json(tmp_path, steps=300, eval_episodes=0), "--task", "MountainCarContinuous-v0",
-                  "--run-dir", tmp_path / "run", "--save-data", tmp_path / "d.h5")  # 999-step episodes
+    cfg = tiny_json(tmp_path, steps=300, seed_steps=400, eval_episodes=0)  # random actions alone: no update
+    r = run_train("--cfg", cfg, "--task", "MountainCarContinuous-v0", "--run-dir", tmp_path / "run", "--save-data",
+                  tmp_path / "d.h5")  # 999-step episodes
     assert r.returncode == 0, r.stderr
     assert f"no episode finished, so --save-data wrote nothing to {tmp_path / 'd.h5'}" in r.stderr
     assert not (tmp_path / "d.h5").exists()

@@ -154,6 +154,7 @@ def finished(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_a_resume_follows_its_new_eval_log_and_save_schedule(finished, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished, run)

@@ -43,8 +43,8 @@ def test_a_kill_right_after_an_evaluation_on_a_checkpoint_step_never_logs_that_s
 
 # --- signals at the edges ----------------------------------------------------------------------------
 
-@pytest.mark.parametrize("first,second", [pytest.param("USR1", "TERM", marks=pytest.mark.slow),  # (CI: both)
-                                          ("INT", "TERM")])
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
+@pytest.mark.parametrize("first,second", [("USR1", "TERM"), ("INT", "TERM")])
 def test_a_second_stop_signal_during_the_shutdown_still_exits_3_and_the_hint_is_a_shell_command(tmp_path, first,
                                                                                                    second):
     """A scheduler's TERM after its USR1, or a forwarded SIGTERM beside a Ctrl-C, lands while the first stop's

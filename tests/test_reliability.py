@@ -249,7 +249,8 @@ def test_a_damaged_buffer_is_one_line_kept_aside_and_no_buffer_resumes(capsys, t
 
 @pytest.mark.parametrize("kind", [pytest.param("empty", marks=pytest.mark.slow), "truncated",
                                   pytest.param("random", marks=pytest.mark.slow),
-                                  pytest.param("list", marks=pytest.mark.slow), "missing", "healthy"])  # (CI: all)
+                                  pytest.param("list", marks=pytest.mark.slow),
+                                  pytest.param("missing", marks=pytest.mark.slow), "healthy"])  # (CI: all)
 def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(capsys, tmp_path, finished_run, kind):
     run = copy_run(finished_run, tmp_path / "run")
     if kind != "healthy":

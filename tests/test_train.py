@@ -19,7 +19,7 @@ from tdmpc.training.setup import trainer_for as Trainer
 from helpers import TINY, cli, import_or_skip, one_line_error, read_csv, run_module, run_train, tiny_json  # noqa: E402
 
 
-def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
+def test_tiny_run_writes_csvs_and_checkpoint(capsys, tmp_path):
     run = tmp_path / "run"
     r = run_train("--cfg", tiny_json(tmp_path), "--run-dir", run)
     assert r.returncode == 0, r.stderr
@@ -54,9 +54,8 @@ def test_tiny_run_writes_csvs_and_checkpoint(tmp_path):
     ck = torch.load(run / "checkpoints" / "latest.pt", weights_only=True)
     ck["config"]["task"] = "Other-v0"
     torch.save(ck, tmp_path / "other.pt")
-    r = subprocess.run([sys.executable, "-m", "tdmpc.evaluate", "--checkpoint", tmp_path / "other.pt", "--task",
-                        "Pendulum-v1", "--episodes", "1", "--report", report], capture_output=True, text=True,
-                       timeout=120)
+    r = cli(capsys, "tdmpc.evaluate", "--checkpoint", tmp_path / "other.pt", "--task", "Pendulum-v1", "--episodes", 1,
+            "--report", report)
     assert r.returncode == 0 and "note: evaluating on Pendulum-v1 (--task) a model trained on Other-v0" in r.stderr, \
         r.stderr
     assert json.loads(report.read_text())["trained_on"] == "Other-v0" and "over 1 episode (" in r.stdout
@@ -200,6 +199,7 @@ def test_resume_restores_buffer_optimizer_scale_and_counters_exactly(tmp_path):
     assert second.counters.step == 700
 
 
+@pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
 def test_a_checkpoint_naming_its_step_env_step_resumes_at_that_step(tmp_path):
     """Checkpoints written before Counters.step was renamed hold 'env_step' (offline it counted updates)."""
     run = tmp_path / "run"
@@ -288,7 +288,7 @@ def test_fresh_start_sets_aside_a_session_without_checkpoint(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "train.csv").write_text("env_step,episodes\n100,0\n200,1\n")
-    r = run_train("--cfg", tiny_json(tmp_path, steps=300, eval_episodes=0), "--run-dir", run)
+    r = run_train("--cfg", tiny_json(tmp_path, steps=300, seed_steps=400, eval_episodes=0), "--run-dir", run)
     assert r.returncode == 0, r.stderr
     assert [int(x["env_step"]) for x in read_csv(run / "train.csv")] == [100, 200, 300]
     aside = list(run.glob("no-checkpoint-*"))
