@@ -12,7 +12,7 @@ import itertools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, cast
+from typing import Callable, Iterator, Optional, cast
 
 import gymnasium as gym
 import numpy as np
@@ -25,9 +25,40 @@ from tdmpc.envs.tensor import TensorVectorEnv, is_tensor_task, make_tensor_vecto
 from tdmpc.errors import BadInput, NonFiniteData
 from tdmpc.model.checkpoint import describe_sizes
 from tdmpc.memory.peak import EVAL_PARALLEL
+from tdmpc.runtime.device import resolve_device, threads_error
 from tdmpc.runtime.files import atomic_write, file_in_the_way, fmt_bytes, free_bytes
 from tdmpc.runtime.transfer import to_device
 
+
+
+@dataclass(kw_only=True)
+class PlayArgs:
+    """The flags of the commands that play a saved agent's episodes (tdmpc.evaluate, tdmpc.collect): one source
+    for both, each command's own flags in a subclass after these."""
+
+    checkpoint: Path
+    """A tdmpc checkpoint (run_dir/checkpoints/latest.pt, or the run directory itself) or a reference TD-MPC2 .pt
+    file."""
+    task: Optional[str] = None
+    """The task to play; default: the checkpoint's (required for reference and multi-task checkpoints)."""
+    task_set: tuple[str, ...] = ()
+    """A reference multi-task checkpoint's tasks in id order (a,b,c): its file does not name them, and only
+    mt30's and mt80's are known by their count."""
+    mpc: bool = True
+    """Plan with MPPI; --no-mpc acts with the policy prior alone."""
+    device: str = "auto"
+    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    threads: Optional[int] = None
+    """CPU threads for torch. None: the cores other processes leave idle."""
+
+    def check(self, seed: int | None) -> None:
+        """What is refused before the checkpoint is read, in the flags' words (Agent.from_checkpoint's are
+        Python's): the threads, a device not here, a seed torch and gymnasium cannot take."""
+        if error := threads_error(self.threads):
+            raise BadInput(error)
+        resolve_device(self.device)
+        if seed is not None and not 0 <= seed < 2**62:
+            raise BadInput(f"--seed must be >= 0 and < 2**62 (gymnasium and torch seed with it), got {seed}")
 
 
 @dataclass

@@ -387,10 +387,12 @@ def test_evaluate_video_and_seed_are_checked_first_and_a_file_already_there_is_k
     assert "error" not in r.stderr, r.stderr  # SDL's "error: XDG_RUNTIME_DIR is invalid" on a video that worked
     line = one_line_error(cli(capsys, "tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed",
                               -1))
-    assert "--seed must be >= 0, got -1" in line and not (tmp_path / "d.h5").exists()
+    assert "--seed must be >= 0 and < 2**62 (gymnasium and torch seed with it), got -1" in line, line
+    assert not (tmp_path / "d.h5").exists()
     line = one_line_error(cli(capsys, "tdmpc.collect", "--checkpoint", ckpt, "--out", tmp_path / "d.h5", "--seed",
                               10**20))  # a traceback from torch.manual_seed before (a user's audit, 2026-11-29)
-    assert "--seed must be < 2**62" in line and not (tmp_path / "d.h5").exists()
+    assert "< 2**62 (gymnasium and torch seed with it), got 100000000000000000000" in line, line
+    assert not (tmp_path / "d.h5").exists()
 
 
 def test_a_video_write_that_fails_leaves_the_file_that_was_there(tmp_path, monkeypatch):
@@ -661,6 +663,7 @@ def test_more_threads_than_the_cpus_this_process_may_use_are_refused_before_the_
     r = cli(capsys, "tdmpc.train", "--cfg", small(tmp_path), "--threads", 3, "--dry-run")
     assert r.returncode == 0 and "threads: TOO MANY for this machine: --threads 3" in r.stdout
     for module, args in (("tdmpc.evaluate", ["--checkpoint", tmp_path / "none.pt"]),
+                         ("tdmpc.collect", ["--checkpoint", tmp_path / "none.pt", "--out", tmp_path / "d.h5"]),
                          ("tdmpc.reproduce", ["--tasks", "Pendulum-v1", "--seeds", 1, "--runs-root", tmp_path / "rr"])):
         assert "this process may use 2 CPUs" in one_line_error(cli(capsys, module, *args, "--threads", 3))
     before = torch.get_num_threads()

@@ -24,39 +24,29 @@ from tdmpc.runtime.args import parse_args
 from tdmpc.model.checkpoint import checkpoint_path, reference_task_set
 from tdmpc.offline.format import DatasetError, open_h5, read_file
 from tdmpc.offline.writer import DatasetWriter, task_action_start
-from tdmpc.runtime.device import resolve_device, set_threads
+from tdmpc.runtime.device import set_threads
 from tdmpc.envs import make_env, make_envs
 from tdmpc.envs.names import resolve_task
+from tdmpc.episodes import PlayArgs
 from tdmpc.tasks.sets import chosen_task, reference_info
 
 PARALLEL = 16
 
 
-@dataclass
-class CollectArgs:
-    checkpoint: Path
-    """A tdmpc checkpoint (or its run directory) or a reference TD-MPC2 one."""
+@dataclass(kw_only=True)
+class CollectArgs(PlayArgs):
+    """tdmpc.collect's own flags, after those of every command that plays a saved agent."""
+
     out: Path
     """The dataset file to append to (created if missing)."""
     episodes: int = 10
     """Episodes to collect."""
-    task: Optional[str] = None
-    """The task to play; default: the checkpoint's (required for reference and multi-task checkpoints)."""
-    task_set: tuple[str, ...] = ()
-    """A reference multi-task checkpoint's tasks in id order (a,b,c): its file does not name them, and only
-    mt30's and mt80's are known by their count."""
-    mpc: bool = True
-    """Plan with MPPI; --no-mpc acts with the policy prior alone."""
     noise: float = 0.0
     """Std of Gaussian noise added to every action (then clipped to [-1, 1]); for discrete actions, the chance of
     a uniformly random action instead (at most 1)."""
     seed: Optional[int] = None
     """Seeds the envs, the planner and the noise. Default: the number of episodes --out holds already (0 for a new
     file), so collecting into a file again plays new episodes, not the same ones a second time."""
-    device: str = "auto"
-    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
-    threads: Optional[int] = None
-    """CPU threads for torch. None: the cores other processes leave idle."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,14 +55,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def collect(args: CollectArgs) -> int:
-    for flag, value, least in (("episodes", args.episodes, 1), ("noise", args.noise, 0),
-                               ("seed", 0 if args.seed is None else args.seed, 0),
-                               ("threads", 1 if args.threads is None else args.threads, 1)):
+    for flag, value, least in (("episodes", args.episodes, 1), ("noise", args.noise, 0)):
         if not value >= least:
             raise BadInput(f"--{flag} must be >= {least}, got {value}")
-    if args.seed is not None and args.seed >= 2**62:
-        raise BadInput(f"--seed must be < 2**62 (torch seeds with it), got {args.seed}")
-    resolve_device(args.device)  # a device not here: said in the flag's words (Agent.from_checkpoint's are Python's)
+    args.check(args.seed)
     agent = Agent.from_checkpoint(args.checkpoint, task=args.task, device=args.device, mpc=args.mpc,
                                   **reference_task_set(checkpoint_path(args.checkpoint), args.task_set))
     cfg, dims = agent.cfg, agent.dims

@@ -15,25 +15,20 @@ from typing import Literal, Optional
 from tdmpc.agent import Agent
 from tdmpc.envs import check_observations, make_env
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env
-from tdmpc.episodes import check_video_path, eval_seed, run_episodes
+from tdmpc.episodes import PlayArgs, check_video_path, eval_seed, run_episodes
 from tdmpc.errors import EXIT_ERROR, EXIT_OK, BadInput, run_cli
 from tdmpc.runtime.args import parse_args
 from tdmpc.model.checkpoint import check_dims_match, checkpoint_path, load_file, reference_task_set
-from tdmpc.runtime.device import resolve_device, set_threads, threads_error
+from tdmpc.runtime.device import set_threads
 from tdmpc.runtime.files import file_in_the_way, json_text, read_only_folder, write_text_atomic
 from tdmpc.tasks.sets import chosen_task
 from tdmpc.training.run_dir import saved_step
 
 
-@dataclass
-class EvalArgs:
-    checkpoint: Path
-    """A tdmpc checkpoint (run_dir/checkpoints/latest.pt, or the run directory itself) or a reference TD-MPC2 .pt file."""
-    task: Optional[str] = None
-    """Task to evaluate on; default: the checkpoint's. Required for reference checkpoints."""
-    task_set: tuple[str, ...] = ()
-    """A reference multi-task checkpoint's tasks in id order (a,b,c): its file does not name them, and only
-    mt30's and mt80's are known by their count."""
+@dataclass(kw_only=True)
+class EvalArgs(PlayArgs):
+    """tdmpc.evaluate's own flags, after those of every command that plays a saved agent."""
+
     episodes: int = 10
     """Episodes to run (up to 16 in parallel, planned in one batched call)."""
     seed: Optional[int] = None
@@ -45,12 +40,6 @@ class EvalArgs:
     report: Optional[Path] = None
     """Where to write the JSON report; default: beside the checkpoint, named for the task, seed, checkpoint (if not
     latest.pt) and each planning setting given, e.g. eval_walker-walk_seed3_no-mpc.json."""
-    device: str = "auto"
-    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
-    threads: Optional[int] = None
-    """CPU threads for torch. None: the cores other processes leave idle."""
-    mpc: bool = True
-    """Plan with MPPI; --no-mpc acts with the policy prior alone."""
     precision: Optional[str] = None
     """Planning precision ('fp32', 'bf16', 'auto'); default: the checkpoint's."""
     iterations: Optional[int] = None
@@ -86,11 +75,7 @@ def report_name(task: str, seed: int, checkpoint: Path, args: EvalArgs) -> str:
 def evaluate(args: EvalArgs) -> int:
     if args.episodes < 1:
         raise BadInput(f"--episodes must be >= 1, got {args.episodes}")
-    if error := threads_error(args.threads):  # before the checkpoint is read
-        raise BadInput(error)
-    resolve_device(args.device)  # a device not here: said in the flag's words (Agent.from_checkpoint's are Python's)
-    if args.seed is not None and not 0 <= args.seed < 2**62:
-        raise BadInput(f"--seed must be >= 0 and < 2**62 (gymnasium and torch seed with it), got {args.seed}")
+    args.check(args.seed)
     if args.video is not None:
         check_video_path(args.video)
     if args.report is not None and args.report.is_dir():
