@@ -69,6 +69,33 @@ def torch_threads(n: int | None = None) -> int:
     return torch.get_num_threads()
 
 
+def trained_once(tmp_path_factory: pytest.TempPathFactory, name: str, *args, **over) -> Path:
+    """A tiny run (tiny_json's config with `over`, then the train flags `args`) made once per session and copied
+    into the asking worker's own folder. A module's fixture runs once in every pytest-xdist worker that runs one
+    of its tests, and each of these runs cost 12-30 s on a 2-core AVX2 EPYC; the first worker to ask trains it
+    while the others wait on a file lock. Each gets its own copy, so that no two workers' resumes meet in one run
+    directory (its lock would refuse one)."""
+    import fcntl
+    import shutil
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's folder, above each worker's own
+    made = shared / f"{name}-trained"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not made.is_dir():
+            partial = shared / f"{name}-partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            r = run_train("--cfg", tiny_json(partial, **over), "--run-dir", partial / "run", *args)
+            assert r.returncode == 0, r.stderr
+            partial.rename(made)  # whole, or not there for the next worker to train again
+    own = tmp_path_factory.mktemp(name) / "run"
+    shutil.copytree(made / "run", own, ignore=shutil.ignore_patterns(".lock"))
+    return own
+
+
 def read_csv(path: Path) -> list[dict]:
     with open(path, newline="") as f:
         return list(csv.DictReader(f))

@@ -14,7 +14,7 @@ from tdmpc.buffer import Batch
 from tdmpc.config import Config
 from tdmpc.model.world_model import ModelDims
 
-from helpers import cli, one_line_error, read_csv, run_module, run_train, tiny_json
+from helpers import cli, one_line_error, read_csv, run_module, run_train, tiny_json, trained_once
 
 SMALL = dict(model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2, num_samples=32,
              num_elites=4, num_pi_trajs=4, iterations=2, horizon=3, batch_size=8, precision="fp32", device="cpu")
@@ -120,10 +120,7 @@ def test_cuda_graphs_apply_only_on_cuda():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """One tiny training run (600 env steps, a checkpoint at 400) that the command-line tests below read."""
-    tmp = tmp_path_factory.mktemp("flags")
-    r = run_train("--cfg", str(tiny_json(tmp)), "--run-dir", str(tmp / "run"))
-    assert r.returncode == 0, r.stderr
-    return tmp / "run"
+    return trained_once(tmp_path_factory, "flags")
 
 
 @pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 import pytest
 
-from helpers import TINY, cli, one_line_error, read_csv, run_module, run_train, tiny_json
+from helpers import TINY, cli, one_line_error, read_csv, run_module, run_train, tiny_json, trained_once
 
 # Envs with faults, as a user's module (their names: probe_envs:<Name>-v0).
 PROBE_ENVS = textwrap.dedent('''
@@ -147,11 +147,7 @@ def test_a_constant_action_dimension_is_held_at_its_value(tmp_path, probe_envs):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A tiny finished run (Pendulum-v1, 300 env steps, replay buffer saved)."""
-    tmp = tmp_path_factory.mktemp("finished")
-    run = tmp / "run"
-    r = run_train("--cfg", small(tmp), "--run-dir", run)
-    assert r.returncode == 0, r.stderr
-    return run
+    return trained_once(tmp_path_factory, "probes", steps=300, seed_steps=100, eval_freq=300, save_every=300)
 
 
 @pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)

@@ -21,7 +21,8 @@ import torch
 
 import tdmpc
 from tdmpc.errors import RunDirError
-from helpers import TINY as TINY_RUN, cli, one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json
+from helpers import (TINY as TINY_RUN, cli, one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json,
+                     trained_once)
 
 PY = sys.executable
 
@@ -153,11 +154,7 @@ def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(cap
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A short run with a checkpoint and its buffer at step 300."""
-    tmp = tmp_path_factory.mktemp("finished")
-    run = tmp / "run"
-    r = run_train("--cfg", tiny_json(tmp, steps=300, save_every=300, eval_episodes=0), "--run-dir", run)
-    assert r.returncode == 0, r.stderr
-    return run
+    return trained_once(tmp_path_factory, "finished", steps=300, save_every=300, eval_episodes=0)
 
 
 def copy_run(run: Path, to: Path) -> Path:

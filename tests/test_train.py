@@ -16,7 +16,8 @@ from tdmpc.config import Config, validate
 from tdmpc.runtime.device import resolve_device
 from tdmpc.training.setup import trainer_for as Trainer
 
-from helpers import TINY, cli, import_or_skip, one_line_error, read_csv, run_module, run_train, tiny_json  # noqa: E402
+from helpers import (TINY, cli, import_or_skip, one_line_error, read_csv, run_module, run_train,  # noqa: E402
+                     tiny_json, trained_once)
 
 
 def test_tiny_run_writes_csvs_and_checkpoint(capsys, tmp_path):
@@ -243,11 +244,7 @@ def test_unknown_json_key_suggests(tmp_path):  # the command's own process: its 
 
 @pytest.fixture(scope="module")
 def trained_checkpoint(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("ck")
-    run = tmp / "run"
-    r = run_train("--cfg", tiny_json(tmp, steps=300, eval_episodes=0), "--run-dir", run)
-    assert r.returncode == 0, r.stderr
-    return run / "checkpoints" / "latest.pt"
+    return trained_once(tmp_path_factory, "ck", steps=300, eval_episodes=0) / "checkpoints" / "latest.pt"
 
 
 def test_evaluate_bad_checkpoints(capsys, tmp_path, trained_checkpoint):
