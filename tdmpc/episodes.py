@@ -30,7 +30,6 @@ from tdmpc.runtime.files import atomic_write, file_in_the_way, fmt_bytes, free_b
 from tdmpc.runtime.transfer import to_device
 
 
-
 @dataclass(kw_only=True)
 class PlayArgs:
     """The flags of the commands that play a saved agent's episodes (tdmpc.evaluate, tdmpc.collect): one source
