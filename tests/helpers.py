@@ -91,9 +91,15 @@ def trained_once(tmp_path_factory: pytest.TempPathFactory, name: str, *args, **o
             r = run_train("--cfg", tiny_json(partial, **over), "--run-dir", partial / "run", *args)
             assert r.returncode == 0, r.stderr
             partial.rename(made)  # whole, or not there for the next worker to train again
-    own = tmp_path_factory.mktemp(name) / "run"
-    shutil.copytree(made / "run", own, ignore=shutil.ignore_patterns(".lock"))
-    return own
+    return copy_run(made / "run", tmp_path_factory.mktemp(name) / "run")
+
+
+def copy_run(run: Path, to: Path) -> Path:
+    """A run's directory copied to `to`, without its lock file (the copy is another run directory)."""
+    import shutil
+
+    shutil.copytree(run, to, ignore=shutil.ignore_patterns(".lock"))
+    return to
 
 
 def read_csv(path: Path) -> list[dict]:

@@ -21,8 +21,8 @@ import torch
 
 import tdmpc
 from tdmpc.errors import RunDirError
-from helpers import (TINY as TINY_RUN, cli, one_line_error, read_csv, run_module, run_train, skip_unless_ci, tiny_json,
-                     trained_once)
+from helpers import (TINY as TINY_RUN, cli, copy_run, one_line_error, read_csv, run_module, run_train, skip_unless_ci,
+                     tiny_json, trained_once)
 
 PY = sys.executable
 
@@ -155,11 +155,6 @@ def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(cap
 def finished_run(tmp_path_factory) -> Path:
     """A short run with a checkpoint and its buffer at step 300."""
     return trained_once(tmp_path_factory, "finished", steps=300, save_every=300, eval_episodes=0)
-
-
-def copy_run(run: Path, to: Path) -> Path:
-    shutil.copytree(run, to, ignore=shutil.ignore_patterns(".lock"))
-    return to
 
 
 def damage(path: Path, kind: str) -> None:
