@@ -278,13 +278,19 @@ def test_the_lease_pruning_reads_a_lanes_rate_past_an_evaluation(tmp_path, capsy
     assert capsys.readouterr().out == ""  # one lane alive: never stopped
 
 
-def test_the_lease_takes_every_tasks_first_seed_before_extra_seeds_and_spreads_runs_over_lanes():
-    """lanes.py: the committed runs (six tasks' seed 1) are skipped; pending runs come seed by seed in TASKS order,
-    so pendulum-swingup's seed 1 precedes cheetah-run's seed 2; lanes take them in turn; the probe's choice keeps
-    the way that finishes the most runs."""
+def test_the_lease_takes_every_tasks_first_seed_before_extra_seeds_and_spreads_runs_over_lanes(tmp_path):
+    """lanes.py: finished runs (evaluated at the last step, as a committed run under runs/) are skipped, a run
+    evaluated short of it is not; pending runs come seed by seed in TASKS order, so pendulum-swingup's seed 1
+    precedes cheetah-run's seed 2; lanes take them in turn; the probe's choice keeps the way that finishes the most
+    runs."""
     lanes = _lanes()
     root = ROOT / "results" / "gpu" / "learning" / "runs"
-    todo = lanes.pending(["cheetah-run", "pendulum-swingup", "cup-catch"], [1, 2, 3], root, 100000)
+    header, *_, last = (root / "cheetah-run" / "seed1" / "eval.csv").read_text().splitlines()
+    row = last.split(",", 1)[1]
+    for run, step in (("cheetah-run/seed1", 100000), ("cup-catch/seed1", 100000), ("pendulum-swingup/seed1", 50000)):
+        (tmp_path / run).mkdir(parents=True)
+        (tmp_path / run / "eval.csv").write_text(f"{header}\n0,{row}\n{step},{row}\n")
+    todo = lanes.pending(["cheetah-run", "pendulum-swingup", "cup-catch"], [1, 2, 3], tmp_path, 100000)
     assert todo == [("pendulum-swingup", 1), ("cheetah-run", 2), ("pendulum-swingup", 2), ("cup-catch", 2),
                     ("cheetah-run", 3), ("pendulum-swingup", 3), ("cup-catch", 3)]
     assert lanes.split(todo[:5], 3) == [[todo[0], todo[3]], [todo[1], todo[4]], [todo[2]]]

@@ -36,7 +36,7 @@ ref() {  # ref NAME CAP ARGS...: the reference with tensordict/torchrl 0.13; aga
 }
 stage ours $((170)) $B --sizes 5 --envs 1 32 256 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --profile --no-compile --out $O/ours.json
 ref reference 420 steps=3000  # 2026-11-26: 230 s reached step 1,500 of 2,500 (compiling, pretraining)
-stage cuda-tests 240 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu $R/tests/test_cuda.py $R/tests/test_memory.py -v -n 4 -p no:cacheprovider
+stage cuda-tests 240 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu $R/tests/test_cuda.py $R/tests/test_memory.py -vv -n 4 -p no:cacheprovider
 stage seed-case-ours 60 $B --sizes 5 --envs 1 --horizon 8 --num-samples 256 --gpu-mem 16GiB --e2e-envs 1 --e2e-steps 200 --warmup-steps 500 --out $O/seed-case-ours.json
 stage ours-compile 200 $B --sizes 5 --envs 1 32 --compile --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/ours-compile.json
 stage update-stream 170 $B --sizes 5 --envs 1 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --update-stream --out $O/update-stream.json  # beside ours-compile: rounds on their own stream

@@ -84,6 +84,8 @@ if [ "$STAGE" = start ]; then
       --eval-freq 600 --eval-episodes 1 --no-compile --no-progress --no-tensorboard --threads 1 --run-dir $W/preflight \
       $OBS_FLAGS \
       > $O/preflight.log 2>&1 || { echo "preflight failed (out/preflight.log):"; tail -n 5 $O/preflight.log; exit 1; }
+    # its peak memory (eager) beside the estimate: lease 2026-11-29's runs peaked above it (results/gpu/README.md)
+    cp $W/preflight/train.csv $O/preflight-train.csv 2>/dev/null
   fi
   { nvidia-smi; python3 -c "import torch; print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
     nproc; } > $O/machine.txt 2>&1
@@ -140,7 +142,7 @@ while (( $(left) > 15 )); do
   # with a cache of their own, so the runs' cache (the one packed) holds the runs' graphs only (lease C's, with the
   # tests' model sizes in it, came to 31 MB packed)
   if [ -n "$CUDA_TESTS_AT" ] && [ -z "$TESTS_PID" ] && (( SECONDS - T0 >= CUDA_TESTS_AT )); then
-    TORCHINDUCTOR_CACHE_DIR=$W/inductor-tests timeout $(( $(left) - 20 )) nice -n 10 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu -v -n 2 \
+    TORCHINDUCTOR_CACHE_DIR=$W/inductor-tests timeout $(( $(left) - 20 )) nice -n 10 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu -vv -n 2 \
       -p no:cacheprovider $R/tests/test_cuda.py $R/tests/test_memory.py > $O/cuda-tests.log 2>&1 & TESTS_PID=$!
   fi
   { date; for f in $O/reproduce-*.log; do tail -n 2 "$f"; done

@@ -1,8 +1,9 @@
 """The memory estimate beside the peaks the H200 runs at a4000.json measured (compiled, CUDA graphs; their
 train.csv's largest gpu_peak_allocated_gib and gpu_peak_reserved_gib): peak allocated against the estimate's live
-tensors, peak reserved against its total less the CUDA context. The six finished runs, and pendulum-swingup, stopped
-at 50k env steps in the 2026-11-28 lease (the training planner's steady state, four runs at once under MPS). Last, the -m gpu test's model size 48 (dog-run, compiled; the bytes it measured
-are in the second lease's cuda-tests-summary.txt, its assertion message). python results/gpu/learning/estimate_vs_peaks.py"""
+tensors, peak reserved against its total less the CUDA context. Every finished run under runs/ (each seed), and
+pendulum-swingup as the 2026-11-28 lease stopped it at 50k env steps (four runs at once under MPS). Last, the
+-m gpu test's model size 48 (dog-run, compiled; the bytes it measured are in the second lease's
+cuda-tests-summary.txt, its assertion message). python results/gpu/learning/estimate_vs_peaks.py"""
 
 import csv
 import dataclasses
@@ -14,10 +15,10 @@ from tdmpc.config import load_json
 from tdmpc.envs import make_env
 
 here = Path(__file__).parent
-runs = [(t, here / "runs" / t / "seed1")
-        for t in ("walker-walk", "cheetah-run", "cartpole-swingup", "cup-catch", "finger-spin", "reacher-easy")]
-runs += [("pendulum-swingup", here / "lease-2026-11-28-h200" / "stopped" / "pendulum-swingup")]
-for task, folder in runs:
+runs = [(f.parent.name, f"{f.parent.name} {f.name}", f) for f in sorted((here / "runs").glob("*/seed*/"))]
+runs += [("pendulum-swingup", "pendulum-swingup seed1, lease 2026-11-28, stopped",
+          here / "lease-2026-11-28-h200" / "stopped" / "pendulum-swingup")]
+for task, label, folder in runs:
     rows = list(csv.DictReader(open(folder / "train.csv")))
     alloc, reserved = (max(float(r[k]) for r in rows if r.get(k)) for k in ("gpu_peak_allocated_gib",
                                                                              "gpu_peak_reserved_gib"))
@@ -26,7 +27,7 @@ for task, folder in runs:
     cfg = dataclasses.replace(load_json("a4000.json"), task=task).for_task(spec)
     est = memory.estimate(cfg, spec.obs_shape, spec.action_dim, spec.episodic, memory.detect_target(cfg, None, "16GiB"))
     live, held = est.peak_allocated / 2**30, (est.total - est.cuda_context) / 2**30
-    print(f"{task} (to env step {rows[-1]['env_step']}): estimate {live:.3f} GiB live against {alloc:.3f} allocated "
+    print(f"{label} (to env step {rows[-1]['env_step']}): estimate {live:.3f} GiB live against {alloc:.3f} allocated "
           f"({live / alloc - 1:+.1%}); {held:.3f} GiB less the context against {reserved:.3f} reserved "
           f"({held / reserved - 1:+.0%})")
 
