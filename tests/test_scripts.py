@@ -239,12 +239,36 @@ def test_gpu_speed_json_takes_the_issues_keys_from_a_leases_stage_files(tmp_path
     assert speed_json.main([str(tmp_path), "--out"]) == 2
 
 
-def _lanes() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("lanes", ROOT / "results" / "gpu" / "lanes.py")
+def _script(path: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(Path(path).stem, ROOT / path)
     assert spec is not None and spec.loader is not None
-    lanes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(lanes)
-    return lanes
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _lanes() -> ModuleType:
+    return _script("results/gpu/lanes.py")
+
+
+def test_the_peak_allocations_script_finds_what_is_live_at_the_peak_and_names_the_packages_frames():
+    """results/gpu/learning/peak_allocations.py (a lease's diagnostic, CUDA only) on a made-up allocator trace: the
+    peak is the largest total of live blocks, its blocks those allocated and not yet freed then, and a block is
+    named by its innermost frames in the package."""
+    m = _script("results/gpu/learning/peak_allocations.py")
+    own = {"filename": "/x/tdmpc/buffer.py", "line": 85, "name": "__init__"}
+    torch_frame = {"filename": "/x/torch/nn/functional.py", "line": 1, "name": "linear"}
+    trace = [{"action": "alloc", "addr": 1, "size": 100, "frames": [torch_frame, own]},
+             {"action": "alloc", "addr": 2, "size": 50, "frames": [torch_frame]},
+             {"action": "free_requested", "addr": 2, "size": 50},
+             {"action": "free_completed", "addr": 2, "size": 50},
+             {"action": "alloc", "addr": 3, "size": 120, "frames": [own]},  # the peak: 1 and 3, 220 bytes
+             {"action": "free_completed", "addr": 3, "size": 120},
+             {"action": "alloc", "addr": 4, "size": 60, "frames": []}]
+    peak, blocks = m.at_peak(trace)
+    assert peak == 220 and sorted(b["addr"] for b in blocks) == [1, 3]
+    assert m.where(trace[0]["frames"]) == "tdmpc/buffer.py:85 __init__"
+    assert m.where([torch_frame]) == "nn/functional.py:1 linear" and m.where([]) == "?"
 
 
 def test_the_lease_pruning_reads_a_lanes_rate_past_an_evaluation(tmp_path, capsys):

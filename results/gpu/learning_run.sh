@@ -129,6 +129,15 @@ if [ "$STAGE" = start ]; then
     until [ -s $O/lane-$i.pid ]; do sleep 0.1; done
     echo "$(cat $O/lane-$i.pid) $cells" >> $O/lanes.txt; i=$((i + 1))
   done < $O/lanes.in
+  # Beside the lanes (no device time of its own): what is live at an eager run's memory peak, seeding and two
+  # evaluations of the first task; lease D's runs peaked above the estimate by about the buffer's size
+  # (results/gpu/README.md). PEAK=0: not run.
+  if [ "${PEAK:-1}" = 1 ] && [ "$OBS" = state ] && [ "$DEVICE" = cuda ]; then
+    timeout 240 nice -n 10 python3 $R/results/gpu/learning/peak_allocations.py $O/peak-allocations.txt -- \
+      --cfg "$CFG" --task "${TASKS%%,*}" --device $DEVICE --steps 1000 --seed-steps 1000 --eval-freq 1000 \
+      --no-compile --no-progress --no-tensorboard --threads 1 --gpu-mem 16GiB --run-dir $W/peak \
+      > $O/peak-allocations.log 2>&1 &
+  fi
 fi
 
 # Poll: each run's last train.csv row (env step, its rate, its peak memory) and the evaluations so far.

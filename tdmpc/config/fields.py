@@ -7,6 +7,7 @@ too, which the planners and the model read; Config inherits all of them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import typing
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
@@ -331,6 +332,7 @@ FIELD_NAMES = tuple(f.name for f in fields(Config))
 AS_BEFORE_ADDED: dict[str, Any] = {"uniform_prior_coef": 0.0, "plan_horizon": lambda cfg: cfg.horizon}
 
 
+@functools.cache
 def field_types() -> dict[str, object]:
-    """Field name -> its type (the annotations resolved)."""
+    """Field name -> its type (the annotations resolved; once: resolving them all costs about 5 ms a call)."""
     return typing.get_type_hints(Config)

@@ -122,7 +122,8 @@ def normalized_argv(argv: list[str] | None, *classes: type) -> list[str]:
     import dataclasses
     import typing
 
-    hints = {f.name.replace("_", "-"): typing.get_type_hints(c)[f.name] for c in classes for f in dataclasses.fields(c)}
+    hints = {f.name.replace("_", "-"): types[f.name]
+             for c in classes for types in [typing.get_type_hints(c)] for f in dataclasses.fields(c)}
     names = {n for n, t in hints.items() if t == typing.Optional[bool]}
     integers = {n for n, t in hints.items() if t in (int, typing.Optional[int])}
     args = list(sys.argv[1:] if argv is None else argv)
