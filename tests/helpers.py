@@ -15,9 +15,11 @@ from typing import NoReturn
 
 import pytest
 
+# One evaluation episode: the suite checks when evaluations run and what they write, not their returns (a test
+# that compares returns sets its own count); a second episode made every tiny run's evaluations twice as long.
 TINY = dict(task="Pendulum-v1", model_size=None, enc_dim=32, mlp_dim=32, latent_dim=16, num_enc_layers=2, num_q=2,
             num_samples=32, num_elites=4, num_pi_trajs=2, iterations=2, horizon=3, batch_size=16,
-            buffer_size=5000, seed_steps=200, eval_freq=400, eval_episodes=2, log_every=100, save_every=400,
+            buffer_size=5000, seed_steps=200, eval_freq=400, eval_episodes=1, log_every=100, save_every=400,
             steps=600, precision="fp32", progress=False, tensorboard=False, device="cpu", threads=1)
 
 
@@ -92,6 +94,12 @@ def trained_once(tmp_path_factory: pytest.TempPathFactory, name: str, *args, **o
             assert r.returncode == 0, r.stderr
             partial.rename(made)  # whole, or not there for the next worker to train again
     return copy_run(made / "run", tmp_path_factory.mktemp(name) / "run")
+
+
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A short finished run (300 steps; its checkpoint and buffer at the end; no evaluation), trained once per
+    session for every module that damages, resumes or evaluates one."""
+    return trained_once(tmp_path_factory, "finished", steps=300, save_every=300, eval_episodes=0)
 
 
 def copy_run(run: Path, to: Path) -> Path:

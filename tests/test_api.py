@@ -147,7 +147,7 @@ def test_a_callback_returning_false_stops_with_a_checkpoint_and_resume_continues
     _, _ = tdmpc.fit(run_dir=run_dir, resume=True, eval_episodes=3)
     ck = torch.load(run_dir / "checkpoints" / "latest.pt", weights_only=True)
     assert ck["train"]["step"] == 300 and ck["train"]["finished"]
-    assert "resume: eval_episodes changed from 2 to 3 by fit()'s keywords" in capsys.readouterr().err
+    assert "resume: eval_episodes changed from 1 to 3 by fit()'s keywords" in capsys.readouterr().err
 
 
 def test_an_on_eval_callback_stops_the_run_at_the_evaluated_step(tmp_path):

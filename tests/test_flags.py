@@ -140,7 +140,7 @@ def test_config_from_checkpoint_resumes_a_run_whose_config_json_is_gone(capsys, 
     (run / "config.json").unlink()
     r = cli(capsys, "tdmpc.train", "--resume", str(run), "--no-config-from-checkpoint", "--steps", "800")
     assert r.returncode == 2 and "config.json" in r.stderr, r.stderr
-    r = run_train("--resume", str(run), "--config-from-checkpoint", "--steps", "800")
+    r = cli(capsys, "tdmpc.train", "--resume", str(run), "--config-from-checkpoint", "--steps", "800")
     assert r.returncode == 0, r.stderr
     assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 800
 
@@ -152,7 +152,7 @@ def test_resume_takes_the_runs_latest_checkpoint_file_for_its_directory(capsys, 
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns(".lock"))
     r = cli(capsys, "tdmpc.train", "--resume", str(run / "checkpoints" / "previous.pt"), "--steps", "800")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--init-from" in r.stderr, r.stderr
-    r = run_train("--resume", str(run / "checkpoints" / "latest.pt"), "--steps", "800")
+    r = cli(capsys, "tdmpc.train", "--resume", str(run / "checkpoints" / "latest.pt"), "--steps", "800")
     assert r.returncode == 0, r.stderr
     assert f"continuing the run in {run}" in r.stderr and f"resume: continuing {run} from step 600 (latest.pt)" in r.stderr
     assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 800

@@ -263,15 +263,15 @@ def test_datasets_with_actions_outside_the_unit_range_are_named_by_info_and_refu
     assert "'action' is outside [-1, 1]" in one_line_error(r)
 
 
-def test_update_every_runs_one_round_every_k_agent_steps(tmp_path):
-    """--update-every 2: seeding's 200 steps give 100 pretraining updates, the 400 steps after them 200."""
+def test_update_every_runs_one_round_every_k_agent_steps(capsys, tmp_path):
+    """--update-every 2: seeding's 200 steps give 100 pretraining updates, the 200 steps after them 100."""
     import torch
 
     run = tmp_path / "run"
-    r = run_train("--cfg", tiny_json(tmp_path, steps=600, seed_steps=200, eval_episodes=0), "--update-every", 2,
-                  "--run-dir", run)
+    r = cli(capsys, "tdmpc.train", "--cfg", tiny_json(tmp_path, steps=400, seed_steps=200, eval_episodes=0),
+            "--update-every", 2, "--run-dir", run)
     assert r.returncode == 0, r.stderr
-    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["updates"] == 300
+    assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["updates"] == 200
     assert "100 pretraining updates" in r.stderr
 
 

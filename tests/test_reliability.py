@@ -21,8 +21,9 @@ import torch
 
 import tdmpc
 from tdmpc.errors import RunDirError
+import helpers
 from helpers import (TINY as TINY_RUN, cli, copy_run, one_line_error, read_csv, run_module, run_train, skip_unless_ci,
-                     tiny_json, trained_once)
+                     tiny_json)
 
 PY = sys.executable
 
@@ -154,7 +155,7 @@ def test_a_resume_of_a_live_run_before_its_first_checkpoint_names_the_holder(cap
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
     """A short run with a checkpoint and its buffer at step 300."""
-    return trained_once(tmp_path_factory, "finished", steps=300, save_every=300, eval_episodes=0)
+    return helpers.finished_run(tmp_path_factory)
 
 
 def damage(path: Path, kind: str) -> None:
@@ -262,12 +263,12 @@ def test_a_damaged_config_is_one_line_and_the_checkpoints_config_resumes(capsys,
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] == 400
 
 
-def test_temp_files_of_killed_writes_are_removed_at_the_next_start(tmp_path, finished_run):
+def test_temp_files_of_killed_writes_are_removed_at_the_next_start(capsys, tmp_path, finished_run):
     run = copy_run(finished_run, tmp_path / "run")
     stale = [run / "checkpoints" / ".latest.pt.x1y2.tmp", run / "checkpoints" / ".buffer_0000000300.h5.z3.tmp"]
     for path in stale:
         path.write_bytes(b"\0" * 1000)
-    r = run_train("--resume", run, "--steps", 400)
+    r = cli(capsys, "tdmpc.train", "--resume", run, "--steps", 400)
     assert r.returncode == 0, r.stderr
     assert not any(p.exists() for p in stale) and all(f"removed {p}" in r.stderr for p in stale)
 
