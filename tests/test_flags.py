@@ -119,8 +119,8 @@ def test_cuda_graphs_apply_only_on_cuda():
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
-    """One tiny training run (600 env steps, a checkpoint at 400) that the command-line tests below read."""
-    return trained_once(tmp_path_factory, "flags")
+    """One tiny training run (300 env steps, a checkpoint at 200 and at 300) that the command-line tests below read."""
+    return trained_once(tmp_path_factory, "flags", steps=300, save_every=200)
 
 
 @pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)
@@ -138,11 +138,11 @@ def test_config_from_checkpoint_resumes_a_run_whose_config_json_is_gone(capsys, 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run)
     (run / "config.json").unlink()
-    r = cli(capsys, "tdmpc.train", "--resume", str(run), "--no-config-from-checkpoint", "--steps", "800")
+    r = cli(capsys, "tdmpc.train", "--resume", str(run), "--no-config-from-checkpoint", "--steps", "400")
     assert r.returncode == 2 and "config.json" in r.stderr, r.stderr
-    r = cli(capsys, "tdmpc.train", "--resume", str(run), "--config-from-checkpoint", "--steps", "800")
+    r = cli(capsys, "tdmpc.train", "--resume", str(run), "--config-from-checkpoint", "--steps", "400")
     assert r.returncode == 0, r.stderr
-    assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 800
+    assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 400
 
 
 def test_resume_takes_the_runs_latest_checkpoint_file_for_its_directory(capsys, tmp_path, tiny_run):
@@ -150,12 +150,12 @@ def test_resume_takes_the_runs_latest_checkpoint_file_for_its_directory(capsys, 
 
     run = tmp_path / "run"
     shutil.copytree(tiny_run, run, ignore=shutil.ignore_patterns(".lock"))
-    r = cli(capsys, "tdmpc.train", "--resume", str(run / "checkpoints" / "previous.pt"), "--steps", "800")
+    r = cli(capsys, "tdmpc.train", "--resume", str(run / "checkpoints" / "previous.pt"), "--steps", "400")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--init-from" in r.stderr, r.stderr
-    r = cli(capsys, "tdmpc.train", "--resume", str(run / "checkpoints" / "latest.pt"), "--steps", "800")
+    r = cli(capsys, "tdmpc.train", "--resume", str(run / "checkpoints" / "latest.pt"), "--steps", "400")
     assert r.returncode == 0, r.stderr
-    assert f"continuing the run in {run}" in r.stderr and f"resume: continuing {run} from step 600 (latest.pt)" in r.stderr
-    assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 800
+    assert f"continuing the run in {run}" in r.stderr and f"resume: continuing {run} from step 300 (latest.pt)" in r.stderr
+    assert float(read_csv(run / "eval.csv")[-1]["env_step"]) == 400
 
 
 @pytest.mark.parametrize("flag", ["--no-buffer", "--config-from-checkpoint"])

@@ -22,7 +22,7 @@ from helpers import (TINY, cli, finished_run, import_or_skip, one_line_error, re
 
 def test_tiny_run_writes_csvs_and_checkpoint(capsys, tmp_path):
     run = tmp_path / "run"
-    r = run_train("--cfg", tiny_json(tmp_path, eval_episodes=2), "--run-dir", run)  # evaluate plays them again
+    r = cli(capsys, "tdmpc.train", "--cfg", tiny_json(tmp_path, eval_episodes=2), "--run-dir", run)  # played again
     assert r.returncode == 0, r.stderr
     rows = read_csv(run / "train.csv")
     assert [int(r["env_step"]) for r in rows] == list(range(100, 601, 100))
@@ -115,13 +115,13 @@ def test_ctrl_c_or_sigusr1_outside_slurm_checkpoint_and_exit_3(tmp_path, sig):
     assert torch.load(run / "checkpoints" / "latest.pt", weights_only=True)["train"]["step"] >= 400
 
 
-def test_a_second_ctrl_c_stops_at_once_with_one_line_and_the_run_resumes(tmp_path):
+def test_a_second_ctrl_c_stops_at_once_with_one_line_and_the_run_resumes(capsys, tmp_path):
     r, run = _stop_after_seeding(tmp_path, signal.SIGINT, signal.SIGINT, gap=0.01)
     errors = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
     assert r.returncode == 130 and len(errors) == 1 and "Traceback" not in r.stderr, r.stderr
     assert "interrupted" in errors[0]
     if (run / "checkpoints" / "latest.pt").is_file():  # the first Ctrl-C's checkpoint may have been cut short
-        r = run_train("--resume", run, "--steps", 600)
+        r = cli(capsys, "tdmpc.train", "--resume", run, "--steps", 450)
         assert r.returncode == 0, r.stderr
         assert "removed" in r.stderr or not list((run / "checkpoints").glob(".*.tmp"))
 
