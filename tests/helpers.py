@@ -76,7 +76,8 @@ def trained_once(tmp_path_factory: pytest.TempPathFactory, name: str, *args, **o
     into the asking worker's own folder. A module's fixture runs once in every pytest-xdist worker that runs one
     of its tests, and each of these runs cost 12-30 s on a 2-core AVX2 EPYC; the first worker to ask trains it
     while the others wait on a file lock. Each gets its own copy, so that no two workers' resumes meet in one run
-    directory (its lock would refuse one)."""
+    directory (its lock would refuse one). "{dir}" in `args` is the shared folder the run is trained in, for a file
+    it writes beside itself (--save-data): the run's config names it there, where it stays."""
     import fcntl
     import shutil
 
@@ -86,13 +87,13 @@ def trained_once(tmp_path_factory: pytest.TempPathFactory, name: str, *args, **o
     made = shared / f"{name}-trained"
     with open(shared / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not made.is_dir():
-            partial = shared / f"{name}-partial"
-            shutil.rmtree(partial, ignore_errors=True)
-            partial.mkdir()
-            r = run_train("--cfg", tiny_json(partial, **over), "--run-dir", partial / "run", *args)
+        if not (made / "done").is_file():  # whole, or trained again by the next worker to ask
+            shutil.rmtree(made, ignore_errors=True)
+            made.mkdir()
+            r = run_train("--cfg", tiny_json(made, **over), "--run-dir", made / "run",
+                          *(str(a).format(dir=made) for a in args))
             assert r.returncode == 0, r.stderr
-            partial.rename(made)  # whole, or not there for the next worker to train again
+            (made / "done").touch()
     return copy_run(made / "run", tmp_path_factory.mktemp(name) / "run")
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import cli, one_line_error, read_csv, run_module, run_train, tiny_json
+from helpers import cli, one_line_error, read_csv, run_module, run_train, tiny_json, trained_once
 from tdmpc.offline.format import open_dataset, read_episodes
 
 OFFLINE = ["--eval-episodes", "1", "--log-every", "50", "--save-every", "100", "--eval-freq", "100"]
@@ -22,13 +22,11 @@ OFFLINE = ["--eval-episodes", "1", "--log-every", "50", "--save-every", "100", "
 
 @pytest.fixture(scope="module")
 def online(tmp_path_factory) -> tuple[Path, Path]:
-    """A finished tiny online run on Pendulum-v1 (200-step episodes) that kept its episodes: (run, data)."""
-    tmp = tmp_path_factory.mktemp("online")
-    run, data = tmp / "run", tmp / "data.h5"
-    r = run_train("--cfg", tiny_json(tmp, steps=600, save_every=300, eval_episodes=0), "--run-dir", run,
-                  "--save-data", data)
-    assert r.returncode == 0, r.stderr
-    return run, data
+    """A finished tiny online run on Pendulum-v1 (200-step episodes) that kept its episodes: (run, data). The data
+    file is the one the run wrote, shared by the session's workers: read it, or copy it to write."""
+    run = trained_once(tmp_path_factory, "online", "--save-data", "{dir}/data.h5", steps=600, save_every=300,
+                       eval_episodes=0)
+    return run, Path(json.loads((run / "config.json").read_text())["save_data"])
 
 
 def test_save_data_keeps_every_finished_episode_as_the_buffer_holds_it(online, tmp_path):
