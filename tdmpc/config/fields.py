@@ -334,5 +334,5 @@ AS_BEFORE_ADDED: dict[str, Any] = {"uniform_prior_coef": 0.0, "plan_horizon": la
 
 @functools.cache
 def field_types() -> dict[str, object]:
-    """Field name -> its type (the annotations resolved; once: resolving them all costs about 5 ms a call)."""
+    """Field name -> its type (the annotations resolved once per process: callers ask per field)."""
     return typing.get_type_hints(Config)
