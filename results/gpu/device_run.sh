@@ -2,7 +2,8 @@
 # One lent-GPU call for issue 35 (speed) and the suite's CUDA tests: every stage under its own time cap and
 # one overall deadline, results packed into $OUT whatever stage the deadline stops. Run from the checkout root,
 # with .devsite/ carried (../shared/tools/device_bundle.sh --reference; ref/ = the reference's tdmpc2/ folder,
-# refgym/ = gymnasium 0.29.1 + termcolor for it, ref12.tar.gz = tensordict/torchrl 0.12 as a fallback pair).
+# refgym.tar.gz = gymnasium 0.29.1 + termcolor for it, ref12.tar.gz = tensordict/torchrl 0.12 as a fallback pair,
+# optional: the tree, site.tar.gz and these must fit in the 64 MiB a call carries).
 set -u
 DEADLINE=${DEADLINE:-555}; T0=$SECONDS; O=/tmp/o; mkdir -p $O
 left() { echo $(( DEADLINE - (SECONDS - T0) )); }
@@ -26,17 +27,24 @@ R=$PWD; mkdir -p /tmp/w; cd /tmp/w  # the installed package (planners/ maps into
 cat $O/machine.txt | head -20
 B="python3 -m tdmpc.bench --device cuda --task walker-walk --rss-steps 0 --offline-updates 0 --no-compare-plain"
 REF="python3 $R/results/gpu/reference_run.py $R/.devsite/ref"
+mkdir -p /tmp/refgym && tar -xzf $R/.devsite/refgym.tar.gz -C /tmp/refgym
 REFARGS="task=walker-walk model_size=5 enable_wandb=false save_video=false save_agent=false eval_episodes=1 seed_steps=1000"
 ref() {  # ref NAME CAP ARGS...: the reference with tensordict/torchrl 0.13; again with 0.12 if that import failed
-  stage $1 $2 env PYTHONPATH=$R/.devsite/refgym:/tmp/site $REF $O/$1.json $REFARGS "${@:3}"
-  if [ ! -s $O/$1.json ] && grep -qE "ImportError|ModuleNotFoundError|undefined symbol" $O/$1.log; then
+  stage $1 $2 env PYTHONPATH=/tmp/refgym:/tmp/site $REF $O/$1.json $REFARGS "${@:3}"
+  if [ ! -s $O/$1.json ] && [ -f $R/.devsite/ref12.tar.gz ] && grep -qE "ImportError|ModuleNotFoundError|undefined symbol" $O/$1.log; then
     mkdir -p /tmp/ref12 && tar -xzf $R/.devsite/ref12.tar.gz -C /tmp/ref12
-    stage $1-td012 $2 env PYTHONPATH=$R/.devsite/refgym:/tmp/ref12:/tmp/site $REF $O/$1-td012.json $REFARGS "${@:3}"
+    stage $1-td012 $2 env PYTHONPATH=/tmp/refgym:/tmp/ref12:/tmp/site $REF $O/$1-td012.json $REFARGS "${@:3}"
   fi
 }
 stage ours $((170)) $B --sizes 5 --envs 1 32 256 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --profile --no-compile --out $O/ours.json
-ref reference 420 steps=3000  # 2026-11-26: 230 s reached step 1,500 of 2,500 (compiling, pretraining)
-stage cuda-tests 240 python3 -m pytest -c $R/pyproject.toml --rootdir $R -m gpu $R/tests/test_cuda.py $R/tests/test_memory.py -vv -n 4 -p no:cacheprovider
+cuda_tests() { stage cuda-tests 240 python3 -m pytest -c $R/pyproject.toml --rootdir $R -o addopts= -m gpu $R/tests/test_cuda.py $R/tests/test_memory.py -v -n 4 -p no:cacheprovider --durations=0; }
+# TESTS_BESIDE_REFERENCE=1: the CUDA tests (which time nothing) run while the reference compiles plan() and update()
+# (2026-11-27: its first 260 s), so its steady state, timed after them, is measured on a quiet GPU
+if [ -n "${TESTS_BESIDE_REFERENCE:-}" ]; then cuda_tests & tests_pid=$!; fi
+ref reference 420 steps=3000  # 2026-11-27: 268 s reached the 1,043th update (plan compiled by 115 s, then update())
+if [ -n "${tests_pid:-}" ]; then wait $tests_pid; else cuda_tests; fi
+# SEED_CASES_TOGETHER=1: the two seed-case runs (peak memory only, no timing) side by side
+if [ -n "${SEED_CASES_TOGETHER:-}" ]; then ref seed-case-reference 150 steps=1500 horizon=8 num_samples=256 mem_gib=16 & seed_pid=$!; fi
 stage seed-case-ours 60 $B --sizes 5 --envs 1 --horizon 8 --num-samples 256 --gpu-mem 16GiB --e2e-envs 1 --e2e-steps 200 --warmup-steps 500 --out $O/seed-case-ours.json
 stage ours-compile 200 $B --sizes 5 --envs 1 32 --compile --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/ours-compile.json
 stage update-stream 170 $B --sizes 5 --envs 1 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --update-stream --out $O/update-stream.json  # beside ours-compile: rounds on their own stream
@@ -44,7 +52,7 @@ TORCHINDUCTOR_SPLIT_REDUCTIONS=0 stage no-split 150 $B --sizes 5 --envs 1 --comp
 stage combo 150 $B --sizes 5 --envs 1 --compile --combo-kernels --e2e-envs 1 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/combo.json  # beside ours-compile: 186 kernels per update instead of 260 in the Triton count (results/kernels-combo.json)
 TORCHINDUCTOR_SPLIT_REDUCTIONS=0 stage combo-no-split 150 $B --sizes 5 --envs 1 --compile --combo-kernels --e2e-envs 1 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/combo-no-split.json  # both: 175 in the Triton count (results/kernels-combo-no-split.json)
 stage no-overlap 100 $B --sizes 1 --envs 1 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --no-overlap-updates --out $O/no-overlap.json  # the reference's order, beside "ours"
-ref seed-case-reference 150 steps=1500 horizon=8 num_samples=256 mem_gib=16
+if [ -n "${seed_pid:-}" ]; then wait $seed_pid; else ref seed-case-reference 150 steps=1500 horizon=8 num_samples=256 mem_gib=16; fi
 stage sizes 80 $B --sizes 1 19 48 --envs 1 32 --e2e-steps 0 --out $O/sizes.json
 stage tf32-off 40 $B --sizes 5 --envs 1 --e2e-steps 0 --matmul-precision highest --out $O/tf32-off.json
 echo "done at $(( SECONDS - T0 )) s"
