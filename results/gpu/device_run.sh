@@ -45,7 +45,7 @@ ref reference 420 steps=3000  # 2026-11-27: 268 s reached the 1,043th update (pl
 if [ -n "${tests_pid:-}" ]; then wait $tests_pid; else cuda_tests; fi
 # SEED_CASES_TOGETHER=1: the two seed-case runs (peak memory only, no timing) side by side
 if [ -n "${SEED_CASES_TOGETHER:-}" ]; then ref seed-case-reference 150 steps=1500 horizon=8 num_samples=256 mem_gib=16 & seed_pid=$!; fi
-stage seed-case-ours 60 $B --sizes 5 --envs 1 --horizon 8 --num-samples 256 --gpu-mem 16GiB --e2e-envs 1 --e2e-steps 200 --warmup-steps 500 --out $O/seed-case-ours.json
+stage seed-case-ours 150 $B --sizes 5 --envs 1 --horizon 8 --num-samples 256 --gpu-mem 16GiB --e2e-envs 1 --e2e-steps 200 --warmup-steps 500 --out $O/seed-case-ours.json
 stage ours-compile 200 $B --sizes 5 --envs 1 32 --compile --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/ours-compile.json
 stage update-stream 170 $B --sizes 5 --envs 1 --e2e-envs 1 32 --e2e-steps 300 --warmup-steps 1000 --update-stream --out $O/update-stream.json  # beside ours-compile: rounds on their own stream
 TORCHINDUCTOR_SPLIT_REDUCTIONS=0 stage no-split 150 $B --sizes 5 --envs 1 --compile --e2e-envs 1 --e2e-steps 300 --warmup-steps 1000 --profile --out $O/no-split.json  # beside ours-compile: 212 kernels per update instead of 260 in the Triton count (results/kernel-cuts/)
