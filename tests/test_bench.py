@@ -172,3 +172,36 @@ def test_a_cpu_that_emulates_bf16_times_no_bf16(monkeypatch, tmp_path, capsys):
     assert code == 0 and peaks == [torch.float32] and updates == [("fp32",)]
     assert "bf16 not timed: this CPU has no AVX512-BF16 or AMX" in capsys.readouterr().out
     assert "skipped" in json.loads(out.read_text())["peak"]["bf16"]
+
+
+def test_the_host_loop_is_timed_without_plan_and_update_and_the_agent_is_whole_after(tmp_path, monkeypatch):
+    """bench's host share of a step: act and update swapped for stand-ins while timed, the real ones back after."""
+    import time
+
+    from tdmpc.bench.e2e import host_loop_ms
+    from tdmpc.config import Config, validate
+    from tdmpc.training.setup import trainer_for
+    from tests.helpers import TINY
+
+    cfg = validate(Config(**{**TINY, "seed_steps": 20, "steps": 10**6, "eval_freq": 10**6, "log_every": 10**6,
+                             "save_every": 10**6}))
+    trainer = trainer_for(cfg, tmp_path / "run", torch.device("cpu"))
+    try:
+        while trainer.counters.step < 40:  # past seeding: the agent acts, an update per step
+            trainer.step()
+        slow_act, updates = type(trainer.agent).act_on_device, []
+
+        def act(self, *args, **kwargs):
+            time.sleep(0.05)
+            return slow_act(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(trainer.agent), "act_on_device", act)
+        monkeypatch.setattr(type(trainer), "update", lambda self: updates.append(1))
+        v0 = trainer.counters.vector_steps
+        ms = host_loop_ms(trainer, torch.device("cpu"), 10)
+        assert 0 < ms < 50 and trainer.counters.vector_steps == v0 + 10 and updates == []  # one real act, before
+        assert "act_on_device" not in vars(trainer.agent) and "update" not in vars(trainer)
+        trainer.step()
+        assert updates  # the class's update again
+    finally:
+        trainer.close()

@@ -154,8 +154,10 @@ def print_table(r: dict) -> None:
         busy = f"; GPU busy {e['gpu_busy']['busy_fraction']:.0%}" if "gpu_busy" in e else ""
         overlap = ", updates beside the env step" if e.get("config", {}).get("overlap_updates") else ""
         size = f"model size {e['config']['model_size']}, " if "config" in e else ""
+        host = (f"; {e['ms_per_vector_step']:.2f} ms per vector step, the loop without plan() and update() "
+                f"{e['host_loop_ms_per_vector_step']:.2f}" if "host_loop_ms_per_vector_step" in e else "")
         print(f"end to end ({e['task']}, {size}{n} env(s), 1 update per env step{overlap}): "
-              f"{e['agent_steps_per_s']:.1f} agent steps/s over {e['agent_steps']} steps{mem}{busy}")
+              f"{e['agent_steps_per_s']:.1f} agent steps/s over {e['agent_steps']} steps{host}{mem}{busy}")
     procs = r.get("end_to_end_by_procs", {})
     one = procs.get(1, {}).get("agent_steps_per_s_total")
     for n, p in procs.items():

@@ -64,7 +64,7 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
         if start is not None:
             sync(device)
             barrier_index = start.wait(timeout=1800)
-        rss0, t0, s0 = rss_mb(), time.perf_counter(), c.step
+        rss0, t0, s0, v0 = rss_mb(), time.perf_counter(), c.step, c.vector_steps
         samples = []
         while c.step < cfg.steps:
             trainer.step()
@@ -73,9 +73,11 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
         sync(device)
         dt = time.perf_counter() - t0
         steps = (c.step - s0) // R
+        host_ms = host_loop_ms(trainer, device, max(1, min(200, agent_steps // num_envs)))
         out = {"task": task, "small_model": small, "num_envs": num_envs, "agent_steps": steps,
                "threads": torch.get_num_threads(), "barrier_index": barrier_index,
-               "agent_steps_per_s": steps / dt, "rss_start_mb": rss0, "rss_end_mb": rss_mb(),
+               "agent_steps_per_s": steps / dt, "ms_per_vector_step": 1e3 * dt / max(1, c.vector_steps - v0),
+               "host_loop_ms_per_vector_step": host_ms, "rss_start_mb": rss0, "rss_end_mb": rss_mb(),
                "rss_growth_mb": rss_mb() - rss0, "rss_samples_mb": samples[:: max(1, len(samples) // 20)],
                "config": {k: getattr(trainer.cfg, k) for k in ("model_size", "horizon", "num_samples", "iterations",
                                                                "batch_size", "compile", "cuda_graphs",
@@ -94,6 +96,25 @@ def bench_training(task: str, device: torch.device, agent_steps: int, warmup_ste
                 out["gpu_busy"] = gpu_busy(more_steps, device)
         trainer.close()
     return out
+
+
+def host_loop_ms(trainer: Any, device: torch.device, vector_steps: int) -> float:
+    """ms per vector step of the training loop with plan() and update() taken out (each act returns the last
+    action, each update does nothing): the host's own share of a step (env step, buffer writes, bookkeeping),
+    which on a GPU runs one after the other with plan() and is hidden only behind the update."""
+    agent = trainer.agent
+    action = agent.act_on_device(*trainer.buffer.newest(), task=trainer.env_task_ids)
+    agent.act_on_device = lambda *args, **kwargs: action
+    trainer.update = lambda: None
+    try:
+        sync(device)
+        t0, v0 = time.perf_counter(), trainer.counters.vector_steps
+        while trainer.counters.vector_steps - v0 < vector_steps:
+            trainer.step()
+        sync(device)
+        return 1e3 * (time.perf_counter() - t0) / vector_steps
+    finally:
+        del agent.act_on_device, trainer.update  # the instance's stand-ins: the class's methods again
 
 
 def _e2e_process(task: str, device: str, agent_steps: int, warmup_steps: int, small: bool, threads: int,
