@@ -47,7 +47,7 @@ def test_the_wheel_holds_the_package_data_and_no_other_top_level_package(install
     assert tops == {"tdmpc"}, tops
     for needed in ("tdmpc/configs/cpu.json", "tdmpc/configs/a4000.json", "tdmpc/slurm/train.sh",
                    "tdmpc/slurm/sweep.sh", "tdmpc/planners/mppi.py", "tdmpc/py.typed", "tdmpc/model/csrc/fused_cpu.cpp",
-                   "tdmpc/data/dmc_published.csv", "tdmpc/data/kernels-h200-2026-11-27.json"):
+                   "tdmpc/data/dmc_published.csv", "tdmpc/data/kernels-h200-2026-11-30.json"):
         assert needed in names, needed
 
 

@@ -6,7 +6,7 @@ kernels in the Triton code inductor writes for a GPU (tdmpc.bench.triton_code). 
 places: cuBLAS adds a split-K reduction kernel to some GEMMs, top-k is a sort and a gather, eager ops launch fills
 and copies the dispatcher does not show, and baddbmm copies its broadcast bias into its output before the GEMM
 (counted here as the copy it is: cpu_groups). The profile's per-group differences, against the eager count and the
-Triton count of its commit (tdmpc/data/kernels-h200-2026-11-27.json), are that model; BENCHMARKS.md
+Triton count of its commit (tdmpc/data/kernels-h200-2026-11-30.json), are that model; BENCHMARKS.md
 has the table. A later profile replaces the file."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Callable
 
 GROUPS = ("fused (inductor)", "elementwise and reductions", "GEMM", "split-K reduce", "copy", "fill", "stack and cat",
           "sort and top-k", "random", "foreach and optimizer")
-PROFILE = Path(__file__).resolve().parents[1] / "data" / "kernels-h200-2026-11-27.json"  # package data: a wheel has it
+PROFILE = Path(__file__).resolve().parents[1] / "data" / "kernels-h200-2026-11-30.json"  # package data: a wheel has it
 CALLS = ("plan_eager", "update_eager", "plan_compiled", "update_compiled")
 
 _RANDOM_CPU = {"normal_", "randint", "randn", "bernoulli_", "exponential_", "uniform_", "normal_functional"}

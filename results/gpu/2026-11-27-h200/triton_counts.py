@@ -1,5 +1,5 @@
 """The profiled commit's compiled calls counted as bench --kernels counts them now (in inductor's Triton code for a
-GPU), written under "triton" in tdmpc/data/kernels-h200-2026-11-27.json: the count kernel_groups' compiled offsets are taken
+GPU), written under "triton" in kernels-h200-2026-11-27.json (beside this script): the count kernel_groups' compiled offsets are taken
 against. That commit has no triton_code.py, so this checkout's is loaded from its file:
 
     git worktree add /tmp/d434 d43446d
@@ -18,7 +18,7 @@ from types import ModuleType
 import torch
 
 HERE = Path(__file__).resolve().parent
-PROFILE = HERE.parents[2] / "tdmpc" / "data" / "kernels-h200-2026-11-27.json"  # kept as package data
+PROFILE = HERE / "kernels-h200-2026-11-27.json"  # package data until the 2026-11-30 profile replaced it
 COMMIT = "d43446d"
 
 
