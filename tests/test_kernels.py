@@ -97,6 +97,34 @@ def test_combo_kernels_are_counted_as_a_gpu_would_launch_them():
     assert ForeachKernelSchedulerNode.group_algorithm_for_combo_kernels.__module__ == "torch._inductor.scheduler"
 
 
+@pytest.mark.compile  # CI's compile steps: with torch 2.13 and 2.11, whose lowerings the patch must both find
+def test_a_cat_is_counted_as_cuda_lowers_it():
+    """The planner's stack of each step's LayerNorm + Mish outputs (both heads, heads first), read once after the
+    rollout: on the CPU inductor copies a cat input by input (here the LayerNorm kernels write straight into it),
+    on CUDA it computes this one in a kernel of its own (the H200's 5 per plan()). The count takes CUDA's lowering:
+    three LayerNorms and the stack; after it the CPU's lowering is back."""
+    import torch._inductor.lowering as lowering
+
+    from tdmpc.bench.triton_code import triton_for_gpu
+    from tdmpc.model.fused import ln_act
+
+    w, w2, gamma, beta = torch.randn(2, 32, 32), torch.randn(32, 8), torch.ones(2, 32), torch.zeros(2, 32)
+
+    def rollout(x):
+        features = []
+        for _ in range(3):
+            h = ln_act(torch.bmm(x, w), gamma, beta, "mish", heads_first=True)
+            features.append(h)
+            x = (h[0] @ w[0]).expand(2, -1, -1)
+        return torch.stack(features, dim=1)[1].reshape(-1, 32) @ w2
+
+    cpu_lowering = lowering.cat.__wrapped__.__code__
+    with torch.no_grad(), triton_for_gpu():
+        assert compiled_kernels(torch.compile(rollout, fullgraph=True), torch.randn(2, 16, 32)) == {
+            "fused": 4, "extern.bmm": 3, "extern.mm": 3}
+    assert lowering.cat.__wrapped__.__code__ is cpu_lowering
+
+
 def test_the_one_kernel_simnorm_is_the_softmax():
     """fused._ln_simnorm_pointwise (compiled, no gradients) against LayerNorm then softmax over groups of 8, in fp32
     (to about 1e-6) and bf16 (CUDA's planning dtype: the same rounding as the fp32 result's, or one step of it)."""

@@ -9,9 +9,10 @@ would there. The kernels are written, never compiled or run: each is a stand-in 
 call's outputs are garbage and only its code counts. Triton itself must be installed (`pip install
 'tdmpc[kernels]'`) for its code generator; no GPU or Triton CPU backend is needed.
 
-What stays different from CUDA: a few lowerings that test for the CPU device (a cat is always copied input by
-input, never computed pointwise; the online softmax is CUDA's only); results/kernels.json's offsets per group, taken
-from the last GPU profile against this count at its commit, carry those.
+A few lowerings test for the CPU device. The cat's is given CUDA's choice here (on the CPU a cat is always copied
+input by input, on CUDA it may be computed pointwise in one kernel: the compiled plan()'s per-step stack, 5 kernels
+on an H200 that the CPU's code wrote in place); what stays different (the online softmax is CUDA's only) the
+offsets per group carry, taken from the last GPU profile against this count at its commit.
 """
 
 from __future__ import annotations
@@ -71,11 +72,41 @@ def triton_for_gpu(combo_kernels: bool = False) -> Iterator[None]:
             stack.enter_context(inductor_config.patch(combo_kernels=True))
             stack.enter_context(mock.patch.object(ForeachKernelSchedulerNode, "group_algorithm_for_combo_kernels",
                                                   _combo_groups_on_any_device))
+        stack.enter_context(_cuda_cat_lowering())
         torch._dynamo.reset()
         try:
             yield
         finally:
             torch._dynamo.reset()
+
+
+# The CPU branch of inductor's cat lowering (torch 2.11 to 2.13): without it the lowering chooses as on CUDA.
+_CPU_CAT = "    if cpu_device:\n        return TensorBox(ir.ConcatKernel.create(inputs, dim))\n"
+
+
+@contextmanager
+def _cuda_cat_lowering() -> Iterator[None]:
+    """Inductor's cat lowering without its CPU branch, inside: its code recompiled from its source less those two
+    lines. A torch whose lowering reads otherwise keeps its own (the count then copies each cat input)."""
+    import inspect
+    import textwrap
+
+    import torch._inductor.lowering as lowering
+
+    cat: Any = getattr(lowering.cat, "__wrapped__", None)
+    source = textwrap.dedent(inspect.getsource(cat)) if cat is not None else ""
+    if cat is None or _CPU_CAT not in source:
+        yield
+        return
+    source = "\n".join(line for line in source.replace(_CPU_CAT, "").splitlines() if not line.startswith("@"))
+    namespace: dict[str, Any] = {}
+    exec(compile(source, inspect.getsourcefile(cat) or "<cat>", "exec"), lowering.__dict__, namespace)
+    original = cat.__code__
+    cat.__code__ = namespace["cat"].__code__
+    try:
+        yield
+    finally:
+        cat.__code__ = original
 
 
 def _combo_groups_on_any_device(scheduler: Any) -> list[list[Any]]:

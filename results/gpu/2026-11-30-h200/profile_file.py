@@ -1,7 +1,8 @@
 """tdmpc/data/kernels-h200-2026-11-30.json, the GPU profile bench --kernels takes its offsets per group from: the
 kernels this lease's H200 ran per call (CUDA graphs on: `ours.json`, `ours-compile.json`,
-models[0].gpu_kernels.*_graphs_on.by_name) beside the CPU count of the same code (results/kernels.json: eager, and
-compiled in inductor's Triton code, torch 2.13 as CI counts), then each results/kernels*.json's gpu_estimate
+models[0].gpu_kernels.*_graphs_on.by_name) beside the CPU count of the same code with the GPU's torch
+(results/kernels-torch2.11.json: eager, and compiled in inductor's Triton code), so that the offsets are the
+device's alone, not a torch release's; then each results/kernels*.json's gpu_estimate
 recomputed from its own counts with the new offsets (no recount). From the repository root:
 
     python results/gpu/2026-11-30-h200/profile_file.py
@@ -26,11 +27,11 @@ def gpu_lists(name: str) -> dict[str, dict[str, int]]:
 
 def main() -> None:
     eager, compiled = gpu_lists("ours"), gpu_lists("ours-compile")
-    counts = json.loads((ROOT / "results" / "kernels.json").read_text())
+    counts = json.loads((ROOT / "results" / "kernels-torch2.11.json").read_text())
     detail = counts["detail"]["size5"]
     profile = {
         "what": (f"Kernels per call on an NVIDIA H200 (torch 2.11.0+cu130, CUDA graphs on, 2026-11-30) beside the CPU "
-                 f"count of the same code ({COMMIT}, results/kernels.json, torch {counts['torch']}): walker-walk dims, "
+                 f"count of the same code ({COMMIT}, results/kernels-torch2.11.json, torch {counts['torch']}): walker-walk dims, "
                  f"model size 5, bf16 planning for 1 env, fp32 update of batch 256. From "
                  f"results/gpu/2026-11-30-h200/ (ours.json, ours-compile.json), by "
                  f"results/gpu/2026-11-30-h200/profile_file.py."),
@@ -40,7 +41,7 @@ def main() -> None:
         "triton": {"plan_compiled": detail["plan_compiled"],
                    "update_compiled": dict((Counter(detail["update_compiled_graphs"])
                                             + Counter(detail["update_compiled_around"])).most_common())},
-        "triton_how": f"results/kernels.json's detail.size5 at {COMMIT} (python -m tdmpc.bench --kernels, torch "
+        "triton_how": f"results/kernels-torch2.11.json's detail.size5 at {COMMIT} (python -m tdmpc.bench --kernels, torch "
                       f"{counts['torch']})"}
     OUT.write_text(json.dumps(profile, indent=1) + "\n")
     from tdmpc.bench import kernel_groups
