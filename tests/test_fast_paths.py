@@ -202,3 +202,53 @@ def test_cpu_dropout_rate_is_p_in_every_16_bit_lane():
     dropped = (y == 0).float().view(-1, 4)  # the four lanes of each 64-bit draw
     assert torch.allclose(dropped.mean(0), torch.full((4,), 0.01), atol=1.5e-3)
     assert abs(y.mean().item() - 1.0) < 0.01  # kept values are rescaled
+
+
+class _GemmDtypes(TorchDispatchMode):
+    """The dtypes of every matmul run inside it."""
+
+    GEMMS = {"mm", "addmm", "bmm", "baddbmm"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[torch.dtype] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._overloadpacket.__name__ in self.GEMMS:
+            self.seen.append(args[1].dtype)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("how", ["bf16 tensors", "autocast"])
+def test_bf16_matmuls_the_cpu_emulates_run_in_fp32_on_bf16_values(monkeypatch, how):
+    """Without AVX512-BF16 or AMX torch emulates bf16 matmuls, 6-40x slower than fp32 (results/bf16-emulated); the
+    layers run them in fp32 on the bf16-rounded operands and round the result, which is what a bf16 GEMM that sums
+    in fp32 computes: within one bf16 rounding of torch's own bf16 result, gradients too. On CUDA's code path (the
+    kernel count) they stay bf16 matmuls."""
+    from tdmpc.model import layers
+    from tdmpc.runtime import device
+    from tdmpc.runtime.device import cuda_code_path
+
+    monkeypatch.setattr(device, "cpu_has_fast_bf16", lambda: False)
+    x, w, b = torch.randn(64, 96), torch.randn(48, 96) / 10, torch.randn(48)
+    xb, wb, bb = torch.randn(4, 64, 96), torch.randn(4, 96, 48) / 10, torch.randn(4, 1, 48)
+
+    def run(x, w, b, xb, wb, bb):
+        if how == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return layers.linear(x, w, b), layers.batched_linear(xb, wb, bb)
+        return layers.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()), layers.batched_linear(
+            xb.bfloat16(), wb.bfloat16(), bb.bfloat16())
+
+    leaves = [t.requires_grad_() for t in (x, w, b, xb, wb, bb)]
+    with _GemmDtypes() as emulated:
+        outs = run(*leaves)
+    assert emulated.seen == [torch.float32, torch.float32] and all(o.dtype == torch.bfloat16 for o in outs)
+    grads = torch.autograd.grad(sum(o.float().square().sum() for o in outs), leaves)
+    with cuda_code_path(), _GemmDtypes() as native:
+        native_outs = run(*leaves)
+    assert native.seen == [torch.bfloat16, torch.bfloat16]
+    native_grads = torch.autograd.grad(sum(o.float().square().sum() for o in native_outs), leaves)
+    for got, want in zip([*outs, *grads], [*native_outs, *native_grads]):
+        assert got.dtype == want.dtype
+        assert ((got.float() - want.float()).abs() <= 2 ** -7 * want.float().abs() + 1e-3).all()

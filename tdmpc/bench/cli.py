@@ -23,14 +23,14 @@ from tdmpc.bench.gpu_profile import profile_kernels
 from tdmpc.bench.kernel_counts import write_kernel_counts
 from tdmpc.bench.triton_code import require_triton
 from tdmpc.bench.offline import bench_offline
-from tdmpc.bench.timing import BF16_SKIPPED, OVERRIDES, bench_model, bench_plain, bf16_emulated, machine_info, \
+from tdmpc.bench.timing import BF16_SKIPPED, OVERRIDES, bench_model, bench_plain, machine_info, \
     matmul_peak
 from tdmpc.config import MODEL_SIZES, Config
 from tdmpc.errors import BadInput, run_cli
 from tdmpc.runtime.args import parse_args
 from tdmpc.memory.peak import gpu_mem_bytes
 from tdmpc.model import fused
-from tdmpc.runtime.device import resolve_device, resolve_dtype, set_matmul_precision, set_threads
+from tdmpc.runtime.device import bf16_matmuls_emulated, resolve_device, resolve_dtype, set_matmul_precision, set_threads
 from tdmpc.runtime.files import json_text, write_text_atomic
 
 
@@ -258,7 +258,7 @@ def _main(args: BenchArgs) -> int:
     fused.extension_available()
     # The fp32 peak in the matmul precision the agents will set (TF32 on CUDA by default), not torch's default.
     fp32_matmuls = set_matmul_precision(args.matmul_precision, device)
-    emulated = bf16_emulated(device)  # bf16 timed only where it is not emulated (hours there, and never run)
+    emulated = bf16_matmuls_emulated(device)  # bf16 timed only where torch does not emulate it (hours there)
     peaks = {"fp32": matmul_peak(device, torch.float32, reps),
              "bf16": {"skipped": BF16_SKIPPED} if emulated else matmul_peak(device, torch.bfloat16, reps)}
     result: dict = {"machine": machine_info(device), "quick": args.quick, "peak": peaks, "overrides": OVERRIDES,

@@ -28,7 +28,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from tdmpc.runtime.device import cpu_has_fast_bf16
 from tdmpc.runtime.transfer import STAGED
+
+GEMMS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
 
 # ATen ops that launch no kernel: allocations and metadata (views are told by their schema).
 NO_KERNEL = frozenset({
@@ -48,13 +51,15 @@ class KernelCounter(TorchDispatchMode):
 
     `waits` counts the ops that make the host wait for the device on CUDA (item(), bool(), a nonzero()
     whose size the host needs); those launch no kernel of their own. With sites=True, `sites` counts each op
-    by the line of the package that called it (slower: a stack walk per op)."""
+    by the line of the package that called it (slower: a stack walk per op). On a CPU that emulates bf16 matmuls
+    a bf16 one is counted as itself but computed in fp32 on its bf16 values (tdmpc.model.layers.linear)."""
 
     SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "nonzero", "masked_select", "unique_consecutive",
                        "_unique2"})
 
     def __init__(self, sites: bool = False) -> None:
         super().__init__()
+        self.emulate_bf16 = not cpu_has_fast_bf16()  # bf16 matmuls in fp32 on this CPU (counted as bf16's)
         self.counts: Counter[str] = Counter()
         self.waits: Counter[str] = Counter()
         self.sites: Counter[tuple[str, str]] | None = Counter() if sites else None
@@ -77,6 +82,10 @@ class KernelCounter(TorchDispatchMode):
             self.counts[name] += 1
             if self.sites is not None:
                 self.sites[(name, _call_site())] += 1
+        if name in GEMMS and self.emulate_bf16 and func._overloadname == "default" and all(
+                t.dtype == torch.bfloat16 for t in args if isinstance(t, torch.Tensor)):
+            # counted as the bf16 matmul CUDA runs; computed as tdmpc.model.layers.linear computes it here
+            return func(*(t.float() if isinstance(t, torch.Tensor) else t for t in args), **kwargs).bfloat16()
         return func(*args, **kwargs)
 
 

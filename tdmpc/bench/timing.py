@@ -21,7 +21,6 @@ from tdmpc.config import Config, validate
 from tdmpc.model import fused
 from tdmpc.model.world_model import ModelDims
 from tdmpc.runtime import cuda_graphs
-from tdmpc.runtime.device import cpu_has_fast_bf16
 
 OBS_DIM, ACTION_DIM = 24, 6  # walker-walk, the anchors' dims
 BATCH = 256  # the reference batch of an update
@@ -91,16 +90,9 @@ def fraction_of_peak(flops: dict[str, int], seconds: float, peaks: dict) -> floa
     return sum(n / (peaks[kind]["peak"] * 1e9) for kind, n in flops.items()) / seconds
 
 
-BF16_SKIPPED = ("this CPU has no AVX512-BF16 or AMX, so bf16 is emulated (80-360 times slower than fp32 on an AVX2 "
-                "EPYC) and training here never uses it (--precision auto plans in fp32); its peak and the mixed and "
-                "bf16 updates are left out")
-
-
-def bf16_emulated(device: torch.device) -> bool:
-    """A CPU without AVX512-BF16 or AMX emulates bf16 matmuls: on a 2-core AVX2 EPYC 0.3-1.3 GFLOP/s against ~100
-    in fp32 (one 2048^3 matmul took 61 s: results/bf16-emulated), so the bench leaves bf16 out there rather than
-    take hours on it."""
-    return device.type == "cpu" and not cpu_has_fast_bf16()
+BF16_SKIPPED = ("this CPU has no AVX512-BF16 or AMX, so torch emulates bf16 matmuls (80-360 times slower than fp32 "
+                "on an AVX2 EPYC, results/bf16-emulated), the package runs them in fp32 on bf16 values and "
+                "--precision auto plans in fp32; its peak and the mixed and bf16 updates are left out")
 
 
 def matmul_peak(device: torch.device, dtype: torch.dtype, reps: int) -> dict:

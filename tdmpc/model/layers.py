@@ -7,7 +7,7 @@ Parameter names mirror the reference implementation's NormedLinear (`weight`, `b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Callable, cast
 
 import torch
 import torch.nn.functional as F
@@ -15,13 +15,34 @@ from torch import Tensor, nn
 
 from tdmpc.model.fused import ln_act
 from tdmpc.model.random import TORCH, RandomSource
-from tdmpc.runtime.device import cpu_fast_paths
+from tdmpc.runtime.device import bf16_matmuls_emulated, cpu_fast_paths
 
 
 def simnorm(x: Tensor, group: int) -> Tensor:
     """Softmax over groups of `group` features: keeps latents on a product of simplices."""
     shape = x.shape
     return torch.softmax(x.unflatten(-1, (-1, group)), dim=-1).view(shape)
+
+
+def _bf16_emulated(x: Tensor) -> bool:
+    """This matmul is bf16 (its input, or CPU autocast's dtype) on a CPU whose bf16 matmuls torch emulates, eager."""
+    if x.device.type != "cpu" or torch.compiler.is_compiling() or not bf16_matmuls_emulated(x.device):
+        return False
+    return x.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu") and x.dtype == torch.float32
+                                         and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+
+
+def _in_fp32(op: Callable[..., Tensor], *args: Tensor | None) -> Tensor:
+    """A bf16 matmul in fp32 on the bf16-rounded operands, its result rounded to bf16: what a bf16 GEMM that
+    accumulates in fp32 computes (CUDA's, oneDNN's), up to the order of its sums, at fp32's speed rather than the
+    emulation's. Autograd through the casts rounds the gradients as a bf16 backward does."""
+    with torch.autocast("cpu", enabled=False):
+        return op(*(None if t is None else t.to(torch.bfloat16).float() for t in args)).to(torch.bfloat16)
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
+    """F.linear; bf16 where the CPU emulates it, in fp32 (_in_fp32)."""
+    return _in_fp32(F.linear, x, w, b) if _bf16_emulated(x) else F.linear(x, w, b)
 
 
 def batched_linear(x: Tensor, w_t: Tensor, b: Tensor) -> Tensor:
@@ -31,6 +52,8 @@ def batched_linear(x: Tensor, w_t: Tensor, b: Tensor) -> Tensor:
     4% slower end to end on the CPU and rounds bf16 twice."""
     if torch.compiler.is_compiling():
         return torch.bmm(x, w_t) + b
+    if _bf16_emulated(x):
+        return _in_fp32(lambda x_, w_, b_: torch.baddbmm(b_, x_, w_), x, w_t, b)
     return torch.baddbmm(b, x, w_t)
 
 
@@ -47,6 +70,13 @@ def concat(parts: list[Tensor], dim: int) -> Tensor:
     return out
 
 
+class Linear(nn.Linear):
+    """nn.Linear through linear(): bf16 in fp32 where the CPU emulates it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class NormedLinear(nn.Linear):
     """Linear -> (dropout) -> LayerNorm -> Mish, or -> LayerNorm -> SimNorm for latent outputs."""
 
@@ -58,7 +88,7 @@ class NormedLinear(nn.Linear):
         self.random: RandomSource = TORCH  # WorldModel.use_random() sets the agent's
 
     def forward(self, x: Tensor) -> Tensor:
-        x = F.linear(x, self.weight, self.bias)
+        x = linear(x, self.weight, self.bias)
         if self.dropout and self.training:
             x = self.random.dropout("dropout", x, self.dropout, cpu_fast_paths(x.device))
         return ln_act(x, self.ln.weight, self.ln.bias, self.act, group=self.simnorm_dim)
@@ -81,7 +111,7 @@ def mlp(in_dim: int, hidden: list[int], out_dim: int, last: str = "linear",
     if last == "simnorm":
         layers.append(NormedLinear(dims[-1], out_dim, act="simnorm", simnorm_dim=simnorm_dim))
     else:
-        layers.append(nn.Linear(dims[-1], out_dim))
+        layers.append(Linear(dims[-1], out_dim))
     return MLP(*layers)
 
 
@@ -131,7 +161,7 @@ class EnsembleLinear(nn.Module):
         elif x.dim() == 2:  # one input for every head: a single GEMM over the stacked (heads*out, in) weight,
             # whose backward sums the heads' input gradients inside the GEMM too
             n_heads, out = w.shape[0], w.shape[1]
-            y = F.linear(x, w.reshape(n_heads * out, -1), b.reshape(-1))
+            y = linear(x, w.reshape(n_heads * out, -1), b.reshape(-1))
             y = y.view(x.shape[0], n_heads, out).transpose(0, 1).contiguous()
         else:
             y = batched_linear(x, w.transpose(1, 2), b.unsqueeze(1))

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Literal, Union, cast
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tdmpc.config import SIZE_FIELDS, Config, NetworkSettings
@@ -25,7 +24,8 @@ from tdmpc.model.fused import ln_act
 from tdmpc.model.policy import PolicyOutput as Policy
 from tdmpc.model.policy import one_hot_argmax
 from tdmpc.model.random import TORCH, RandomSource
-from tdmpc.model.layers import ChosenHeads, Ensemble, EnsembleLinear, Heads, NormedLinear, PixelEncoder, batched_linear, init_weights, mlp
+from tdmpc.model.layers import (ChosenHeads, Ensemble, EnsembleLinear, Heads, NormedLinear, PixelEncoder,
+                                 batched_linear, init_weights, linear, mlp)
 from tdmpc.model.twohot import TwoHot
 
 
@@ -220,7 +220,7 @@ class WorldModel(nn.Module):
         for the latent that every candidate starts from, and step() adds the actions' share to it."""
         w, b, _, _ = self._fused_first_layers or self._concat_first_layers()
         s = self._with_task(z.to(w.dtype), task)
-        return F.linear(s, w[:, :s.shape[-1]], b)
+        return linear(s, w[:, :s.shape[-1]], b)
 
     def step(self, z: Tensor | None, a: Tensor, task: Task = None,
              z_part: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -230,7 +230,7 @@ class WorldModel(nn.Module):
         w, b, gamma, beta = self._fused_first_layers or self._concat_first_layers()
         if z_part is None and not torch.compiler.is_compiling():  # eager: one matmul over [z, e, a]
             assert z is not None
-            h = F.linear(torch.cat([self._with_task(z.to(w.dtype), task), a.to(w.dtype)], dim=-1), w, b)
+            h = linear(torch.cat([self._with_task(z.to(w.dtype), task), a.to(w.dtype)], dim=-1), w, b)
         else:  # compiled, no concatenation: 2 kernels a step on a GPU (a cat is one per input)
             if z_part is None:
                 assert z is not None
@@ -421,7 +421,7 @@ def action_share(a: Tensor, w: Tensor) -> Tensor:
     the actions another); else one matmul in w's dtype."""
     if torch.compiler.is_compiling() and a.shape[-1] <= 32:
         return sum((a[..., k, None] * w[:, k] for k in range(a.shape[-1])), torch.zeros((), device=a.device))
-    return F.linear(a.to(w.dtype), w)
+    return linear(a.to(w.dtype), w)
 
 
 def gumbel(eps: Tensor) -> Tensor:

@@ -49,17 +49,26 @@ def resolve_device(name: str, from_python: bool = False) -> torch.device:
     return device
 
 
+@functools.cache
 def cpu_has_fast_bf16() -> bool:
     """AVX512-BF16 or AMX: bf16 matmuls run 3-7x faster than fp32 there."""
     return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def bf16_matmuls_emulated(device: torch.device) -> bool:
+    """A CPU without AVX512-BF16 or AMX, on its own code path: torch's bf16 matmuls there are emulated, 6-40x
+    slower than fp32 on an AVX2 EPYC (results/bf16-emulated), so tdmpc.model.layers runs them in fp32 on the
+    bf16 values instead."""
+    return device.type == "cpu" and not _cuda_code_path and not cpu_has_fast_bf16()
+
+
 @functools.cache
 def _warn_emulated_bf16() -> None:
-    """Once per process: without AVX512-BF16 or AMX (most laptops, AVX2 servers) bf16 matmuls are emulated; on
-    one AVX2 EPYC core they ran at 0.86 GFLOP/s against 48 in fp32, so an explicit bf16 would hang a run."""
-    print("precision: this CPU has no AVX512-BF16 or AMX, so bf16 runs emulated, tens of times slower than fp32; "
-          "--precision auto and --train-precision fp32 avoid it", file=sys.stderr)
+    """Once per process: without AVX512-BF16 or AMX (most laptops, AVX2 servers) bf16 buys no speed: its matmuls
+    run in fp32 on bf16-rounded values (tdmpc.model.layers.linear), bf16's numerics at about fp32's cost."""
+    print("precision: this CPU has no AVX512-BF16 or AMX, so bf16 is not faster than fp32 here (its matmuls run in "
+          "fp32 on bf16-rounded values); --precision auto and --train-precision fp32 skip the rounding",
+          file=sys.stderr)
 
 
 def resolve_dtype(precision: str, device: torch.device) -> torch.dtype:
