@@ -182,6 +182,19 @@ def test_a_resume_that_cannot_keep_a_flag_refuses_it_and_touches_nothing(capsys,
     assert not list(finished.rglob("*.damaged*"))
 
 
+def test_resume_and_auto_resume_together_are_refused_and_auto_resume_is_named_in_its_refusals(capsys, finished,
+                                                                                                tmp_path):
+    """Both flags once went through, one of them dropped without a word (the other when the auto-resume folder held
+    no checkpoint); a refusal of an --auto-resume once named --resume."""
+    before = _files(finished)
+    for other in (finished, tmp_path / "elsewhere"):
+        line = one_line_error(cli(capsys, "tdmpc.train", "--resume", finished, "--auto-resume", other, "--steps", 400))
+        assert "both name the run to continue: give one" in line, line
+    line = one_line_error(cli(capsys, "tdmpc.train", "--auto-resume", finished, "--steps", 400, "--horizon", 5))
+    assert "--horizon cannot change on --auto-resume: this run has 3" in line, line
+    assert _files(finished) == before and not (tmp_path / "elsewhere").exists()
+
+
 def test_a_resume_with_nothing_to_do_changes_nothing(capsys, finished):
     before = _files(finished)
     r = cli(capsys, "tdmpc.train", "--resume", finished)

@@ -40,6 +40,7 @@ def _main(argv: list[str]) -> int:
     if args.auto_resume and not args.resume:
         cfg = dataclasses.replace(cfg, run_dir=args.auto_resume)
     trainer = open_run(RunRequest(cfg, resume=Path(args.resume) if args.resume else None, no_buffer=args.no_buffer,
+                                  resumed_by="--auto-resume" if args.auto_resume else "--resume",
                                   init_from=args.init_from, given=frozenset(given),
                                   base=base if args.resume else None, gpu_mem=args.gpu_mem,
                                   fit_memory=args.fit_memory, dry_run=args.dry_run, notes=(base_note(args),)))

@@ -11,6 +11,7 @@ import torch
 import tyro
 
 from tdmpc.config import CPU_CONFIG, Config, load_json
+from tdmpc.errors import BadInput
 from tdmpc.training import run_dir as runs
 
 
@@ -47,6 +48,9 @@ class TrainArgs:
 def base_config(args: TrainArgs) -> Config:
     """What the flags override: the run's own config.json (--resume), a --cfg file, or the default for
     this machine (base_note says which)."""
+    if args.auto_resume and args.resume:
+        raise BadInput(f"--resume {args.resume} and --auto-resume {args.auto_resume} both name the run to continue: "
+                       f"give one (--auto-resume continues a run that has a checkpoint and starts one otherwise)")
     if args.auto_resume and runs.has_checkpoint(Path(args.auto_resume)):
         args.resume = args.auto_resume
     if args.resume:

@@ -22,10 +22,12 @@ FIXED_ON_RESUME = ("task", "obs", "num_envs", "buffer_size", "horizon", "action_
 BUFFER_LAYOUT = ("num_envs", "buffer_size", "horizon")
 
 
-def resume_changes(base: Config, cfg: Config, resume: Path, from_python: bool = False) -> dict[str, tuple[Any, Any]]:
+def resume_changes(base: Config, cfg: Config, resume: Path, from_python: bool = False,
+                   flag: str = "--resume") -> dict[str, tuple[Any, Any]]:
     """What a resume changes in its run's config (`base`), once what it may not change is refused (before
-    anything in the run directory is touched); from_python: said with fit()'s keywords."""
-    on_resume = "resume=True" if from_python else "--resume"
+    anything in the run directory is touched); from_python: said with fit()'s keywords, else with `flag`, the
+    command's flag that resumes."""
+    on_resume = "resume=True" if from_python else flag
     init_from = named("init_from", str(checkpoint_path(resume)), from_python)
     if bool(base.dataset) != bool(cfg.dataset):
         was, now = ("offline", "online") if base.dataset else ("online", "offline")

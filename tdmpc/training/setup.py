@@ -65,6 +65,7 @@ class RunRequest:
 
     cfg: Config  # as given (prepare() checks it); task-dependent fields may still be None
     resume: Path | None = None  # the run directory to continue
+    resumed_by: str = "--resume"  # the flag that asked for it (--auto-resume), named where a resume refuses a flag
     no_buffer: bool = False  # resume without the saved replay buffer (it refills by acting)
     init_from: str | None = None  # start from these weights
     given: frozenset[str] = frozenset()  # Config fields set explicitly: --init-from takes the others from the checkpoint
@@ -86,7 +87,8 @@ def prepare(req: RunRequest) -> RunSetup | None:
     the change would), then the config's own checks."""
     # Data files as absolute paths, so that the saved config resumes from any directory
     req = dataclasses.replace(req, cfg=_absolute_paths(req.cfg), base=req.base and _absolute_paths(req.base))
-    changes = resume_changes(req.base, req.cfg, req.resume, req.from_python) if req.resume and req.base else {}
+    changes = (resume_changes(req.base, req.cfg, req.resume, req.from_python, req.resumed_by)
+               if req.resume and req.base else {})
     cfg, init_from, init_note = validate(req.cfg, req.from_python), req.init_from, ""
     planner_factory(cfg.planner)  # a planner name the registry lacks: one line, even for a run that never plans
     def name(field: str) -> str:
