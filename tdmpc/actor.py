@@ -7,6 +7,7 @@ act() copies its actions back to the host, the one device->host copy per step.
 
 from __future__ import annotations
 
+import difflib
 import warnings
 from typing import Callable, Sequence
 
@@ -95,7 +96,9 @@ class Actor:
                 raise TaskError(f"task {task!r} mixes names and ids: give names only or ids only")
             unknown = [t for t in names if t not in tasks]
             if unknown:
-                raise TaskError(f"task '{unknown[0]}' is not in this model's task set ({task_set_name(tasks)})")
+                close = difflib.get_close_matches(unknown[0], tasks, n=1, cutoff=0.75)
+                raise TaskError(f"task '{unknown[0]}' is not in this model's task set ({task_set_name(tasks)})"
+                                + (f"; did you mean {close[0]!r}?" if close else ""))
             task = [tasks.index(t) for t in names]
         try:
             ids = torch.as_tensor(task, dtype=torch.long).reshape(-1)

@@ -290,3 +290,13 @@ def test_a_compiled_function_never_gets_inputs_that_share_storage():
     compiled.fn = compiled.eager
     compiled(obs, first)
     assert seen.pop()[1] is first
+
+
+def test_a_pixel_latent_dim_is_checked_by_the_pixel_rule_before_simnorm_s():
+    """latent_dim 100 with rgb once blamed simnorm_dim (8 does not divide 100), which a user had not set; pixels need
+    a multiple of 16, which the pixel rule says. A state model's latent_dim is still held to simnorm_dim."""
+    with pytest.raises(ConfigError, match=r"'num_channels'.*latent_dim is 100: use a latent_dim that is a multiple "
+                                          r"of 16"):
+        validate(Config(task="cartpole-swingup", obs="rgb", latent_dim=100))
+    with pytest.raises(ConfigError, match=r"'simnorm_dim' = 8: must divide latent_dim \(100\)"):
+        validate(Config(task="cartpole-swingup", latent_dim=100))

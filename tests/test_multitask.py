@@ -79,12 +79,14 @@ def test_the_reference_mt30_model_evaluates_on_a_task_of_its_set(capsys, tmp_pat
     ("walker-walk,cheetah-run", "is a multi-task model, and --task walker-walk,cheetah-run names 2 tasks: choose the "
                                 "one task to evaluate with --task, one of mt30"),
     ("walker-fly", "task 'walker-fly' is not in this model's task set (mt30: walker-stand"),
+    ("cartpole-swingp", "task 'cartpole-swingp' is not in this model's task set (mt30: walker-stand, walker-walk, "),
 ])
 def test_evaluating_a_multitask_model_without_a_task_of_its_set_is_one_line(capsys, tmp_path, task, needle):
     r = cli(capsys, "tdmpc.evaluate", "--checkpoint", MT30, *(["--task", task] if task else []), "--episodes", "1",
             "--device", "cpu", "--report", tmp_path / "report.json")
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+    assert lines[0].endswith("did you mean 'cartpole-swingup'?") == (task == "cartpole-swingp"), lines[0]
 
 
 @pytest.mark.slow  # a run or more of its own: the default suite keeps under 8 minutes (docs/testing.md)

@@ -332,6 +332,19 @@ def test_fine_tune_from_a_reference_checkpoint_saves_our_format(capsys, tmp_path
     assert read_checkpoint(tmp_path / "run" / "checkpoints" / "latest.pt", {}).imported is False
 
 
+def test_fine_tune_from_a_reference_checkpoint_of_another_task_asks_for_its_task(capsys, tmp_path):
+    """Without --task the run's task is the config's (cpu.json's cartpole-swingup), which the user never named: the
+    refusal says the file names no task and asks for it. With --task, the plain size mismatch."""
+    args = train_args(REF, tmp_path)
+    without_task = ["--cfg", "cpu.json", *args[:2], *args[4:]]
+    r = cli(capsys, "tdmpc.train", *without_task, "--dry-run")
+    assert_one_line_error(r, "task 'cartpole-swingup' has obs (5,)", "does not name its task: give the one it was "
+                          "trained on, --task")
+    r = cli(capsys, "tdmpc.train", *without_task, "--task", "cartpole-swingup", "--dry-run")
+    assert_one_line_error(r, "task 'cartpole-swingup' has obs (5,)")
+    assert "does not name its task" not in r.stderr and not (tmp_path / "run").exists()
+
+
 def test_fine_tune_with_a_conflicting_size_flag_fails(capsys, tmp_path):
     r = cli(capsys, "tdmpc.train", *train_args(REF, tmp_path), "--mlp-dim", 512)
     assert_one_line_error(r, "architecture differs", "mlp_dim: checkpoint 384, config 512")

@@ -89,8 +89,6 @@ def validate(cfg: Config, from_python: bool = False) -> Config:
             raise bad(name, "must be set when model_size is null")
         if value < (2 if name == "num_q" else 1):
             raise bad(name, "must be >= 2" if name == "num_q" else "must be >= 1")
-    if cfg.sizes()["latent_dim"] % cfg.simnorm_dim:
-        raise bad("simnorm_dim", f"must divide latent_dim ({cfg.sizes()['latent_dim']})")
     latent = cfg.sizes()["latent_dim"]
     gymnasium = [t for t in expand(cfg.task) if gymnasium_form(t)] if cfg.obs == "rgb" else []
     if gymnasium:  # said before the pixel encoder's sizes, which would not help
@@ -102,6 +100,8 @@ def validate(cfg: Config, from_python: bool = False) -> Config:
         raise bad("num_channels", f"{cfg.num_channels} gives pixel observations a latent of 16 x {cfg.num_channels} = "
                                   f"{16 * cfg.num_channels}, but latent_dim is {latent}: use {fits}, or a model "
                                   f"size with latent_dim {16 * cfg.num_channels} ({size5})")
+    if latent % cfg.simnorm_dim:  # after pixels' own rule for latent_dim, which says more
+        raise bad("simnorm_dim", f"must divide latent_dim ({latent})")
     envs = cfg.num_envs * max(1, len(expand(cfg.task)))
     if cfg.buffer_size < envs * (cfg.horizon + 2):
         raise bad("buffer_size", f"too small to hold a sub-trajectory of horizon {cfg.horizon} for each of "

@@ -35,7 +35,8 @@ from tdmpc.envs import EnvSource, EnvSpec, check_observations, make_env, make_en
 from tdmpc.envs.host import HostVectorEnv, LockstepEnv
 from tdmpc.envs.make import importing_main_in_a_worker
 from tdmpc.envs.tensor import is_tensor_task, make_tensor_vector_env, tensor_task_spec
-from tdmpc.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE, BadInput, ConfigError, DeviceError, RunFailed
+from tdmpc.errors import (EXIT_BAD_INPUT, EXIT_OK, EXIT_REQUEUE, BadInput, CheckpointError, ConfigError, DeviceError,
+                          RunFailed)
 from tdmpc.model.checkpoint import check_dims_match, load_file
 from tdmpc.offline.data import offline_spec, open_offline
 from tdmpc.planners.make import planner_factory
@@ -130,8 +131,14 @@ def prepare(req: RunRequest) -> RunSetup | None:
         _check_no_tensor_task_among(source)
     spec, tasks = (tensor_spec, None) if tensor_spec is not None else env_spec(source, cfg)
     if init_from:  # weights for another task's sizes or kind of action: refused now, --dry-run included
-        check_dims_match(read_init(init_from, init_task_set, mmap=True).dims, spec.obs_shape, spec.action_dim,
-                         spec.discrete, spec.task, init_from)
+        loaded = read_init(init_from, init_task_set, mmap=True)
+        try:
+            check_dims_match(loaded.dims, spec.obs_shape, spec.action_dim, spec.discrete, spec.task, init_from)
+        except CheckpointError as e:
+            if not loaded.imported or loaded.dims.multitask or "task" in req.given:
+                raise
+            raise CheckpointError(f"{e} (a reference TD-MPC2 checkpoint does not name its task: give the one it "
+                                  f"was trained on, {name('task')})") from None
     run_dir = req.resume or (Path(cfg.run_dir) if cfg.run_dir else default_run_dir(cfg.for_task(spec)))
     if req.resume is None:
         check_fresh(run_dir, req.from_python)  # early, before the memory plan; build() checks again under the lock
