@@ -26,10 +26,11 @@ def simnorm(x: Tensor, group: int) -> Tensor:
 
 def _bf16_emulated(x: Tensor) -> bool:
     """This matmul is bf16 (its input, or CPU autocast's dtype) on a CPU whose bf16 matmuls torch emulates, eager."""
+    if x.dtype != torch.bfloat16 and not (x.dtype == torch.float32 and torch.is_autocast_enabled("cpu")):
+        return False  # first: fp32 is every call's case on most machines, and this costs it the least
     if x.device.type != "cpu" or torch.compiler.is_compiling() or not bf16_matmuls_emulated(x.device):
         return False
-    return x.dtype == torch.bfloat16 or (torch.is_autocast_enabled("cpu") and x.dtype == torch.float32
-                                         and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+    return x.dtype == torch.bfloat16 or torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
 def _in_fp32(op: Callable[..., Tensor], *args: Tensor | None) -> Tensor:
