@@ -4,7 +4,7 @@ current one; the first field names which was imported.
 
     PYTHONPATH=/tmp/before_site python results/cpu-bf16-layers/plan_update.py; python results/cpu-bf16-layers/plan_update.py
 """
-import time, torch, numpy as np, sys
+import time, torch, numpy as np
 torch.set_num_threads(2)
 import tdmpc
 from tdmpc.bench.timing import make_agent, random_batch
