@@ -83,7 +83,7 @@ class KernelCounter(TorchDispatchMode):
             if self.sites is not None:
                 self.sites[(name, _call_site())] += 1
         if name in GEMMS and self.emulate_bf16 and func._overloadname == "default" and all(
-                t.dtype == torch.bfloat16 for t in args if isinstance(t, torch.Tensor)):
+                t.dtype == torch.bfloat16 and t.device.type == "cpu" for t in args if isinstance(t, torch.Tensor)):
             # counted as the bf16 matmul CUDA runs; computed as tdmpc.model.layers.linear computes it here
             return func(*(t.float() if isinstance(t, torch.Tensor) else t for t in args), **kwargs).bfloat16()
         return func(*args, **kwargs)
