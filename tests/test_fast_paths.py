@@ -221,7 +221,7 @@ class _GemmDtypes(TorchDispatchMode):
 
 @pytest.mark.parametrize("how", ["bf16 tensors", "autocast"])
 def test_bf16_matmuls_the_cpu_emulates_run_in_fp32_on_bf16_values(monkeypatch, how):
-    """Without AVX512-BF16 or AMX torch emulates bf16 matmuls, 6-40x slower than fp32 (results/bf16-emulated); the
+    """Without AVX512-BF16 or AMX torch emulates bf16 matmuls, 90-450x slower than fp32 (results/bf16-emulated); the
     layers run them in fp32 on the bf16-rounded operands and round the result, which is what a bf16 GEMM that sums
     in fp32 computes: within one bf16 rounding of torch's own bf16 result, gradients too. On CUDA's code path (the
     kernel count) they stay bf16 matmuls."""

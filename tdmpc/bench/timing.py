@@ -90,7 +90,7 @@ def fraction_of_peak(flops: dict[str, int], seconds: float, peaks: dict) -> floa
     return sum(n / (peaks[kind]["peak"] * 1e9) for kind, n in flops.items()) / seconds
 
 
-BF16_SKIPPED = ("this CPU has no AVX512-BF16 or AMX, so torch emulates bf16 matmuls (80-450 times slower than fp32 "
+BF16_SKIPPED = ("this CPU has no AVX512-BF16 or AMX, so torch emulates bf16 matmuls (90-450 times slower than fp32 "
                 "on an AVX2 EPYC, results/bf16-emulated), the package runs them in fp32 on bf16 values and "
                 "--precision auto plans in fp32; its peak and the mixed and bf16 updates are left out")
 

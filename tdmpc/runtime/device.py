@@ -56,7 +56,7 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def bf16_matmuls_emulated(device: torch.device) -> bool:
-    """A CPU without AVX512-BF16 or AMX, on its own code path: torch's bf16 matmuls there are emulated, 6-40x
+    """A CPU without AVX512-BF16 or AMX, on its own code path: torch's bf16 matmuls there are emulated, 90-450x
     slower than fp32 on an AVX2 EPYC (results/bf16-emulated), so tdmpc.model.layers runs them in fp32 on the
     bf16 values instead."""
     return device.type == "cpu" and not _cuda_code_path and not cpu_has_fast_bf16()
